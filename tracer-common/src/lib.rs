@@ -1,0 +1,44 @@
+//! Types shared by the kernel programs (`tracer-ebpf`) and the collector
+//! (`tracer-user`). Every struct here crosses the kernel/user boundary: all are
+//! `#[repr(C)]`, sized to multiples of 8 bytes and padded explicitly, so the
+//! BPF and host layouts are identical.
+#![no_std]
+
+pub mod syscalls;
+pub mod proc_events;
+
+/// Indices into the `COUNTERS` per-CPU array: events the kernel side had to drop.
+pub mod counters {
+    /// A (pid, tid, syscall) stats entry could not be created: map full.
+    pub const SYSCALL_STATS_FULL: u32 = 0;
+    /// The per-thread in-flight syscall map was full at sys_enter.
+    pub const SYSCALL_START_FULL: u32 = 1;
+    /// A (pid, tid, syscall, errno) counter could not be created: map full.
+    pub const SYSCALL_ERRNO_FULL: u32 = 2;
+    /// The process-event ring buffer was full.
+    pub const PROC_EVENTS_RINGBUF_FULL: u32 = 3;
+    /// A followed child could not be added to the target set: map full.
+    pub const TARGETS_FULL: u32 = 4;
+    pub const COUNT: u32 = 8;
+
+    pub const NAMES: [&str; COUNT as usize] = [
+        "syscall_stats_map_full",
+        "syscall_start_map_full",
+        "syscall_errno_map_full",
+        "proc_events_ringbuf_full",
+        "targets_map_full",
+        "reserved5",
+        "reserved6",
+        "reserved7",
+    ];
+}
+
+/// Flags stored as the value of the `TARGETS` map.
+pub mod target_flags {
+    /// The process was named with `-p` (running before the window opened).
+    pub const EXPLICIT: u8 = 1;
+    /// The process was added in the kernel because a target forked it.
+    pub const FOLLOWED: u8 = 2;
+    /// The command infertrace launched (joined the window before its exec).
+    pub const LAUNCHED: u8 = 4;
+}

@@ -1,0 +1,195 @@
+//! Exact syscall accounting, entirely in the kernel: per (pid, tid, nr)
+//! count, errors, total/max latency and a log2 histogram. No per-syscall
+//! event crosses to userspace.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, map},
+    maps::{Array, HashMap},
+    programs::BtfTracePointContext,
+};
+use tracer_common::{
+    counters,
+    target_flags,
+    syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
+};
+
+use crate::{count_drop, is_target, TARGETS};
+
+#[map]
+pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(65536, 0);
+
+#[map]
+pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(16384, 0);
+
+/// One all-zero `SyscallStats`, the template for new entries (too big to
+/// build on the 512-byte BPF stack).
+#[map]
+pub static ZERO_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
+
+/// Set by userspace before load: `bpf_ktime_get_ns()` when the window opened.
+/// A syscall already in flight at attach time is timed from here.
+#[unsafe(no_mangle)]
+static WINDOW_START_NS: u64 = 0;
+/// Syscall numbers of exit and exit_group for this arch (they never return).
+#[unsafe(no_mangle)]
+static NR_EXIT: u32 = 60;
+#[unsafe(no_mangle)]
+static NR_EXIT_GROUP: u32 = 231;
+/// Numbers of the clone family (u32::MAX where the arch lacks one): their
+/// return in a new child carries no matching sys_enter.
+#[unsafe(no_mangle)]
+static NR_CLONE: u32 = 56;
+#[unsafe(no_mangle)]
+static NR_FORK: u32 = 57;
+#[unsafe(no_mangle)]
+static NR_VFORK: u32 = 58;
+#[unsafe(no_mangle)]
+static NR_CLONE3: u32 = 435;
+/// Offset of the original syscall number in `struct pt_regs` for this arch
+/// (x86_64 `orig_ax`, aarch64 `syscallno`).
+#[unsafe(no_mangle)]
+static PT_REGS_NR_OFFSET: u64 = 120;
+
+#[inline(always)]
+fn global<T: Copy>(v: &T) -> T {
+    // SAFETY: globals live in .rodata, patched by the loader.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+/// `sys_enter(struct pt_regs *regs, long id)`
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let tid = pid_tgid as u32;
+    let id: i64 = ctx.arg(1);
+    if id < 0 {
+        return 0;
+    }
+    let nr = id as u32;
+    if nr == global(&NR_EXIT) || nr == global(&NR_EXIT_GROUP) {
+        // Never returns: account it now, with no duration.
+        account(tgid, tid, nr, 0, 0);
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    match SYSCALL_START.get_ptr_mut(&tid) {
+        Some(p) => unsafe {
+            (*p).ts = now;
+            (*p).nr = nr;
+        },
+        None => {
+            let start = SyscallStart { ts: now, nr, _pad: 0 };
+            if SYSCALL_START.insert(&tid, &start, 0).is_err() {
+                count_drop(counters::SYSCALL_START_FULL);
+            }
+        }
+    }
+    0
+}
+
+/// `sys_exit(struct pt_regs *regs, long ret)`
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ret: i64 = ctx.arg(1);
+    let (start_ns, nr) = match SYSCALL_START.get_ptr_mut(&tid) {
+        Some(p) if unsafe { (*p).ts } != 0 => unsafe {
+            let v = ((*p).ts, (*p).nr);
+            (*p).ts = 0;
+            v
+        },
+        _ => match in_flight_at_attach(&ctx, pid_tgid, ret) {
+            Some(nr) => (global(&WINDOW_START_NS), nr),
+            None => return 0,
+        },
+    };
+    let tgid = (pid_tgid >> 32) as u32;
+    let ns = now.saturating_sub(start_ns);
+    let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
+    account(tgid, tid, nr, ns, errno);
+    0
+}
+
+/// A sys_exit without a recorded sys_enter: the call was in flight when we
+/// attached to an explicit target, so it is timed from the window start.
+/// Not for launched or followed processes (born inside the window: their
+/// only such exits are a fork child's return and the launch hand-over), nor
+/// for a new thread's or child's return from clone.
+#[inline(always)]
+fn in_flight_at_attach(ctx: &BtfTracePointContext, pid_tgid: u64, ret: i64) -> Option<u32> {
+    let tgid = (pid_tgid >> 32) as u32;
+    let flags = unsafe { *TARGETS.get(&tgid)? };
+    if flags != target_flags::EXPLICIT {
+        return None;
+    }
+    let regs: u64 = ctx.arg(0);
+    let nr = unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_NR_OFFSET)) as *const i64) }.ok()?;
+    if nr < 0 {
+        return None;
+    }
+    let nr = nr as u32;
+    let clone_family = nr == global(&NR_CLONE)
+        || nr == global(&NR_CLONE3)
+        || nr == global(&NR_FORK)
+        || nr == global(&NR_VFORK);
+    if clone_family && ret == 0 {
+        return None;
+    }
+    Some(nr)
+}
+
+#[inline(always)]
+fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
+    let key = SyscallKey { pid: tgid, tid, nr, _pad: 0 };
+    let stats = match SYSCALL_STATS.get_ptr_mut(&key) {
+        Some(p) => p,
+        None => {
+            let Some(zero) = ZERO_STATS.get(0) else { return };
+            // BPF_NOEXIST: another CPU cannot race us (key is per-thread).
+            if SYSCALL_STATS.insert(&key, zero, 1).is_err() {
+                count_drop(counters::SYSCALL_STATS_FULL);
+                return;
+            }
+            match SYSCALL_STATS.get_ptr_mut(&key) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: map value pointer; only this thread writes this key.
+    unsafe {
+        (*stats).count += 1;
+        (*stats).total_ns += ns;
+        if ns > (*stats).max_ns {
+            (*stats).max_ns = ns;
+        }
+        let b = hist_bucket(ns);
+        if let Some(slot) = (*stats).hist.get_mut(b) {
+            *slot += 1;
+        }
+        if errno != 0 {
+            (*stats).errors += 1;
+        }
+    }
+    if errno != 0 {
+        let ek = ErrnoKey { pid: tgid, tid, nr, errno };
+        match SYSCALL_ERRNO.get_ptr_mut(&ek) {
+            Some(p) => unsafe { *p += 1 },
+            None => {
+                if SYSCALL_ERRNO.insert(&ek, &1u64, 0).is_err() {
+                    count_drop(counters::SYSCALL_ERRNO_FULL);
+                }
+            }
+        }
+    }
+}

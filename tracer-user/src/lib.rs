@@ -1,0 +1,16 @@
+//! infertrace: eBPF tracer that tells where the time of a Python / GPU
+//! inference service goes. This library holds everything but argument
+//! parsing: probe families (`syscalls`, `process`), the recording format,
+//! report renderers and the `doctor` checks.
+
+pub mod clock;
+pub mod doctor;
+pub mod probe;
+pub mod process;
+pub mod procfs;
+pub mod recording;
+pub mod report;
+pub mod session;
+pub mod syscalls;
+pub mod targets;
+pub mod tracefs;

@@ -1,0 +1,176 @@
+//! The `infertrace` command line.
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand, ValueEnum};
+use infertrace::{doctor, recording::Recording, report, session};
+
+#[derive(Parser)]
+#[command(
+    name = "infertrace",
+    version,
+    about = "Where does the time of a Python / GPU inference service go? Traced from outside, with eBPF.",
+    long_about = "infertrace attaches eBPF probes to running processes (or a command it launches) and \
+accounts for their time in the kernel: every syscall is counted, timed and histogrammed without \
+leaving the kernel. Needs root (or CAP_BPF+CAP_PERFMON) and a kernel with BTF; run `infertrace doctor` \
+to check a machine.\n\nExamples:\n  infertrace record -p 1234 --duration 30s\n  infertrace record -- python3 serve.py\n  infertrace report infertrace-20260101-120000.itr --format json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check whether tracing can work on this machine (privileges, kernel, BTF, tracefs...).
+    Doctor,
+    /// Trace processes and write a recording, then print the report.
+    #[command(after_help = "Stops on Ctrl-C / SIGTERM, at --duration, or when every target has exited.\n\
+Probes are owned by this process: however it ends (even kill -9), the kernel removes them.")]
+    Record {
+        /// Attach to a running process (all its threads, and threads it starts later). Repeatable.
+        #[arg(short = 'p', long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// Stop after this long (e.g. 500ms, 10s, 2m, 1h; a bare number is seconds).
+        #[arg(short, long, value_parser = parse_duration, value_name = "DURATION")]
+        duration: Option<Duration>,
+        /// Recording file to write [default: infertrace-<timestamp>.itr].
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// No status line on stderr.
+        #[arg(short, long)]
+        quiet: bool,
+        /// Format of the report printed at the end.
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Command to launch and trace, with its fork/exec children.
+        #[arg(last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Render a recording (needs no privileges).
+    Report {
+        /// The .itr file written by `infertrace record`.
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Write the report here instead of stdout.
+        #[arg(short, long, value_name = "OUT")]
+        output: Option<PathBuf>,
+    },
+}
+
+/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (examples: 500ms, 10s, 2m)"))?;
+    let secs = match unit {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("invalid duration unit `{unit}` in `{s}` (use ms, s, m or h)")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("duration must be positive: `{s}`"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn render(rec: &Recording, format: Format) -> String {
+    match format {
+        Format::Text => report::text::render(rec),
+        Format::Json => report::json::render(rec),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Doctor => {
+            let (text, ok) = doctor::render(&doctor::run_checks());
+            print!("{text}");
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Report { file, format, output } => {
+            let rec = Recording::read(&file).map_err(|e| anyhow::anyhow!("{e} (hint: pass a .itr file written by `infertrace record`)"))?;
+            let text = render(&rec, format);
+            match output {
+                Some(out) => std::fs::write(&out, text)
+                    .with_context(|| format!("cannot write {} (hint: choose a writable path)", out.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Record { pids, duration, output, quiet, format, command } => {
+            let opts = session::RecordOptions { pids, command, duration, output, quiet };
+            let argv: Vec<String> = std::env::args().collect();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let outcome = match rt.block_on(session::record(opts, argv)) {
+                Ok(o) => o,
+                Err(e) => bail!("{e} (hint: {})", e.hint()),
+            };
+            print!("{}", render(&outcome.recording, format));
+            if !quiet {
+                eprintln!("infertrace: recording written to {}", outcome.path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // One line: the error and its causes, then the hint.
+            let msg = e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
+            eprintln!("error: {}", msg.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5x").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        Cli::command_for_test();
+    }
+
+    impl Cli {
+        fn command_for_test() {
+            use clap::CommandFactory;
+            Cli::command().debug_assert();
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Reading facts about processes from /proc. Every value here comes from
+//! outside the tool, so every accessor returns `Option`/`Result`, never panics.
+
+use std::{fs, io, path::PathBuf};
+
+/// `PF_KTHREAD` in the `flags` field of /proc/PID/stat.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+fn proc_path(pid: u32, rel: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{rel}"))
+}
+
+/// The fields of /proc/PID/stat that follow `(comm)`, which may itself hold
+/// spaces or parentheses.
+fn stat_fields(pid: u32) -> io::Result<Vec<String>> {
+    let raw = fs::read_to_string(proc_path(pid, "stat"))?;
+    let after = raw
+        .rfind(')')
+        .map(|i| &raw[i + 1..])
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat"))?;
+    Ok(after.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Process state letter (`R`, `S`, `Z`, ...), `None` when the process is gone.
+pub fn state(pid: u32) -> Option<char> {
+    stat_fields(pid).ok()?.first()?.chars().next()
+}
+
+/// True while the process exists and is not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+}
+
+pub fn ppid(pid: u32) -> Option<u32> {
+    stat_fields(pid).ok()?.get(1)?.parse().ok()
+}
+
+pub fn is_kernel_thread(pid: u32) -> Option<bool> {
+    // Field 9 of stat is flags; index 6 after the state (fields 3..).
+    let flags: u64 = stat_fields(pid).ok()?.get(6)?.parse().ok()?;
+    Some(flags & PF_KTHREAD != 0)
+}
+
+pub fn comm(pid: u32) -> Option<String> {
+    fs::read_to_string(proc_path(pid, "comm")).ok().map(|s| s.trim_end().to_owned())
+}
+
+pub fn exe(pid: u32) -> Option<String> {
+    fs::read_link(proc_path(pid, "exe")).ok().map(|p| p.to_string_lossy().into_owned())
+}
+
+pub fn cmdline(pid: u32) -> Vec<String> {
+    fs::read(proc_path(pid, "cmdline"))
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The thread group a tid belongs to (works for any tid, not just leaders).
+pub fn tgid_of(tid: u32) -> Option<u32> {
+    let status = fs::read_to_string(proc_path(tid, "status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// True while thread `tid` of process `pid` exists (zombie threads excluded).
+pub fn thread_alive(pid: u32, tid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) {
+        Ok(s) => match s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()) {
+            Some(st) => st != "Z" && st != "X",
+            None => false,
+        },
+        Err(_) => false,
+    }
+}
+
+/// Thread ids of a process (empty when it is gone).
+pub fn thread_ids(pid: u32) -> Vec<u32> {
+    fs::read_dir(proc_path(pid, "task"))
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The syscall a thread is blocked in, from /proc/PID/task/TID/syscall
+/// (`None` when it is running, in user space, or unreadable).
+pub fn blocked_syscall(pid: u32, tid: u32) -> Option<u32> {
+    let raw = fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    let first = raw.split_whitespace().next()?;
+    first.parse::<i64>().ok().filter(|n| *n >= 0).map(|n| n as u32)
+}
+
+/// Effective capability mask of this process (CapEff in /proc/self/status).
+pub fn own_effective_caps() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// Snapshot of the facts the report shows about a target.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessInfo {
+    pub comm: Option<String>,
+    pub exe: Option<String>,
+    pub cmdline: Vec<String>,
+    pub ppid: Option<u32>,
+}
+
+pub fn process_info(pid: u32) -> ProcessInfo {
+    ProcessInfo { comm: comm(pid), exe: exe(pid), cmdline: cmdline(pid), ppid: ppid(pid) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id();
+        assert!(is_alive(me));
+        assert_eq!(tgid_of(me), Some(me));
+        assert_eq!(is_kernel_thread(me), Some(false));
+        assert!(!cmdline(me).is_empty());
+        assert!(exe(me).is_some());
+    }
+
+    #[test]
+    fn missing_process_is_dead() {
+        // pid_max is at most 2^22, so this pid cannot exist.
+        assert!(!is_alive(u32::MAX - 1));
+        assert_eq!(state(u32::MAX - 1), None);
+    }
+}

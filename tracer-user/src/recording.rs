@@ -1,0 +1,204 @@
+//! The recording file (`.itr`): what `record` writes and `report` reads.
+//!
+//! Layout (documented in docs/recording-format.md):
+//! 8-byte magic `ITRACE\r\n`, u32 LE format version, u32 LE encoding
+//! (1 = gzip-compressed JSON), then the encoded [`Recording`].
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{self, BufReader, BufWriter, Read, Write},
+    path::{Path, PathBuf},
+};
+
+use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
+pub const FORMAT_VERSION: u32 = 1;
+const ENCODING_GZIP_JSON: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("cannot open {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{path} is not an infertrace recording (bad magic)")]
+    BadMagic { path: PathBuf },
+    #[error("{path} has format version {found}; this infertrace reads up to {FORMAT_VERSION} (upgrade infertrace)")]
+    TooNew { path: PathBuf, found: u32 },
+    #[error("{path} uses unknown encoding {found}")]
+    BadEncoding { path: PathBuf, found: u32 },
+    #[error("{path} is truncated or corrupt: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+/// Where a target came from.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Named with `-p`.
+    Attached,
+    /// The command given after `--`.
+    Launched,
+    /// Forked by a target while tracing.
+    Followed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Target {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub exe: Option<String>,
+    pub cmdline: Vec<String>,
+    pub origin: Origin,
+    /// Exit status of a launched command (negative: killed by that signal).
+    pub exit_code: Option<i32>,
+}
+
+/// Syscall statistics of one thread for one syscall number.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThreadSyscall {
+    pub pid: u32,
+    pub tid: u32,
+    pub nr: u32,
+    pub count: u64,
+    pub errors: u64,
+    /// errno -> number of failures with it.
+    pub errnos: BTreeMap<u32, u64>,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    pub hist_log2_ns: Vec<u64>,
+    /// Calls still in flight when the window closed (counted, timed to the end).
+    #[serde(default)]
+    pub in_flight: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub kernel_release: String,
+    /// Architecture whose syscall numbers the recording holds (`x86_64`, `aarch64`).
+    pub arch: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Recording {
+    pub format_version: u32,
+    pub tool_version: String,
+    pub host: HostInfo,
+    /// Wall-clock start of the window, Unix ms.
+    pub started_unix_ms: u64,
+    /// Window length (CLOCK_MONOTONIC).
+    pub duration_ns: u64,
+    /// The command line infertrace ran with.
+    pub argv: Vec<String>,
+    pub targets: Vec<Target>,
+    pub syscalls: Vec<ThreadSyscall>,
+    /// Events the kernel side could not keep, by cause.
+    pub lost: BTreeMap<String, u64>,
+    /// Things the user should know about this recording (degraded features...).
+    pub notes: Vec<String>,
+}
+
+impl Recording {
+    pub fn lost_events(&self) -> u64 {
+        self.lost.values().sum()
+    }
+
+    pub fn write_to(&self, file: File, path: &Path) -> Result<(), RecordingError> {
+        let werr = |source| RecordingError::Write { path: path.to_owned(), source };
+        let mut out = BufWriter::new(file);
+        out.write_all(MAGIC).map_err(werr)?;
+        out.write_all(&FORMAT_VERSION.to_le_bytes()).map_err(werr)?;
+        out.write_all(&ENCODING_GZIP_JSON.to_le_bytes()).map_err(werr)?;
+        let mut gz = GzEncoder::new(out, Compression::default());
+        serde_json::to_writer(&mut gz, self).map_err(|e| werr(io::Error::other(e)))?;
+        let mut out = gz.finish().map_err(werr)?;
+        out.flush().map_err(werr)?;
+        out.get_ref().sync_all().map_err(werr)
+    }
+
+    pub fn read(path: &Path) -> Result<Recording, RecordingError> {
+        let file = File::open(path).map_err(|source| RecordingError::Open { path: path.to_owned(), source })?;
+        let mut input = BufReader::new(file);
+        let mut header = [0u8; 16];
+        if input.read_exact(&mut header).is_err() || &header[..8] != MAGIC {
+            return Err(RecordingError::BadMagic { path: path.to_owned() });
+        }
+        let word = |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (version, encoding) = (word(8), word(12));
+        if version > FORMAT_VERSION {
+            return Err(RecordingError::TooNew { path: path.to_owned(), found: version });
+        }
+        if encoding != ENCODING_GZIP_JSON {
+            return Err(RecordingError::BadEncoding { path: path.to_owned(), found: encoding });
+        }
+        serde_json::from_reader(GzDecoder::new(input))
+            .map_err(|e| RecordingError::Corrupt { path: path.to_owned(), detail: e.to_string() })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Recording {
+        let mut errnos = BTreeMap::new();
+        errnos.insert(2, 3);
+        Recording {
+            format_version: FORMAT_VERSION,
+            tool_version: "test".into(),
+            host: HostInfo { hostname: "h".into(), kernel_release: "6.18".into(), arch: "x86_64".into() },
+            started_unix_ms: 1,
+            duration_ns: 1_000_000_000,
+            argv: vec!["infertrace".into()],
+            targets: vec![Target {
+                pid: 10,
+                ppid: Some(1),
+                comm: "demo".into(),
+                exe: Some("/bin/demo".into()),
+                cmdline: vec!["demo".into()],
+                origin: Origin::Launched,
+                exit_code: Some(0),
+            }],
+            syscalls: vec![ThreadSyscall {
+                pid: 10,
+                tid: 10,
+                nr: 257,
+                count: 5,
+                errors: 3,
+                errnos,
+                total_ns: 5000,
+                max_ns: 2000,
+                hist_log2_ns: vec![0; 40],
+                in_flight: 0,
+            }],
+            lost: BTreeMap::new(),
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let dir = std::env::temp_dir().join(format!("itr-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.itr");
+        let rec = sample();
+        rec.write_to(File::create(&path).unwrap(), &path).unwrap();
+        let back = Recording::read(&path).unwrap();
+        assert_eq!(back.syscalls[0].errnos.get(&2), Some(&3));
+        assert_eq!(back.targets[0].origin, Origin::Launched);
+
+        std::fs::write(&path, b"not a recording at all").unwrap();
+        assert!(matches!(Recording::read(&path), Err(RecordingError::BadMagic { .. })));
+        let mut future = MAGIC.to_vec();
+        future.extend_from_slice(&99u32.to_le_bytes());
+        future.extend_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &future).unwrap();
+        assert!(matches!(Recording::read(&path), Err(RecordingError::TooNew { found: 99, .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,88 @@
+//! `--format json`: the machine-readable report (docs/report-schema.md).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{syscall_rows, totals, SyscallRow, Totals, SCHEMA_VERSION};
+use crate::recording::{Origin, Recording};
+
+#[derive(Serialize)]
+struct JsonTarget<'a> {
+    pid: u32,
+    ppid: Option<u32>,
+    comm: &'a str,
+    exe: Option<&'a str>,
+    cmdline: &'a [String],
+    origin: Origin,
+    exit_code: Option<i32>,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    schema_version: u32,
+    tool_version: &'a str,
+    recording_format_version: u32,
+    host: &'a crate::recording::HostInfo,
+    started_unix_ms: u64,
+    duration_ns: u64,
+    targets: Vec<JsonTarget<'a>>,
+    syscalls: Vec<SyscallRow>,
+    totals: Totals,
+    lost_events: u64,
+    lost_detail: &'a BTreeMap<String, u64>,
+    notes: &'a [String],
+}
+
+pub fn render(rec: &Recording) -> String {
+    let rows: Vec<SyscallRow> = syscall_rows(rec).into_values().flatten().collect();
+    let report = JsonReport {
+        schema_version: SCHEMA_VERSION,
+        tool_version: &rec.tool_version,
+        recording_format_version: rec.format_version,
+        host: &rec.host,
+        started_unix_ms: rec.started_unix_ms,
+        duration_ns: rec.duration_ns,
+        targets: super::targets(rec)
+            .into_iter()
+            .map(|t| JsonTarget {
+                pid: t.pid,
+                ppid: t.ppid,
+                comm: &t.comm,
+                exe: t.exe.as_deref(),
+                cmdline: &t.cmdline,
+                origin: t.origin,
+                exit_code: t.exit_code,
+            })
+            .collect(),
+        totals: totals(&rows),
+        syscalls: rows,
+        lost_events: rec.lost_events(),
+        lost_detail: &rec.lost,
+        notes: &rec.notes,
+    };
+    let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn has_contract_fields() {
+        let rec = crate::recording::tests::sample();
+        let v: serde_json::Value = serde_json::from_str(&super::render(&rec)).unwrap();
+        assert_eq!(v["schema_version"], 1);
+        assert_eq!(v["duration_ns"], 1_000_000_000u64);
+        assert_eq!(v["targets"][0]["pid"], 10);
+        assert_eq!(v["targets"][0]["origin"], "launched");
+        let s = &v["syscalls"][0];
+        assert_eq!(s["name"], "openat");
+        assert_eq!(s["nr"], 257);
+        assert_eq!(s["count"], 5);
+        assert_eq!(s["errors"], 3);
+        assert_eq!(s["errnos"]["ENOENT"], 3);
+        assert_eq!(s["hist_log2_ns"].as_array().unwrap().len(), 40);
+        assert_eq!(v["lost_events"], 0);
+    }
+}
