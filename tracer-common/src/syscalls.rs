@@ -72,14 +72,15 @@ pub fn hist_bucket(ns: u64) -> usize {
     }
 }
 
-/// Value of the per-thread `SYSCALL_START` map: the syscall in flight.
+/// A syscall in flight: the per-CPU `SYSCALL_SLOT` and the per-thread
+/// `SYSCALL_START` map (calls whose thread left the CPU) hold these.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyscallStart {
     /// `bpf_ktime_get_ns()` at sys_enter; 0 when no syscall is in flight.
     pub ts: u64,
     pub nr: u32,
-    pub _pad: u32,
+    pub tid: u32,
 }
 
 /// Key of the `SYSCALL_ERRNO` map: how often a syscall failed with one errno.

@@ -8,8 +8,9 @@ mod syscalls;
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
+use tracer_common::TargetCache;
 
 /// Processes (tgid) being traced, with `tracer_common::target_flags`.
 /// Userspace inserts the explicit targets; `process` adds forked children.
@@ -21,10 +22,48 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 pub static COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(tracer_common::counters::COUNT, 0);
 
+/// Generation of `TARGETS`: bumped by whoever changes it, so that the
+/// per-CPU verdict caches below notice.
+#[map]
+pub static TARGETS_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The last target verdict per CPU. A syscall-heavy thread asks about the
+/// same tgid over and over: this turns a hash lookup per syscall into an
+/// inlined array read.
+#[map]
+static TARGET_CACHE: PerCpuArray<TargetCache> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
+    let gen = TARGETS_GEN.get(0).copied().unwrap_or(0);
+    let cache = TARGET_CACHE.get_ptr_mut(0);
+    if let Some(c) = cache {
+        // SAFETY: per-CPU slot; programs do not migrate while running.
+        unsafe {
+            if (*c).tgid == tgid && (*c).gen == gen {
+                return (*c).verdict != 0;
+            }
+        }
+    }
     // SAFETY: the value is only tested for presence.
-    unsafe { TARGETS.get(&tgid).is_some() }
+    let verdict = unsafe { TARGETS.get(&tgid).is_some() };
+    if let Some(c) = cache {
+        unsafe {
+            (*c).tgid = tgid;
+            (*c).verdict = verdict as u32;
+            (*c).gen = gen;
+        }
+    }
+    verdict
+}
+
+/// Invalidates every CPU's verdict cache after a change to `TARGETS`.
+#[inline(always)]
+pub fn bump_targets_gen() {
+    if let Some(g) = TARGETS_GEN.get_ptr_mut(0) {
+        // A lost concurrent increment still changes the value: good enough.
+        unsafe { *g += 1 };
+    }
 }
 
 #[inline(always)]

@@ -14,7 +14,7 @@ use tracer_common::{
     target_flags,
 };
 
-use crate::{count_drop, is_target, TARGETS};
+use crate::{bump_targets_gen, count_drop, is_target, TARGETS};
 
 #[map]
 pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
@@ -67,6 +67,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     if TARGETS.insert(&child, &target_flags::FOLLOWED, 0).is_err() {
         count_drop(counters::TARGETS_FULL);
     }
+    bump_targets_gen();
     emit(KIND_FORK, child, parent);
     0
 }

@@ -5,7 +5,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
 use tracer_common::{
@@ -19,8 +19,17 @@ use crate::{count_drop, is_target, TARGETS};
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
 
+/// Syscalls in flight, per thread: only those whose thread was switched out
+/// (blocked or preempted) while in the syscall. Fast syscalls never touch it.
 #[map]
 pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(65536, 0);
+
+/// The syscall in flight on this CPU: the current thread's, when it is a
+/// target. A thread leaving the CPU mid-syscall has it spilled to
+/// `SYSCALL_START` by `syscall_spill_on_switch`, so at most one entry per CPU
+/// is ever live here, and a hash operation is paid only by calls that block.
+#[map]
+static SYSCALL_SLOT: PerCpuArray<SyscallStart> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(16384, 0);
@@ -80,15 +89,38 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    match SYSCALL_START.get_ptr_mut(&tid) {
-        Some(p) => unsafe {
-            (*p).ts = now;
-            (*p).nr = nr;
-        },
-        None => {
-            let start = SyscallStart { ts: now, nr, _pad: 0 };
-            if SYSCALL_START.insert(&tid, &start, 0).is_err() {
-                count_drop(counters::SYSCALL_START_FULL);
+    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU slot; this program does not migrate while it runs.
+    unsafe {
+        if (*slot).ts != 0 && (*slot).tid != tid {
+            // Not spilled at a switch (cannot normally happen): keep it.
+            spill(&*slot);
+        }
+        (*slot).ts = now;
+        (*slot).nr = nr;
+        (*slot).tid = tid;
+    }
+    0
+}
+
+#[inline(always)]
+fn spill(s: &SyscallStart) {
+    if SYSCALL_START.insert(&s.tid, s, 0).is_err() {
+        count_drop(counters::SYSCALL_START_FULL);
+    }
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)`,
+/// running as `prev`: a syscall in flight on this CPU moves to the hash map,
+/// where its sys_exit (on whatever CPU) finds it.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn syscall_spill_on_switch(_ctx: BtfTracePointContext) -> i32 {
+    if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        unsafe {
+            if (*slot).ts != 0 {
+                spill(&*slot);
+                (*slot).ts = 0;
             }
         }
     }
@@ -99,16 +131,15 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
     let tid = pid_tgid as u32;
     let now = unsafe { bpf_ktime_get_ns() };
     let ret: i64 = ctx.arg(1);
-    let (start_ns, nr) = match SYSCALL_START.get_ptr_mut(&tid) {
-        Some(p) if unsafe { (*p).ts } != 0 => unsafe {
-            let v = ((*p).ts, (*p).nr);
-            (*p).ts = 0;
-            v
-        },
-        _ => match in_flight_at_attach(&ctx, pid_tgid, ret) {
+    let (start_ns, nr) = match take_start(tid) {
+        Some(v) => v,
+        None => match in_flight_at_attach(&ctx, pid_tgid, ret) {
             Some(nr) => (global(&WINDOW_START_NS), nr),
             None => return 0,
         },
@@ -118,6 +149,32 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
     account(tgid, tid, nr, ns, errno);
     0
+}
+
+/// The (start, nr) of `tid`'s syscall in flight, consumed: from this CPU's
+/// slot when the call did not leave the CPU, else from the spilled entries.
+#[inline(always)]
+fn take_start(tid: u32) -> Option<(u64, u32)> {
+    if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        unsafe {
+            if (*slot).ts != 0 && (*slot).tid == tid {
+                let v = ((*slot).ts, (*slot).nr);
+                (*slot).ts = 0;
+                return Some(v);
+            }
+        }
+    }
+    let p = SYSCALL_START.get_ptr_mut(&tid)?;
+    // SAFETY: map value pointer, owned by this thread.
+    unsafe {
+        if (*p).ts == 0 {
+            return None;
+        }
+        let v = ((*p).ts, (*p).nr);
+        (*p).ts = 0;
+        Some(v)
+    }
 }
 
 /// A sys_exit without a recorded sys_enter: the call was in flight when we

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint},
     Btf, Ebpf,
 };
@@ -84,13 +84,22 @@ fn targets_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, u8>, Pro
     probe::hash_map(ebpf, "TARGETS")
 }
 
+/// Invalidates the kernel's per-CPU target caches after a change.
+fn bump_generation(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let map = ebpf.map_mut("TARGETS_GEN").ok_or(ProbeError::MissingMap("TARGETS_GEN"))?;
+    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map("TARGETS_GEN", e))?;
+    let gen = arr.get(&0, 0).unwrap_or(0);
+    arr.set(0, gen.wrapping_add(1), 0).map_err(|e| ProbeError::map("TARGETS_GEN", e))
+}
+
 pub fn add_target(ebpf: &mut Ebpf, pid: u32, flags: u8) -> Result<(), ProbeError> {
-    targets_map(ebpf)?.insert(pid, flags, 0).map_err(|e| ProbeError::map("TARGETS", e))
+    targets_map(ebpf)?.insert(pid, flags, 0).map_err(|e| ProbeError::map("TARGETS", e))?;
+    bump_generation(ebpf)
 }
 
 pub fn remove_target(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     let _ = targets_map(ebpf)?.remove(&pid);
-    Ok(())
+    bump_generation(ebpf)
 }
 
 /// Every pid in the kernel's target set.

@@ -299,7 +299,8 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     status.clear();
     apply_lifecycle(&mut states, follower.poll());
     let live_pids: Vec<u32> = states.values().filter(|s| s.alive && procfs::is_alive(s.target.pid)).map(|s| s.target.pid).collect();
-    let syscalls = accounting.finish(&mut ebpf, (window_start, window_end), &live_pids)?;
+    let attached: Vec<u32> = states.values().filter(|s| s.target.origin == Origin::Attached).map(|s| s.target.pid).collect();
+    let syscalls = accounting.finish(&mut ebpf, (window_start, window_end), &live_pids, &attached)?;
     if let Some(l) = launched.as_mut() {
         if let Some(code) = l.reap(false) {
             if let Some(s) = states.get_mut(&l.pid) {

@@ -6,10 +6,10 @@
 mod errno_names;
 mod names_table;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
     programs::BtfTracePoint,
     Btf, Ebpf,
 };
@@ -71,7 +71,9 @@ pub struct SyscallAccounting {
     live: HashMap<Key, Acc>,
 }
 
-const PROGRAMS: [&str; 2] = ["sys_enter", "sys_exit"];
+/// Program name and the BTF tracepoint it attaches to.
+const PROGRAMS: [(&str, &str); 3] =
+    [("syscall_spill_on_switch", "sched_switch"), ("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
     crate::probe::hash_map(ebpf, "SYSCALL_STATS")
@@ -80,9 +82,9 @@ fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, Sys
 impl SyscallAccounting {
     pub fn attach(ebpf: &mut Ebpf, btf: &Btf) -> Result<Self, ProbeError> {
         let mut links = Vec::new();
-        for name in PROGRAMS {
+        for (name, tracepoint) in PROGRAMS {
             let prog: &mut BtfTracePoint = crate::probe::program(ebpf, name)?;
-            prog.load(name, btf).map_err(|e| ProbeError::load(name, e))?;
+            prog.load(tracepoint, btf).map_err(|e| ProbeError::load(name, e))?;
             links.push((name, prog.attach().map_err(|e| ProbeError::attach(name, e))?));
         }
         Ok(Self { links, retired: HashMap::new(), live: HashMap::new() })
@@ -161,13 +163,16 @@ impl SyscallAccounting {
 
     /// Closes the window at `end_ns` (CLOCK_MONOTONIC): a final drain after
     /// the programs were detached, then the calls still in flight are
-    /// accounted up to the end: those entered inside the window (from the
-    /// START map) and those blocked since before it (from /proc/.../syscall).
+    /// accounted up to the end: those entered inside the window (per-CPU
+    /// slots and spilled entries) and, for attached processes, those of
+    /// threads blocked in one syscall for the whole window (from
+    /// /proc/PID/task/TID/syscall).
     pub fn finish(
         mut self,
         ebpf: &mut Ebpf,
         window: (u64, u64),
-        target_pids: &[u32],
+        live_pids: &[u32],
+        attached_pids: &[u32],
     ) -> Result<Vec<ThreadSyscall>, ProbeError> {
         let (start_ns, end_ns) = window;
         self.detach(ebpf);
@@ -176,23 +181,31 @@ impl SyscallAccounting {
         for (k, v) in self.live.drain() {
             all.entry(k).or_default().merge(&v);
         }
-        let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(ebpf, "SYSCALL_START")?;
-        let mut seen_threads = std::collections::HashSet::new();
-        for item in starts.iter() {
-            let Ok((tid, start)) = item else { continue };
-            let Some(pid) = procfs::tgid_of(tid) else { continue };
-            if !target_pids.contains(&pid) {
-                continue;
-            }
-            seen_threads.insert(tid);
-            if start.ts != 0 && start.ts < end_ns {
-                add_in_flight(&mut all, (pid, tid, start.nr), end_ns - start.ts);
+        let mut active: HashSet<u32> = all.keys().map(|&(_, tid, _)| tid).collect();
+        let mut in_flight: Vec<SyscallStart> = Vec::new();
+        {
+            let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(ebpf, "SYSCALL_START")?;
+            in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
+        }
+        {
+            let map = ebpf.map_mut("SYSCALL_SLOT").ok_or(ProbeError::MissingMap("SYSCALL_SLOT"))?;
+            let slots: PerCpuArray<&mut MapData, SyscallStart> =
+                PerCpuArray::try_from(map).map_err(|e| ProbeError::map("SYSCALL_SLOT", e))?;
+            let per_cpu = slots.get(&0, 0).map_err(|e| ProbeError::map("SYSCALL_SLOT", e))?;
+            in_flight.extend(per_cpu.iter().copied());
+        }
+        for start in in_flight.into_iter().filter(|s| s.ts != 0 && s.ts < end_ns) {
+            let Some(pid) = procfs::tgid_of(start.tid) else { continue };
+            if live_pids.contains(&pid) {
+                active.insert(start.tid);
+                add_in_flight(&mut all, (pid, start.tid, start.nr), end_ns - start.ts);
             }
         }
-        // Threads that never entered a syscall inside the window but sit in one.
-        for &pid in target_pids {
+        // Threads of attached processes with no syscall activity at all in the
+        // window, sitting in a syscall now: blocked in it the whole window.
+        for &pid in attached_pids.iter().filter(|p| live_pids.contains(p)) {
             for tid in procfs::thread_ids(pid) {
-                if seen_threads.contains(&tid) {
+                if active.contains(&tid) {
                     continue;
                 }
                 if let Some(nr) = procfs::blocked_syscall(pid, tid) {
