@@ -1,1 +1,115 @@
-fn main(){}
+//! Developer tasks for infertrace: `cargo xtask <command>`.
+mod bench;
+mod setup;
+mod tasks;
+mod util;
+
+use std::{ffi::OsString, process::ExitCode};
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup    install what building and testing need, when missing: nightly
+           rust-src, bpf-linker (against the nightly's LLVM), Debian packages
+           (strace bpftool bpftrace jq linux-perf gcc libc6-dev make
+           util-linux), py-spy
+  build    setup, then `cargo build --release -p tracer-user`
+           (-> target/release/infertrace)
+  demo     build, then record tests/workloads/demo.py with infertrace and
+           print its report
+  test     build, then unit tests and end-to-end tests (needs root)
+             --unit        unit tests only
+             --e2e         end-to-end tests only
+             -- ARGS...    passed to the test binaries of both runs
+                           (e.g. a name filter, --nocapture)
+  bench    build, then the slowdown of a syscall-bound Python loop untraced,
+           under infertrace, bpftrace, strace and perf trace (one table)
+             --no-build    use the infertrace binary as it is (no setup/build)
+  help     this text
+";
+
+fn main() -> ExitCode {
+    util::ensure_cargo_bin_on_path();
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match dispatch(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: Vec<OsString>) -> Result<()> {
+    let Some((cmd, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        bail!("no command given");
+    };
+    let cmd = cmd.to_string_lossy();
+    let no_args = |name: &str| -> Result<()> {
+        if let Some(a) = rest.first() {
+            bail!(
+                "`{name}` takes no arguments (got {:?}); see `cargo xtask help`",
+                a
+            );
+        }
+        Ok(())
+    };
+    match cmd.as_ref() {
+        "setup" => {
+            no_args("setup")?;
+            setup::setup()
+        }
+        "build" => {
+            no_args("build")?;
+            tasks::build()
+        }
+        "demo" => {
+            no_args("demo")?;
+            tasks::demo()
+        }
+        "test" => tasks::test(parse_test_args(rest)?),
+        "bench" => match rest.first().and_then(|a| a.to_str()) {
+            None => bench::bench(true),
+            Some("--no-build") if rest.len() == 1 => bench::bench(false),
+            Some(_) => bail!("`bench` takes only --no-build; see `cargo xtask help`"),
+        },
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprint!("{USAGE}");
+            bail!("unknown command `{other}`")
+        }
+    }
+}
+
+fn parse_test_args(rest: &[OsString]) -> Result<tasks::TestArgs> {
+    let (mut unit, mut e2e) = (false, false);
+    let mut harness_args = Vec::new();
+    let mut iter = rest.iter();
+    while let Some(a) = iter.next() {
+        match a.to_str() {
+            Some("--unit") => unit = true,
+            Some("--e2e") => e2e = true,
+            Some("--") => {
+                harness_args.extend(iter.by_ref().cloned());
+            }
+            _ => bail!(
+                "unknown option {a:?} for `test`; arguments for the test binaries go after `--`"
+            ),
+        }
+    }
+    if !unit && !e2e {
+        (unit, e2e) = (true, true);
+    }
+    Ok(tasks::TestArgs {
+        unit,
+        e2e,
+        harness_args,
+    })
+}
