@@ -76,6 +76,92 @@ pub struct ThreadSyscall {
     pub in_flight: u64,
 }
 
+/// Kind of a stack frame.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameKind {
+    Native,
+    Kernel,
+}
+
+/// One resolved frame.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled function name; `[unknown]` (with `module`) when unresolved.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub kind: FrameKind,
+    /// The binary or library the address fell in (basename), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+}
+
+/// Why a thread was off CPU: the syscall it blocked in, classified
+/// (docs/wall-time.md has the table).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum OffCpuReason {
+    Io,
+    Lock,
+    Poll,
+    Sleep,
+    Other,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum StackKind {
+    /// CPU samples (`samples` counts them).
+    Cpu,
+    /// Off-CPU time (`weight_ns`).
+    OffCpu,
+}
+
+/// An aggregated stack: CPU samples or off-CPU time of one thread.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StackRecord {
+    pub kind: StackKind,
+    pub reason: Option<OffCpuReason>,
+    pub pid: u32,
+    pub tid: u32,
+    pub samples: u64,
+    pub weight_ns: u64,
+    /// Leaf first: kernel frames, then user frames.
+    pub frames: Vec<Frame>,
+}
+
+/// Off-CPU time of a thread, by reason.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OffCpuTimes {
+    pub io_ns: u64,
+    pub lock_ns: u64,
+    pub poll_ns: u64,
+    pub sleep_ns: u64,
+    pub other_ns: u64,
+}
+
+impl OffCpuTimes {
+    pub fn total(&self) -> u64 {
+        self.io_ns + self.lock_ns + self.poll_ns + self.sleep_ns + self.other_ns
+    }
+}
+
+/// Where one thread's wall time went inside the window.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThreadTimes {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// Time the thread existed inside the window.
+    pub wall_ns: u64,
+    pub on_cpu_ns: u64,
+    /// The part of `on_cpu_ns` spent inside syscalls.
+    pub syscall_ns: u64,
+    pub off_cpu: OffCpuTimes,
+    pub runqueue_ns: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostInfo {
     pub hostname: String,
@@ -97,6 +183,18 @@ pub struct Recording {
     pub argv: Vec<String>,
     pub targets: Vec<Target>,
     pub syscalls: Vec<ThreadSyscall>,
+    /// Wall-time breakdown per thread (empty when scheduler tracing was off).
+    #[serde(default)]
+    pub threads: Vec<ThreadTimes>,
+    /// CPU-sample and off-CPU stacks, symbolized.
+    #[serde(default)]
+    pub stacks: Vec<StackRecord>,
+    /// Run-queue latency histogram per process (log2 ns buckets).
+    #[serde(default)]
+    pub runqueue_hist: BTreeMap<u32, Vec<u64>>,
+    /// CPU sampling frequency (Hz); 0 when sampling was off.
+    #[serde(default)]
+    pub sample_hz: u64,
     /// Events the kernel side could not keep, by cause.
     pub lost: BTreeMap<String, u64>,
     /// Things the user should know about this recording (degraded features...).
@@ -176,6 +274,10 @@ pub(crate) mod tests {
                 hist_log2_ns: vec![0; 40],
                 in_flight: 0,
             }],
+            threads: vec![],
+            stacks: vec![],
+            runqueue_hist: BTreeMap::new(),
+            sample_hz: 0,
             lost: BTreeMap::new(),
             notes: vec![],
         }

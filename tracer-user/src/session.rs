@@ -323,6 +323,10 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         argv,
         targets: states.into_values().map(|s| s.target).collect(),
         syscalls,
+        threads: Vec::new(),
+        stacks: Vec::new(),
+        runqueue_hist: BTreeMap::new(),
+        sample_hz: 0,
         lost,
         notes,
     };
