@@ -4,8 +4,9 @@
 //! BPF and host layouts are identical.
 #![no_std]
 
-pub mod syscalls;
 pub mod proc_events;
+pub mod sched;
+pub mod syscalls;
 
 /// Indices into the `COUNTERS` per-CPU array: events the kernel side had to drop.
 pub mod counters {
@@ -19,6 +20,11 @@ pub mod counters {
     pub const PROC_EVENTS_RINGBUF_FULL: u32 = 3;
     /// A followed child could not be added to the target set: map full.
     pub const TARGETS_FULL: u32 = 4;
+    /// A thread state entry could not be created: map full.
+    pub const THREADS_FULL: u32 = 5;
+    /// An off-CPU stack or CPU sample aggregate could not be created, or a
+    /// stack could not be captured (stack map full / collision).
+    pub const STACKS_LOST: u32 = 6;
     pub const COUNT: u32 = 8;
 
     pub const NAMES: [&str; COUNT as usize] = [
@@ -27,8 +33,8 @@ pub mod counters {
         "syscall_errno_map_full",
         "proc_events_ringbuf_full",
         "targets_map_full",
-        "reserved5",
-        "reserved6",
+        "thread_map_full",
+        "stacks_lost",
         "reserved7",
     ];
 }

@@ -4,6 +4,7 @@
 #![no_main]
 
 mod process;
+mod sched;
 mod syscalls;
 
 use aya_ebpf::{
@@ -16,6 +17,16 @@ use tracer_common::TargetCache;
 /// Userspace inserts the explicit targets; `process` adds forked children.
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// `[0]`: `bpf_ktime_get_ns()` when the window opened, written by userspace
+/// right before attaching. Read on rare paths only.
+#[map]
+pub static WINDOW: Array<u64> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn window_start_ns() -> u64 {
+    WINDOW.get(0).copied().unwrap_or(0)
+}
 
 /// Drop counters, indexed by `tracer_common::counters::*`.
 #[map]

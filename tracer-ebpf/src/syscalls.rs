@@ -14,7 +14,7 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
-use crate::{count_drop, is_target, TARGETS};
+use crate::{count_drop, is_target, window_start_ns, TARGETS};
 
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
@@ -39,10 +39,6 @@ pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(163
 #[map]
 pub static ZERO_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
 
-/// Set by userspace before load: `bpf_ktime_get_ns()` when the window opened.
-/// A syscall already in flight at attach time is timed from here.
-#[unsafe(no_mangle)]
-static WINDOW_START_NS: u64 = 0;
 /// Syscall numbers of exit and exit_group for this arch (they never return).
 #[unsafe(no_mangle)]
 static NR_EXIT: u32 = 60;
@@ -110,21 +106,33 @@ fn spill(s: &SyscallStart) {
     }
 }
 
-/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)`,
-/// running as `prev`: a syscall in flight on this CPU moves to the hash map,
-/// where its sys_exit (on whatever CPU) finds it.
-#[btf_tracepoint(function = "sched_switch")]
-pub fn syscall_spill_on_switch(_ctx: BtfTracePointContext) -> i32 {
+/// Called by the `sched_switch` program, running as the thread leaving the
+/// CPU: a syscall in flight on this CPU moves to the hash map, where its
+/// sys_exit (on whatever CPU) finds it. Returns the syscall number `tid` is
+/// inside, if any (it may have been spilled at an earlier switch).
+#[inline(always)]
+pub fn spill_on_switch(tid: u32) -> Option<u32> {
     if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         unsafe {
             if (*slot).ts != 0 {
                 spill(&*slot);
                 (*slot).ts = 0;
+                if (*slot).tid == tid {
+                    return Some((*slot).nr);
+                }
             }
         }
     }
-    0
+    None
+}
+
+/// The syscall `tid` is inside according to the spilled entries.
+#[inline(always)]
+pub fn spilled_syscall(tid: u32) -> Option<u32> {
+    // SAFETY: read-only use of the value.
+    let s = unsafe { SYSCALL_START.get(&tid)? };
+    if s.ts != 0 { Some(s.nr) } else { None }
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`
@@ -140,7 +148,8 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let (start_ns, nr) = match take_start(tid) {
         Some(v) => v,
         None => match in_flight_at_attach(&ctx, pid_tgid, ret) {
-            Some(nr) => (global(&WINDOW_START_NS), nr),
+            // In flight at attach time: timed from the window start.
+            Some(nr) => (window_start_ns(), nr),
             None => return 0,
         },
     };

@@ -3,6 +3,7 @@
 //! parsing: probe families (`syscalls`, `process`), the recording format,
 //! report renderers and the `doctor` checks.
 
+pub mod btf_offsets;
 pub mod clock;
 pub mod doctor;
 pub mod probe;
@@ -10,7 +11,9 @@ pub mod process;
 pub mod procfs;
 pub mod recording;
 pub mod report;
+pub mod sched;
 pub mod session;
+pub mod symbolize;
 pub mod syscalls;
 pub mod targets;
 pub mod tracefs;

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{doctor, recording::Recording, report, session};
+use infertrace::{doctor, recording::Recording, report, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -54,6 +54,15 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Format of the report printed at the end.
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
+        /// CPU sampling frequency in Hz, on every CPU (0 turns sampling off).
+        #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
+        frequency: u64,
+        /// Syscall accounting only: no scheduler tracing, no CPU sampling (lowest overhead).
+        #[arg(long)]
+        no_sched: bool,
+        /// Do not capture stacks when threads go off CPU.
+        #[arg(long)]
+        no_offcpu_stacks: bool,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -114,8 +123,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, command } => {
-            let opts = session::RecordOptions { pids, command, duration, output, quiet };
+        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, command } => {
+            if frequency > 10_000 {
+                bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
+            }
+            let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
+            let opts = session::RecordOptions { pids, sched, command, duration, output, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

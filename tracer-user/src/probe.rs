@@ -19,6 +19,8 @@ pub enum ProbeError {
     Load { name: &'static str, source: ProgramError },
     #[error("attaching eBPF program `{name}` failed: {source}")]
     Attach { name: &'static str, source: ProgramError },
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
     #[error("eBPF map `{name}`: {source}")]
     Map { name: &'static str, source: MapError },
 }

@@ -77,6 +77,17 @@ pub fn thread_alive(pid: u32, tid: u32) -> bool {
     }
 }
 
+/// State letter of one thread (`R`, `S`, `D`, ...).
+pub fn thread_state(pid: u32, tid: u32) -> Option<char> {
+    let s = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()).and_then(|st| st.chars().next())
+}
+
+/// Name of one thread.
+pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_owned())
+}
+
 /// Thread ids of a process (empty when it is gone).
 pub fn thread_ids(pid: u32) -> Vec<u32> {
     fs::read_dir(proc_path(pid, "task"))

@@ -8,11 +8,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::{Btf, Ebpf, EbpfLoader};
+use aya::{
+    maps::{Array, MapData},
+    Btf, Ebpf, EbpfLoader,
+};
 use tracer_common::target_flags;
 
 use crate::{
+    btf_offsets::BtfOffsets,
     clock,
+    sched::{SchedAccounting, SchedOptions},
+    symbolize::Symbolizer,
     probe::{self, ProbeError},
     process::{self, Lifecycle, ProcessFollower},
     procfs,
@@ -70,6 +76,7 @@ impl RecordError {
 
 pub struct RecordOptions {
     pub pids: Vec<u32>,
+    pub sched: SchedOptions,
     pub command: Vec<String>,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
@@ -164,7 +171,7 @@ impl TargetState {
     }
 }
 
-fn load_object(btf: &Btf, tracefs: Option<&Path>) -> Result<Ebpf, RecordError> {
+fn load_object(btf: &Btf, tracefs: Option<&Path>, sched: &SchedOptions) -> Result<Ebpf, RecordError> {
     let (nr_exit, nr_exit_group, regs_off) =
         syscalls::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
     let (nr_clone, nr_fork, nr_vfork, nr_clone3) = match std::env::consts::ARCH {
@@ -178,11 +185,24 @@ fn load_object(btf: &Btf, tracefs: Option<&Path>) -> Result<Ebpf, RecordError> {
         ),
         None => (8, 32),
     };
-    let window_start = clock::monotonic_ns();
+    let btf_file = btf_path();
+    let offsets = BtfOffsets::load(&btf_file).map_err(|e| RecordError::BadBtf { path: btf_file.clone(), detail: e.to_string() })?;
+    let task_off = |m: &str| {
+        offsets
+            .member_offset("task_struct", m)
+            .map(u64::from)
+            .map_err(|e| RecordError::BadBtf { path: btf_file.clone(), detail: e.to_string() })
+    };
+    let (task_pid, task_tgid) = (task_off("pid")?, task_off("tgid")?);
+    let sched_enabled = sched.enabled as u32;
+    let offcpu_stacks = (sched.enabled && sched.offcpu_stacks) as u32;
     let mut loader = EbpfLoader::new();
     loader
         .btf(Some(btf))
-        .override_global("WINDOW_START_NS", &window_start, true)
+        .override_global("TASK_PID_OFFSET", &task_pid, true)
+        .override_global("TASK_TGID_OFFSET", &task_tgid, true)
+        .override_global("SCHED_ENABLED", &sched_enabled, true)
+        .override_global("OFFCPU_STACKS_ENABLED", &offcpu_stacks, true)
         .override_global("NR_EXIT", &nr_exit, true)
         .override_global("NR_EXIT_GROUP", &nr_exit_group, true)
         .override_global("NR_CLONE", &nr_clone, true)
@@ -245,11 +265,18 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     };
     let mut launched = if opts.command.is_empty() { None } else { Some(Launched::spawn(&opts.command)?) };
 
-    let mut ebpf = load_object(btf, tracefs_path.as_deref())?;
+    let mut ebpf = load_object(btf, tracefs_path.as_deref(), &opts.sched)?;
+    let mut symbolizer = Symbolizer::new();
+    let window_start = clock::monotonic_ns();
+    set_window_start(&mut ebpf, window_start)?;
     let mut states: BTreeMap<u32, TargetState> = BTreeMap::new();
     for &pid in &opts.pids {
         process::add_target(&mut ebpf, pid, target_flags::EXPLICIT)?;
         states.insert(pid, TargetState::observe(pid, Origin::Attached));
+        symbolizer.observe_process(pid);
+        if opts.sched.enabled {
+            SchedAccounting::seed_process(&mut ebpf, pid, window_start)?;
+        }
     }
     if let Some(l) = &launched {
         process::add_target(&mut ebpf, l.pid, target_flags::LAUNCHED)?;
@@ -258,13 +285,19 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     if let Some(r) = &follower.disabled_reason {
         notes.push(r.clone());
     }
+    let mut sched = SchedAccounting::attach(&mut ebpf, btf, opts.sched)?;
     let mut accounting = SyscallAccounting::attach(&mut ebpf, btf)?;
-    let window_start = clock::monotonic_ns();
     let started_unix_ms = clock::unix_ms();
     let t0 = Instant::now();
     if let Some(l) = launched.as_mut() {
         l.release()?;
-        states.insert(l.pid, TargetState::observe(l.pid, Origin::Launched));
+        // What we exec'd is known; /proc may still show the pre-exec fork.
+        let mut st = TargetState::observe(l.pid, Origin::Launched);
+        st.target.exe = Some(l.path.display().to_string());
+        st.target.cmdline = l.argv.clone();
+        st.target.comm = l.path.file_name().map(|n| n.to_string_lossy().chars().take(15).collect()).unwrap_or_default();
+        states.insert(l.pid, st);
+        symbolizer.observe_process(l.pid);
     }
 
     let status = StatusLine::new(opts.quiet);
@@ -278,7 +311,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
             _ = tick.tick() => {
                 ticks += 1;
-                apply_lifecycle(&mut states, follower.poll());
+                apply_lifecycle(&mut states, follower.poll(), &mut symbolizer);
                 if let Some(l) = launched.as_mut() {
                     if let Some(code) = l.reap(false) {
                         if let Some(s) = states.get_mut(&l.pid) { s.target.exit_code = Some(code); }
@@ -287,6 +320,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                 let alive = sweep_targets(&mut ebpf, &mut states)?;
                 if ticks % 10 == 0 {
                     accounting.drain(&mut ebpf, true)?;
+                    sched.drain(&mut ebpf)?;
                 }
                 status.show(t0.elapsed(), alive, accounting.total_calls());
                 if alive == 0 {
@@ -297,10 +331,12 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     };
     let window_end = clock::monotonic_ns();
     status.clear();
-    apply_lifecycle(&mut states, follower.poll());
+    apply_lifecycle(&mut states, follower.poll(), &mut symbolizer);
     let live_pids: Vec<u32> = states.values().filter(|s| s.alive && procfs::is_alive(s.target.pid)).map(|s| s.target.pid).collect();
     let attached: Vec<u32> = states.values().filter(|s| s.target.origin == Origin::Attached).map(|s| s.target.pid).collect();
     let syscalls = accounting.finish(&mut ebpf, (window_start, window_end), &live_pids, &attached)?;
+    let all_pids: Vec<u32> = states.keys().copied().collect();
+    let sched = sched.finish(&mut ebpf, window_end, &all_pids, &syscalls, &mut symbolizer)?;
     if let Some(l) = launched.as_mut() {
         if let Some(code) = l.reap(false) {
             if let Some(s) = states.get_mut(&l.pid) {
@@ -323,20 +359,21 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         argv,
         targets: states.into_values().map(|s| s.target).collect(),
         syscalls,
-        threads: Vec::new(),
-        stacks: Vec::new(),
-        runqueue_hist: BTreeMap::new(),
-        sample_hz: 0,
+        threads: sched.threads,
+        stacks: sched.stacks,
+        runqueue_hist: sched.runqueue_hist,
+        sample_hz: sched.sample_hz,
         lost,
         notes,
     };
     Ok((recording, reason))
 }
 
-fn apply_lifecycle(states: &mut BTreeMap<u32, TargetState>, events: Vec<Lifecycle>) {
+fn apply_lifecycle(states: &mut BTreeMap<u32, TargetState>, events: Vec<Lifecycle>, symbolizer: &mut Symbolizer) {
     for ev in events {
         match ev {
             Lifecycle::Forked { pid, parent, comm } => {
+                symbolizer.observe_process(pid);
                 let st = states.entry(pid).or_insert_with(|| TargetState::observe(pid, Origin::Followed));
                 st.target.ppid = Some(parent);
                 if st.target.comm.is_empty() {
@@ -345,11 +382,14 @@ fn apply_lifecycle(states: &mut BTreeMap<u32, TargetState>, events: Vec<Lifecycl
             }
             Lifecycle::Execed { pid, comm } => {
                 let st = states.entry(pid).or_insert_with(|| TargetState::observe(pid, Origin::Followed));
-                // What fork copied from the parent is stale after exec.
                 st.target.comm = comm;
-                st.target.exe = None;
-                st.target.cmdline.clear();
+                if st.target.origin == Origin::Followed {
+                    // What fork copied from the parent is stale after exec.
+                    st.target.exe = None;
+                    st.target.cmdline.clear();
+                }
                 st.refresh();
+                symbolizer.observe_process(pid);
             }
             Lifecycle::Exited { pid } => {
                 if let Some(st) = states.get_mut(&pid) {
@@ -377,6 +417,13 @@ fn sweep_targets(ebpf: &mut Ebpf, states: &mut BTreeMap<u32, TargetState>) -> Re
         }
     }
     Ok(alive)
+}
+
+fn set_window_start(ebpf: &mut Ebpf, start: u64) -> Result<(), RecordError> {
+    let map = ebpf.map_mut("WINDOW").ok_or(ProbeError::MissingMap("WINDOW"))?;
+    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map("WINDOW", e))?;
+    arr.set(0, start, 0).map_err(|e| ProbeError::map("WINDOW", e))?;
+    Ok(())
 }
 
 fn host_info() -> HostInfo {

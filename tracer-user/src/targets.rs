@@ -83,6 +83,9 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf, TargetError> {
 /// A forked child parked on a pipe until the probes are attached.
 pub struct Launched {
     pub pid: u32,
+    /// The resolved executable and the argv it was given.
+    pub path: PathBuf,
+    pub argv: Vec<String>,
     cmd: String,
     go_w: libc::c_int,
     err_r: libc::c_int,
@@ -145,7 +148,7 @@ impl Launched {
             libc::close(go_r);
             libc::close(err_w);
         }
-        Ok(Launched { pid: pid as u32, cmd: first.clone(), go_w, err_r, exit_code: None })
+        Ok(Launched { pid: pid as u32, path, argv: argv.to_vec(), cmd: first.clone(), go_w, err_r, exit_code: None })
     }
 
     /// Lets the child exec; fails if the exec itself failed.

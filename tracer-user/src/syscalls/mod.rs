@@ -71,9 +71,9 @@ pub struct SyscallAccounting {
     live: HashMap<Key, Acc>,
 }
 
-/// Program name and the BTF tracepoint it attaches to.
-const PROGRAMS: [(&str, &str); 3] =
-    [("syscall_spill_on_switch", "sched_switch"), ("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+/// Program name and the BTF tracepoint it attaches to. (The in-flight
+/// spill at context switches runs inside the `sched` family's sched_switch.)
+const PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
     crate::probe::hash_map(ebpf, "SYSCALL_STATS")

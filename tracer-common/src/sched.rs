@@ -1,0 +1,109 @@
+//! Wall-time accounting: a per-thread state machine driven by sched_switch
+//! and sched_wakeup, plus CPU samples. All aggregated in the kernel.
+
+use crate::syscalls::HIST_BUCKETS;
+
+/// Thread states of the machine.
+pub const STATE_UNKNOWN: u32 = 0;
+pub const STATE_RUNNING: u32 = 1;
+pub const STATE_RUNNABLE: u32 = 2;
+pub const STATE_OFF_CPU: u32 = 3;
+pub const STATE_DEAD: u32 = 4;
+
+/// Off-CPU reasons (index into `ThreadState::off_cpu_ns`).
+pub const REASON_OTHER: u32 = 0;
+pub const REASON_IO: u32 = 1;
+pub const REASON_LOCK: u32 = 2;
+pub const REASON_POLL: u32 = 3;
+pub const REASON_SLEEP: u32 = 4;
+pub const REASONS: usize = 5;
+
+/// Size of the syscall-number -> reason table.
+pub const REASON_TABLE_SIZE: u32 = 1024;
+
+/// No stack captured (or capture failed).
+pub const NO_STACK: i32 = -1;
+
+/// Value of the `THREADS` map, keyed by tid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    pub pid: u32,
+    pub tid: u32,
+    pub state: u32,
+    /// Reason of the current off-CPU interval.
+    pub reason: u32,
+    /// When the current state began.
+    pub since_ns: u64,
+    /// When the thread entered the window (its creation, or the window start).
+    pub first_ns: u64,
+    /// When the thread exited (0 while alive).
+    pub end_ns: u64,
+    pub on_cpu_ns: u64,
+    pub runqueue_ns: u64,
+    pub off_cpu_ns: [u64; REASONS],
+    /// Off-CPU and run-queue time spent while inside a syscall: the on-CPU
+    /// part of syscall time is syscall time minus this.
+    pub blocked_in_syscall_ns: u64,
+    /// Stacks captured when the current off-CPU interval began.
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    /// 1 while the current off-CPU / run-queue interval began inside a syscall.
+    pub in_syscall: u32,
+    pub _pad: u32,
+    /// Thread name, refreshed at each switch-out.
+    pub comm: [u8; 16],
+}
+
+/// Key of the `OFFCPU_STACKS` map (value: ns).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub reason: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub _pad: u32,
+}
+
+/// Key of the `CPU_SAMPLES` map (value: sample count).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+}
+
+/// Key of the `RUNQ_HIST` map: (pid, log2 bucket) -> count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RunqKey {
+    pub pid: u32,
+    pub bucket: u32,
+}
+
+const _: () = assert!(HIST_BUCKETS <= 64);
+
+#[cfg(feature = "user")]
+mod pod {
+    unsafe impl aya::Pod for super::ThreadState {}
+    unsafe impl aya::Pod for super::OffCpuKey {}
+    unsafe impl aya::Pod for super::SampleKey {}
+    unsafe impl aya::Pod for super::RunqKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_have_no_implicit_padding() {
+        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16);
+        assert_eq!(core::mem::size_of::<OffCpuKey>(), 24);
+        assert_eq!(core::mem::size_of::<SampleKey>(), 16);
+        assert_eq!(core::mem::size_of::<RunqKey>(), 8);
+    }
+}

@@ -1,0 +1,278 @@
+//! Wall-time accounting in the kernel: a per-thread state machine (running,
+//! runnable, off CPU for a reason) driven by sched_switch and
+//! sched_wakeup/wakeup_new, off-CPU time aggregated by (thread, reason,
+//! stacks), run-queue latency histograms, and CPU samples with stacks.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, map, perf_event},
+    maps::{Array, HashMap, StackTrace},
+    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
+};
+use tracer_common::{
+    counters,
+    sched::*,
+    syscalls::hist_bucket,
+};
+
+use crate::{count_drop, is_target, syscalls, window_start_ns};
+
+#[map]
+pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static OFFCPU_STACKS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static RUNQ_HIST: HashMap<RunqKey, u64> = HashMap::with_max_entries(8192, 0);
+
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+/// Off-CPU reason of a syscall number (`REASON_*`), filled by userspace.
+#[map]
+pub static REASON_OF_NR: Array<u32> = Array::with_max_entries(REASON_TABLE_SIZE, 0);
+
+/// 0 turns the scheduler accounting off (the syscall spill still runs).
+#[unsafe(no_mangle)]
+static SCHED_ENABLED: u32 = 1;
+/// Capture stacks at switch-out (off-CPU stacks).
+#[unsafe(no_mangle)]
+static OFFCPU_STACKS_ENABLED: u32 = 1;
+/// Offsets of `pid` and `tgid` in `struct task_struct`, from BTF.
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u64 = 0;
+
+const BPF_F_USER_STACK: u64 = 1 << 8;
+/// `TASK_RUNNING` as `prev_state`: the thread was preempted.
+const TASK_RUNNING: u64 = 0;
+const TASK_DEAD: u64 = 0x80;
+
+#[inline(always)]
+fn global<T: Copy>(v: &T) -> T {
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+/// (tgid, tid) of a task pointer.
+#[inline(always)]
+fn task_ids(task: u64) -> Option<(u32, u32)> {
+    let tid: i32 = unsafe { bpf_probe_read_kernel((task + global(&TASK_PID_OFFSET)) as *const i32) }.ok()?;
+    let tgid: i32 = unsafe { bpf_probe_read_kernel((task + global(&TASK_TGID_OFFSET)) as *const i32) }.ok()?;
+    Some((tgid as u32, tid as u32))
+}
+
+/// The thread's state entry, created in `state` since `since` when missing.
+#[inline(always)]
+fn thread(tgid: u32, tid: u32, state: u32, since: u64) -> Option<*mut ThreadState> {
+    if let Some(p) = THREADS.get_ptr_mut(&tid) {
+        return Some(p);
+    }
+    let fresh = ThreadState {
+        pid: tgid,
+        tid,
+        state,
+        reason: REASON_OTHER,
+        since_ns: since,
+        first_ns: since,
+        user_stack: NO_STACK,
+        kernel_stack: NO_STACK,
+        ..Default::default()
+    };
+    if THREADS.insert(&tid, &fresh, 0).is_err() {
+        count_drop(counters::THREADS_FULL);
+        return None;
+    }
+    THREADS.get_ptr_mut(&tid)
+}
+
+#[inline(always)]
+fn add_off_cpu(t: &mut ThreadState, ns: u64) {
+    let r = t.reason as usize;
+    if let Some(slot) = t.off_cpu_ns.get_mut(r) {
+        *slot += ns;
+    }
+    if t.in_syscall != 0 {
+        t.blocked_in_syscall_ns += ns;
+    }
+    let key = OffCpuKey {
+        pid: t.pid,
+        tid: t.tid,
+        reason: t.reason,
+        user_stack: t.user_stack,
+        kernel_stack: t.kernel_stack,
+        _pad: 0,
+    };
+    match OFFCPU_STACKS.get_ptr_mut(&key) {
+        Some(p) => unsafe { *p += ns },
+        None => {
+            if OFFCPU_STACKS.insert(&key, &ns, 0).is_err() {
+                count_drop(counters::STACKS_LOST);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn add_runqueue(t: &mut ThreadState, ns: u64) {
+    t.runqueue_ns += ns;
+    if t.in_syscall != 0 {
+        t.blocked_in_syscall_ns += ns;
+    }
+    let key = RunqKey { pid: t.pid, bucket: hist_bucket(ns) as u32 };
+    match RUNQ_HIST.get_ptr_mut(&key) {
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            let _ = RUNQ_HIST.insert(&key, &1u64, 0);
+        }
+    }
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)`
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let prev_tid = pid_tgid as u32;
+    let in_syscall = syscalls::spill_on_switch(prev_tid);
+    if global(&SCHED_ENABLED) == 0 {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev_tgid = (pid_tgid >> 32) as u32;
+    if prev_tid != 0 && is_target(prev_tgid) {
+        switch_out(&ctx, prev_tgid, prev_tid, in_syscall, now);
+    }
+    let next: u64 = ctx.arg(2);
+    if let Some((tgid, tid)) = task_ids(next) {
+        if tid != 0 && is_target(tgid) {
+            switch_in(tgid, tid, now);
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Option<u32>, now: u64) {
+    let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns()) else { return };
+    let t = unsafe { &mut *t };
+    let elapsed = now.saturating_sub(t.since_ns);
+    match t.state {
+        STATE_RUNNING => t.on_cpu_ns += elapsed,
+        STATE_RUNNABLE => add_runqueue(t, elapsed),
+        STATE_OFF_CPU => add_off_cpu(t, elapsed),
+        _ => {}
+    }
+    if let Ok(comm) = bpf_get_current_comm() {
+        t.comm = comm;
+    }
+    let prev_state: u64 = ctx.arg(3);
+    let nr = match in_syscall {
+        Some(nr) => Some(nr),
+        None => syscalls::spilled_syscall(tid),
+    };
+    t.in_syscall = nr.is_some() as u32;
+    t.since_ns = now;
+    if prev_state & TASK_DEAD != 0 {
+        t.state = STATE_DEAD;
+        t.end_ns = now;
+    } else if prev_state == TASK_RUNNING {
+        t.state = STATE_RUNNABLE;
+    } else {
+        t.state = STATE_OFF_CPU;
+        t.reason = match nr {
+            Some(nr) => REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER),
+            None => REASON_OTHER,
+        };
+        if global(&OFFCPU_STACKS_ENABLED) != 0 {
+            t.user_stack = ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK);
+            t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
+        }
+    }
+}
+
+#[inline(always)]
+fn switch_in(tgid: u32, tid: u32, now: u64) {
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now) else { return };
+    let t = unsafe { &mut *t };
+    let elapsed = now.saturating_sub(t.since_ns);
+    match t.state {
+        STATE_RUNNABLE => add_runqueue(t, elapsed),
+        // Woken without a wakeup we saw: count the wait as off-CPU.
+        STATE_OFF_CPU => add_off_cpu(t, elapsed),
+        // A switch-out we missed (around attach): keep the parts adding up.
+        STATE_RUNNING => t.on_cpu_ns += elapsed,
+        _ => {}
+    }
+    t.state = STATE_RUNNING;
+    t.since_ns = now;
+}
+
+#[inline(always)]
+fn wakeup(ctx: &BtfTracePointContext, new: bool) {
+    let task: u64 = ctx.arg(0);
+    let Some((tgid, tid)) = task_ids(task) else { return };
+    if !is_target(tgid) {
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now) else { return };
+    let t = unsafe { &mut *t };
+    if new && t.state == STATE_DEAD {
+        // A reused tid: start over.
+        *t = ThreadState { pid: tgid, tid, state: STATE_RUNNABLE, since_ns: now, first_ns: now, user_stack: NO_STACK, kernel_stack: NO_STACK, ..Default::default() };
+        return;
+    }
+    if t.state == STATE_OFF_CPU {
+        add_off_cpu(t, now.saturating_sub(t.since_ns));
+        t.state = STATE_RUNNABLE;
+        t.since_ns = now;
+    }
+}
+
+/// `sched_wakeup(struct task_struct *p)`
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    if global(&SCHED_ENABLED) != 0 {
+        wakeup(&ctx, false);
+    }
+    0
+}
+
+/// `sched_wakeup_new(struct task_struct *p)`: a new thread or process.
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
+    if global(&SCHED_ENABLED) != 0 {
+        wakeup(&ctx, true);
+    }
+    0
+}
+
+/// CPU-clock samples on every CPU, kept for targets only.
+#[perf_event]
+pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 || !is_target(tgid) {
+        return 0;
+    }
+    let key = SampleKey {
+        pid: tgid,
+        tid,
+        user_stack: ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK),
+        kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
+    };
+    match CPU_SAMPLES.get_ptr_mut(&key) {
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            if CPU_SAMPLES.insert(&key, &1u64, 0).is_err() {
+                count_drop(counters::STACKS_LOST);
+            }
+        }
+    }
+    0
+}

@@ -1,0 +1,392 @@
+//! Wall-time accounting, user side: attaches the scheduler programs and the
+//! CPU sampler, seeds the state of threads that exist when the window
+//! opens, and turns the kernel aggregates into per-thread breakdowns,
+//! symbolized stacks and run-queue histograms.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, StackTraceMap},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        BtfTracePoint, PerfEvent,
+    },
+    Btf, Ebpf,
+};
+use tracer_common::{
+    sched::{
+        OffCpuKey, RunqKey, SampleKey, ThreadState, NO_STACK, REASONS, REASON_IO, REASON_LOCK, REASON_OTHER,
+        REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
+    },
+    syscalls::HIST_BUCKETS,
+};
+
+use crate::{
+    probe::{self, ProbeError},
+    procfs,
+    recording::{Frame, OffCpuReason, OffCpuTimes, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
+    symbolize::Symbolizer,
+    syscalls::syscall_name,
+};
+
+/// Syscalls whose blocking counts as I/O, lock, poll or sleep time; every
+/// other blocking (page faults, wait4, ...) is `other`. docs/wall-time.md
+/// shows this table to users.
+pub const CLASSIFICATION: &[(OffCpuReason, &[&str])] = &[
+    (
+        OffCpuReason::Io,
+        &[
+            "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
+            "recvfrom", "recvmsg", "recvmmsg", "sendto", "sendmsg", "sendmmsg", "sendfile", "splice", "tee",
+            "vmsplice", "copy_file_range", "fsync", "fdatasync", "sync", "syncfs", "sync_file_range", "accept",
+            "accept4", "connect", "open", "openat", "openat2", "io_getevents", "io_pgetevents", "io_uring_enter",
+            "msync", "fallocate", "ioctl",
+        ],
+    ),
+    (OffCpuReason::Lock, &["futex", "futex_waitv", "flock"]),
+    (
+        OffCpuReason::Poll,
+        &["poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "epoll_pwait2"],
+    ),
+    (OffCpuReason::Sleep, &["nanosleep", "clock_nanosleep", "pause", "rt_sigsuspend", "rt_sigtimedwait"]),
+];
+
+fn reason_code(r: OffCpuReason) -> u32 {
+    match r {
+        OffCpuReason::Other => REASON_OTHER,
+        OffCpuReason::Io => REASON_IO,
+        OffCpuReason::Lock => REASON_LOCK,
+        OffCpuReason::Poll => REASON_POLL,
+        OffCpuReason::Sleep => REASON_SLEEP,
+    }
+}
+
+fn reason_of_code(c: u32) -> OffCpuReason {
+    match c {
+        REASON_IO => OffCpuReason::Io,
+        REASON_LOCK => OffCpuReason::Lock,
+        REASON_POLL => OffCpuReason::Poll,
+        REASON_SLEEP => OffCpuReason::Sleep,
+        _ => OffCpuReason::Other,
+    }
+}
+
+/// The reason for blocking in syscall `nr` on `arch`.
+pub fn classify(arch: &str, nr: u32) -> OffCpuReason {
+    let name = syscall_name(arch, nr);
+    CLASSIFICATION
+        .iter()
+        .find(|(_, names)| names.contains(&name.as_str()))
+        .map(|(r, _)| *r)
+        .unwrap_or(OffCpuReason::Other)
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SchedOptions {
+    /// Scheduler accounting on (off: only the syscall bookkeeping at
+    /// sched_switch runs).
+    pub enabled: bool,
+    /// CPU sampling frequency in Hz (0: no sampling).
+    pub frequency: u64,
+    /// Capture user+kernel stacks when a thread goes off CPU.
+    pub offcpu_stacks: bool,
+}
+
+pub struct SchedAccounting {
+    opts: SchedOptions,
+    links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
+    perf_links: Vec<aya::programs::perf_event::PerfEventLinkId>,
+    /// Threads that exited, moved out of the kernel map.
+    retired: Vec<ThreadState>,
+}
+
+fn comm_of(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(16);
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+impl SchedAccounting {
+    /// Fills the classification table and attaches the scheduler programs
+    /// and, when asked, a CPU-clock sampler on every online CPU.
+    pub fn attach(ebpf: &mut Ebpf, btf: &Btf, opts: SchedOptions) -> Result<Self, ProbeError> {
+        {
+            let map = ebpf.map_mut("REASON_OF_NR").ok_or(ProbeError::MissingMap("REASON_OF_NR"))?;
+            let mut table: Array<&mut MapData, u32> =
+                Array::try_from(map).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+            for nr in 0..REASON_TABLE_SIZE {
+                let r = classify(std::env::consts::ARCH, nr);
+                if r != OffCpuReason::Other {
+                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+                }
+            }
+        }
+        let programs: &[&'static str] =
+            if opts.enabled { &["sched_switch", "sched_wakeup", "sched_wakeup_new"] } else { &["sched_switch"] };
+        let mut links = Vec::new();
+        for &name in programs {
+            let prog: &mut BtfTracePoint = probe::program(ebpf, name)?;
+            prog.load(name, btf).map_err(|e| ProbeError::load(name, e))?;
+            links.push((name, prog.attach().map_err(|e| ProbeError::attach(name, e))?));
+        }
+        let mut perf_links = Vec::new();
+        if opts.enabled && opts.frequency > 0 {
+            let prog: &mut PerfEvent = probe::program(ebpf, "cpu_sample")?;
+            prog.load().map_err(|e| ProbeError::load("cpu_sample", e))?;
+            let cpus = aya::util::online_cpus().map_err(|(_, e)| ProbeError::Io("reading online CPUs", e))?;
+            for cpu in cpus {
+                perf_links.push(
+                    prog.attach(
+                        PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Frequency(opts.frequency),
+                        false,
+                    )
+                    .map_err(|e| ProbeError::attach("cpu_sample", e))?,
+                );
+            }
+        }
+        Ok(Self { opts, links, perf_links, retired: Vec::new() })
+    }
+
+    /// Records the state of every thread of `pid` at `now` (the window
+    /// start), so that time before the first scheduler event is classified.
+    /// Entries the kernel already created are left alone.
+    pub fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
+        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+        for tid in procfs::thread_ids(pid) {
+            let Some(state) = procfs::thread_state(pid, tid) else { continue };
+            let mut t = ThreadState {
+                pid,
+                tid,
+                since_ns: now,
+                first_ns: now,
+                user_stack: NO_STACK,
+                kernel_stack: NO_STACK,
+                ..Default::default()
+            };
+            if let Some(c) = procfs::thread_comm(pid, tid) {
+                let n = c.len().min(15);
+                t.comm[..n].copy_from_slice(&c.as_bytes()[..n]);
+            }
+            if state == 'R' {
+                t.state = STATE_RUNNING;
+            } else {
+                t.state = STATE_OFF_CPU;
+                if let Some(nr) = procfs::blocked_syscall(pid, tid) {
+                    t.reason = reason_code(classify(std::env::consts::ARCH, nr));
+                    t.in_syscall = 1;
+                }
+            }
+            // BPF_NOEXIST: never overwrite what the kernel already knows.
+            let _ = threads.insert(tid, t, 1);
+        }
+        Ok(())
+    }
+
+    /// Moves exited threads out of the kernel map (keeps it small).
+    pub fn drain(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+        let dead: Vec<(u32, ThreadState)> =
+            threads.iter().filter_map(Result::ok).filter(|(_, t)| t.state == STATE_DEAD).collect();
+        for (tid, t) in dead {
+            self.retired.push(t);
+            let _ = threads.remove(&tid);
+        }
+        Ok(())
+    }
+
+    /// Closes the window at `end_ns` and builds the per-thread breakdown.
+    /// `syscalls` gives each thread's syscall time (for `syscall_ns`).
+    pub fn finish(
+        mut self,
+        ebpf: &mut Ebpf,
+        end_ns: u64,
+        target_pids: &[u32],
+        syscalls: &[ThreadSyscall],
+        symbolizer: &mut Symbolizer,
+    ) -> Result<SchedResult, ProbeError> {
+        // Freeze the aggregates at the window end.
+        for (name, link) in self.links.drain(..) {
+            if let Ok(prog) = probe::program::<BtfTracePoint>(ebpf, name) {
+                let _ = prog.detach(link);
+            }
+        }
+        if let Ok(prog) = probe::program::<PerfEvent>(ebpf, "cpu_sample") {
+            for link in self.perf_links.drain(..) {
+                let _ = prog.detach(link);
+            }
+        }
+        self.drain(ebpf)?;
+        let mut states = std::mem::take(&mut self.retired);
+        {
+            let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+            states.extend(threads.iter().filter_map(Result::ok).map(|(_, t)| t));
+        }
+        // Open off-CPU intervals at the end go to the stacks as well.
+        let mut open_offcpu: HashMap<OffCpuKey, u64> = HashMap::new();
+        let mut syscall_time: HashMap<u32, u64> = HashMap::new();
+        for s in syscalls {
+            *syscall_time.entry(s.tid).or_default() += s.total_ns;
+        }
+        let mut threads = Vec::new();
+        for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid)) {
+            let end = if t.state == STATE_DEAD && t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
+            let open = end.saturating_sub(t.since_ns);
+            match t.state {
+                STATE_RUNNING => t.on_cpu_ns += open,
+                STATE_RUNNABLE => {
+                    t.runqueue_ns += open;
+                    if t.in_syscall != 0 {
+                        t.blocked_in_syscall_ns += open;
+                    }
+                }
+                STATE_OFF_CPU => {
+                    if let Some(slot) = t.off_cpu_ns.get_mut(t.reason as usize) {
+                        *slot += open;
+                    }
+                    if t.in_syscall != 0 {
+                        t.blocked_in_syscall_ns += open;
+                    }
+                    let key = OffCpuKey {
+                        pid: t.pid,
+                        tid: t.tid,
+                        reason: t.reason,
+                        user_stack: t.user_stack,
+                        kernel_stack: t.kernel_stack,
+                        _pad: 0,
+                    };
+                    *open_offcpu.entry(key).or_default() += open;
+                }
+                _ => {}
+            }
+            let off = t.off_cpu_ns;
+            let sys_total = syscall_time.get(&t.tid).copied().unwrap_or(0);
+            let comm = match comm_of(&t.comm) {
+                c if c.is_empty() => procfs::thread_comm(t.pid, t.tid).unwrap_or_default(),
+                c => c,
+            };
+            threads.push(ThreadTimes {
+                pid: t.pid,
+                tid: t.tid,
+                comm,
+                wall_ns: end.saturating_sub(t.first_ns),
+                on_cpu_ns: t.on_cpu_ns,
+                syscall_ns: sys_total.saturating_sub(t.blocked_in_syscall_ns).min(t.on_cpu_ns),
+                off_cpu: OffCpuTimes {
+                    other_ns: off[REASON_OTHER as usize],
+                    io_ns: off[REASON_IO as usize],
+                    lock_ns: off[REASON_LOCK as usize],
+                    poll_ns: off[REASON_POLL as usize],
+                    sleep_ns: off[REASON_SLEEP as usize],
+                },
+                runqueue_ns: t.runqueue_ns,
+            });
+        }
+        threads.sort_by_key(|t| (t.pid, t.tid));
+        let _ = REASONS;
+
+        let stacks = self.collect_stacks(ebpf, target_pids, open_offcpu, symbolizer)?;
+        let mut runqueue_hist: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        {
+            let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
+            for (k, n) in hist.iter().filter_map(Result::ok) {
+                if target_pids.contains(&k.pid) {
+                    let h = runqueue_hist.entry(k.pid).or_insert_with(|| vec![0; HIST_BUCKETS]);
+                    if let Some(b) = h.get_mut(k.bucket as usize) {
+                        *b += n;
+                    }
+                }
+            }
+        }
+        let sample_hz = if self.opts.enabled { self.opts.frequency } else { 0 };
+        Ok(SchedResult { threads, stacks, runqueue_hist, sample_hz })
+    }
+
+    fn collect_stacks(
+        &self,
+        ebpf: &mut Ebpf,
+        target_pids: &[u32],
+        mut offcpu: HashMap<OffCpuKey, u64>,
+        symbolizer: &mut Symbolizer,
+    ) -> Result<Vec<StackRecord>, ProbeError> {
+        {
+            let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
+            for (k, ns) in map.iter().filter_map(Result::ok) {
+                *offcpu.entry(k).or_default() += ns;
+            }
+        }
+        let samples: Vec<(SampleKey, u64)> = {
+            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
+            map.iter().filter_map(Result::ok).collect()
+        };
+        let stack_map = ebpf.map("STACKS").ok_or(ProbeError::MissingMap("STACKS"))?;
+        let stack_map: StackTraceMap<&MapData> =
+            StackTraceMap::try_from(stack_map).map_err(|e| ProbeError::map("STACKS", e))?;
+        let ips = |id: i32| -> Vec<u64> {
+            if id < 0 {
+                return Vec::new();
+            }
+            stack_map
+                .get(&(id as u32), 0)
+                .map(|s| s.frames().iter().map(|f| f.ip).filter(|ip| *ip != 0).collect())
+                .unwrap_or_default()
+        };
+        let mut frames_of = |pid: u32, ustack: i32, kstack: i32| -> Vec<Frame> {
+            let mut frames = symbolizer.kernel_frames(&ips(kstack));
+            frames.extend(symbolizer.user_frames(pid, &ips(ustack)));
+            frames
+        };
+        let mut out = Vec::new();
+        for (k, ns) in offcpu {
+            if !target_pids.contains(&k.pid) || ns == 0 {
+                continue;
+            }
+            out.push(StackRecord {
+                kind: StackKind::OffCpu,
+                reason: Some(reason_of_code(k.reason)),
+                pid: k.pid,
+                tid: k.tid,
+                samples: 0,
+                weight_ns: ns,
+                frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
+            });
+        }
+        for (k, n) in samples {
+            if !target_pids.contains(&k.pid) {
+                continue;
+            }
+            out.push(StackRecord {
+                kind: StackKind::Cpu,
+                reason: None,
+                pid: k.pid,
+                tid: k.tid,
+                samples: n,
+                weight_ns: 0,
+                frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
+            });
+        }
+        out.sort_by(|a, b| (b.samples, b.weight_ns).cmp(&(a.samples, a.weight_ns)));
+        Ok(out)
+    }
+}
+
+pub struct SchedResult {
+    pub threads: Vec<ThreadTimes>,
+    pub stacks: Vec<StackRecord>,
+    pub runqueue_hist: BTreeMap<u32, Vec<u64>>,
+    pub sample_hz: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert_eq!(classify("x86_64", 0), OffCpuReason::Io); // read
+        assert_eq!(classify("x86_64", 202), OffCpuReason::Lock); // futex
+        assert_eq!(classify("x86_64", 232), OffCpuReason::Poll); // epoll_wait
+        assert_eq!(classify("x86_64", 230), OffCpuReason::Sleep); // clock_nanosleep
+        assert_eq!(classify("x86_64", 61), OffCpuReason::Other); // wait4
+    }
+}
