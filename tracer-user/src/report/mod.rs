@@ -1,7 +1,9 @@
 //! Rendering a recording: the model every output format shares (per-process
 //! syscall tables), and one module per format.
 
+pub mod folded;
 pub mod json;
+pub mod svg;
 pub mod text;
 
 use std::collections::BTreeMap;

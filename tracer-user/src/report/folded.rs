@@ -1,0 +1,300 @@
+//! Folded stacks (Brendan Gregg's `stackcollapse` format, what
+//! `flamegraph.pl` and inferno read): one line per unique stack, frames root
+//! first separated by `;`, a space, then the weight.
+//!
+//! Every stack starts with the process (`comm` of the target, `pid N` when
+//! unknown). Kernel frames get the `_[k]` suffix (colored apart by
+//! flame graph tools). Weights by profile:
+//! - `cpu`: CPU samples (count).
+//! - `off-cpu`: off-CPU time in microseconds (rounded; summed in ns first),
+//!   with the reason as a frame under the process, e.g. `[off-cpu: io]`.
+//! - `wall`: both, in microseconds: each CPU sample counts 1/sample_hz
+//!   seconds, under an `[on-cpu]` frame; off-CPU time under
+//!   `[off-cpu: reason]`.
+//!
+//! Lines are sorted; stacks whose weight rounds to 0 are left out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::recording::{FrameKind, OffCpuReason, Recording, StackKind, StackRecord};
+
+/// Which time a flame graph shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// On-CPU samples.
+    Cpu,
+    /// Time blocked off CPU, by reason.
+    OffCpu,
+    /// On-CPU and off-CPU time together.
+    Wall,
+}
+
+impl Profile {
+    /// Unit of the weights in [`render`]'s output.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Profile::Cpu => "samples",
+            Profile::OffCpu | Profile::Wall => "us",
+        }
+    }
+
+    /// Human name, for titles.
+    pub fn title(self) -> &'static str {
+        match self {
+            Profile::Cpu => "on-CPU",
+            Profile::OffCpu => "off-CPU",
+            Profile::Wall => "wall-clock",
+        }
+    }
+}
+
+/// The folded stacks of `rec` for `profile`, one `\n`-terminated line each.
+pub fn render(rec: &Recording, profile: Profile) -> String {
+    let mut out = String::new();
+    for (stack, weight) in fold(rec, profile) {
+        out.push_str(&stack);
+        out.push(' ');
+        out.push_str(&weight.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// (stack, weight) pairs, sorted by stack, weights in [`Profile::unit`].
+pub(crate) fn fold(rec: &Recording, profile: Profile) -> BTreeMap<String, u64> {
+    let comms = process_names(rec);
+    // Cpu: samples; OffCpu and Wall: nanoseconds, converted at the end.
+    let mut sums: BTreeMap<String, u128> = BTreeMap::new();
+    for stack in &rec.stacks {
+        let (context, weight) = match (profile, stack.kind) {
+            (Profile::Cpu, StackKind::Cpu) => (None, stack.samples as u128),
+            (Profile::OffCpu, StackKind::OffCpu) => (Some(off_cpu_frame(stack.reason)), stack.weight_ns as u128),
+            (Profile::Wall, StackKind::OffCpu) => (Some(off_cpu_frame(stack.reason)), stack.weight_ns as u128),
+            (Profile::Wall, StackKind::Cpu) if rec.sample_hz > 0 => {
+                (Some("[on-cpu]".to_owned()), stack.samples as u128 * 1_000_000_000 / rec.sample_hz as u128)
+            }
+            _ => continue,
+        };
+        if weight == 0 {
+            continue;
+        }
+        let line = stack_line(&comms, stack, context.as_deref());
+        *sums.entry(line).or_default() += weight;
+    }
+    sums.into_iter()
+        .filter_map(|(line, w)| {
+            let w = match profile {
+                Profile::Cpu => w,
+                Profile::OffCpu | Profile::Wall => (w + 500) / 1000,
+            };
+            (w > 0).then(|| (line, u64::try_from(w).unwrap_or(u64::MAX)))
+        })
+        .collect()
+}
+
+fn process_names(rec: &Recording) -> HashMap<u32, String> {
+    let mut names = HashMap::new();
+    for t in rec.threads.iter().filter(|t| t.pid == t.tid && !t.comm.is_empty()) {
+        names.insert(t.pid, t.comm.clone());
+    }
+    for t in rec.targets.iter().filter(|t| !t.comm.is_empty()) {
+        names.insert(t.pid, t.comm.clone());
+    }
+    names
+}
+
+fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
+    let reason = match reason {
+        None => return "[off-cpu]".to_owned(),
+        Some(OffCpuReason::Io) => "io",
+        Some(OffCpuReason::Lock) => "lock",
+        Some(OffCpuReason::Poll) => "poll",
+        Some(OffCpuReason::Sleep) => "sleep",
+        Some(OffCpuReason::Other) => "other",
+    };
+    format!("[off-cpu: {reason}]")
+}
+
+fn stack_line(comms: &HashMap<u32, String>, stack: &StackRecord, context: Option<&str>) -> String {
+    let mut line = match comms.get(&stack.pid) {
+        Some(comm) => sanitize(comm),
+        None => format!("pid {}", stack.pid),
+    };
+    if let Some(context) = context {
+        line.push(';');
+        line.push_str(context);
+    }
+    for frame in stack.frames.iter().rev() {
+        line.push(';');
+        if frame.function.is_empty() {
+            line.push_str("[unknown]");
+        } else {
+            line.push_str(&sanitize(&frame.function));
+        }
+        if frame.kind == FrameKind::Kernel {
+            line.push_str("_[k]");
+        }
+    }
+    line
+}
+
+/// A name safe inside a folded line: no `;` (frame separator), no line
+/// breaks or other control characters.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => ':',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::recording::{
+        Frame, HostInfo, Origin, Recording, StackKind, StackRecord, Target, ThreadTimes, FORMAT_VERSION,
+    };
+
+    fn frame(function: &str, kind: FrameKind) -> Frame {
+        Frame { function: function.into(), file: None, line: None, kind, module: None }
+    }
+
+    fn stack(
+        kind: StackKind,
+        reason: Option<OffCpuReason>,
+        pid: u32,
+        samples: u64,
+        weight_ns: u64,
+        leaf_first: &[Frame],
+    ) -> StackRecord {
+        StackRecord { kind, reason, pid, tid: pid, samples, weight_ns, frames: leaf_first.to_vec() }
+    }
+
+    /// A recording with CPU and off-CPU stacks (sampling at 100 Hz).
+    pub(crate) fn stacks_sample() -> Recording {
+        let main = frame("main", FrameKind::Native);
+        let work = frame("work;loop\nx", FrameKind::Native);
+        let read = frame("read", FrameKind::Native);
+        let ksys = frame("ksys_read", FrameKind::Kernel);
+        let sched = frame("schedule", FrameKind::Kernel);
+        let nanosleep = frame("clock_nanosleep", FrameKind::Native);
+        Recording {
+            format_version: FORMAT_VERSION,
+            tool_version: "test".into(),
+            host: HostInfo { hostname: "h".into(), kernel_release: "6.18".into(), arch: "x86_64".into() },
+            started_unix_ms: 1,
+            duration_ns: 1_000_000_000,
+            argv: vec!["infertrace".into()],
+            targets: vec![Target {
+                pid: 10,
+                ppid: Some(1),
+                comm: "demo".into(),
+                exe: Some("/bin/demo".into()),
+                cmdline: vec!["demo".into()],
+                origin: Origin::Launched,
+                exit_code: Some(0),
+            }],
+            syscalls: vec![],
+            threads: vec![ThreadTimes {
+                pid: 11,
+                tid: 11,
+                comm: "child".into(),
+                wall_ns: 1,
+                on_cpu_ns: 1,
+                syscall_ns: 0,
+                off_cpu: Default::default(),
+                runqueue_ns: 0,
+            }],
+            stacks: vec![
+                // Two threads' records of the same stack: merged.
+                stack(StackKind::Cpu, None, 10, 3, 0, &[work.clone(), main.clone()]),
+                StackRecord { tid: 12, ..stack(StackKind::Cpu, None, 10, 4, 0, &[work.clone(), main.clone()]) },
+                stack(StackKind::Cpu, None, 10, 1, 0, &[ksys.clone(), read.clone(), main.clone()]),
+                stack(StackKind::Cpu, None, 11, 2, 0, std::slice::from_ref(&main)),
+                stack(StackKind::Cpu, None, 99, 5, 0, &[]),
+                stack(
+                    StackKind::OffCpu,
+                    Some(OffCpuReason::Io),
+                    10,
+                    2,
+                    1_500_000,
+                    &[sched.clone(), read.clone(), main.clone()],
+                ),
+                stack(
+                    StackKind::OffCpu,
+                    Some(OffCpuReason::Io),
+                    10,
+                    1,
+                    500_400,
+                    &[sched.clone(), read.clone(), main.clone()],
+                ),
+                stack(
+                    StackKind::OffCpu,
+                    Some(OffCpuReason::Sleep),
+                    10,
+                    1,
+                    2_000_000,
+                    &[sched.clone(), nanosleep, main.clone()],
+                ),
+                // Rounds to 0 us: left out.
+                stack(StackKind::OffCpu, None, 10, 1, 400, &[sched, main]),
+            ],
+            runqueue_hist: BTreeMap::new(),
+            sample_hz: 100,
+            lost: BTreeMap::new(),
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn cpu_root_first_merged() {
+        let out = render(&stacks_sample(), Profile::Cpu);
+        assert_eq!(
+            out,
+            "child;main 2\n\
+             demo;main;read;ksys_read_[k] 1\n\
+             demo;main;work:loop x 7\n\
+             pid 99 5\n"
+        );
+    }
+
+    #[test]
+    fn off_cpu_microseconds_with_reason() {
+        let out = render(&stacks_sample(), Profile::OffCpu);
+        assert_eq!(
+            out,
+            "demo;[off-cpu: io];main;read;schedule_[k] 2000\n\
+             demo;[off-cpu: sleep];main;clock_nanosleep;schedule_[k] 2000\n"
+        );
+    }
+
+    #[test]
+    fn wall_combines_both() {
+        let out = render(&stacks_sample(), Profile::Wall);
+        // 100 Hz: one sample is 10 ms = 10000 us.
+        assert_eq!(
+            out,
+            "child;[on-cpu];main 20000\n\
+             demo;[off-cpu: io];main;read;schedule_[k] 2000\n\
+             demo;[off-cpu: sleep];main;clock_nanosleep;schedule_[k] 2000\n\
+             demo;[on-cpu];main;read;ksys_read_[k] 10000\n\
+             demo;[on-cpu];main;work:loop x 70000\n\
+             pid 99;[on-cpu] 50000\n"
+        );
+        let mut rec = stacks_sample();
+        rec.sample_hz = 0;
+        assert!(!render(&rec, Profile::Wall).contains("[on-cpu]"));
+    }
+
+    #[test]
+    fn empty() {
+        let mut rec = stacks_sample();
+        rec.stacks.clear();
+        assert_eq!(render(&rec, Profile::Cpu), "");
+        assert_eq!(Profile::OffCpu.unit(), "us");
+    }
+}
