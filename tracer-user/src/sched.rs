@@ -333,6 +333,10 @@ impl SchedAccounting {
         };
         let mut frames_of = |pid: u32, ustack: i32, kstack: i32| -> Vec<Frame> {
             let mut frames = symbolizer.kernel_frames(&ips(kstack));
+            // The leaf frames of a stack taken at sched_switch are our own
+            // program and the tracepoint machinery: not the user's time.
+            let ours = frames.iter().take_while(|f| is_tracing_frame(&f.function)).count();
+            frames.drain(..ours);
             frames.extend(symbolizer.user_frames(pid, &ips(ustack)));
             frames
         };
@@ -368,6 +372,12 @@ impl SchedAccounting {
         out.sort_by(|a, b| (b.samples, b.weight_ns).cmp(&(a.samples, a.weight_ns)));
         Ok(out)
     }
+}
+
+fn is_tracing_frame(function: &str) -> bool {
+    ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "trace_call_bpf"]
+        .iter()
+        .any(|p| function.starts_with(p))
 }
 
 pub struct SchedResult {

@@ -5,6 +5,7 @@ pub mod folded;
 pub mod json;
 pub mod svg;
 pub mod text;
+pub mod walltime;
 
 use std::collections::BTreeMap;
 

@@ -57,6 +57,7 @@ pub fn render(rec: &Recording) -> String {
             histogram(&mut out, row);
         }
     }
+    super::walltime::render(&mut out, rec);
     let _ = writeln!(out, "\n== totals");
     let _ = writeln!(
         out,
@@ -123,12 +124,18 @@ fn table(out: &mut String, rows: &[SyscallRow]) {
 
 fn histogram(out: &mut String, row: &SyscallRow) {
     let _ = writeln!(out, "{}: {} calls, avg {}, max {}", row.name, row.count, fmt_duration(row.total_ns / row.count.max(1)), fmt_duration(row.max_ns));
-    let first = row.hist_log2_ns.iter().position(|&c| c > 0);
-    let last = row.hist_log2_ns.iter().rposition(|&c| c > 0);
+    histogram_rows(out, &row.hist_log2_ns);
+}
+
+/// bpftrace-style rows of a log2 ns histogram, from the first to the last
+/// non-empty bucket.
+pub fn histogram_rows(out: &mut String, hist: &[u64]) {
+    let first = hist.iter().position(|&c| c > 0);
+    let last = hist.iter().rposition(|&c| c > 0);
     let (Some(first), Some(last)) = (first, last) else { return };
-    let peak = row.hist_log2_ns.iter().copied().max().unwrap_or(1).max(1);
+    let peak = hist.iter().copied().max().unwrap_or(1).max(1);
     for i in first..=last {
-        let c = row.hist_log2_ns[i];
+        let c = hist[i];
         let lo = if i == 0 { 0 } else { 1u64 << i };
         let hi = 1u64 << (i + 1);
         let bar = "@".repeat(((c * BAR_WIDTH).div_ceil(peak)) as usize);

@@ -1,0 +1,228 @@
+//! Text sections for wall-time accounting: per-process and per-thread
+//! breakdowns (with a bar), top on-CPU stacks, top off-CPU stacks per
+//! reason, and run-queue delay.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use super::text::fmt_duration;
+use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
+
+const BAR: usize = 50;
+const TOP_STACKS: usize = 5;
+const STACK_DEPTH_SHOWN: usize = 12;
+
+/// One-letter legend used in the bars.
+const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  i io  l lock  p poll  z sleep  o other";
+
+fn parts(t: &ThreadTimes) -> [(char, u64); 8] {
+    [
+        ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
+        ('s', t.syscall_ns),
+        ('r', t.runqueue_ns),
+        ('i', t.off_cpu.io_ns),
+        ('l', t.off_cpu.lock_ns),
+        ('p', t.off_cpu.poll_ns),
+        ('z', t.off_cpu.sleep_ns),
+        ('o', t.off_cpu.other_ns),
+    ]
+}
+
+fn bar(t: &ThreadTimes) -> String {
+    let wall = t.wall_ns.max(1);
+    let mut s = String::new();
+    for (c, ns) in parts(t) {
+        let n = ((ns as u128 * BAR as u128 + wall as u128 / 2) / wall as u128) as usize;
+        s.extend(std::iter::repeat_n(c, n));
+    }
+    s.truncate(BAR);
+    format!("{s:<BAR$}")
+}
+
+fn pct(ns: u64, wall: u64) -> String {
+    format!("{:5.1}%", ns as f64 * 100.0 / wall.max(1) as f64)
+}
+
+fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
+    let mut s = ThreadTimes {
+        pid: 0,
+        tid: 0,
+        comm: String::new(),
+        wall_ns: 0,
+        on_cpu_ns: 0,
+        syscall_ns: 0,
+        off_cpu: Default::default(),
+        runqueue_ns: 0,
+    };
+    for t in threads {
+        s.wall_ns += t.wall_ns;
+        s.on_cpu_ns += t.on_cpu_ns;
+        s.syscall_ns += t.syscall_ns;
+        s.runqueue_ns += t.runqueue_ns;
+        s.off_cpu.io_ns += t.off_cpu.io_ns;
+        s.off_cpu.lock_ns += t.off_cpu.lock_ns;
+        s.off_cpu.poll_ns += t.off_cpu.poll_ns;
+        s.off_cpu.sleep_ns += t.off_cpu.sleep_ns;
+        s.off_cpu.other_ns += t.off_cpu.other_ns;
+    }
+    s
+}
+
+fn line(out: &mut String, label: &str, t: &ThreadTimes) {
+    let w = t.wall_ns;
+    let _ = writeln!(
+        out,
+        "{label:<24} {:>10} |{}| cpu {} (sys {}) rq {} io {} lock {} poll {} sleep {} other {}",
+        fmt_duration(w),
+        bar(t),
+        pct(t.on_cpu_ns, w),
+        pct(t.syscall_ns, w),
+        pct(t.runqueue_ns, w),
+        pct(t.off_cpu.io_ns, w),
+        pct(t.off_cpu.lock_ns, w),
+        pct(t.off_cpu.poll_ns, w),
+        pct(t.off_cpu.sleep_ns, w),
+        pct(t.off_cpu.other_ns, w),
+    );
+}
+
+pub fn render(out: &mut String, rec: &Recording) {
+    if rec.threads.is_empty() {
+        return;
+    }
+    let mut by_pid: BTreeMap<u32, Vec<&ThreadTimes>> = BTreeMap::new();
+    for t in &rec.threads {
+        by_pid.entry(t.pid).or_default().push(t);
+    }
+    let _ = writeln!(out, "\n== wall time per thread ({LEGEND})");
+    for (pid, threads) in &by_pid {
+        let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
+        line(out, &format!("pid {pid} ({comm}) all"), &sum(threads));
+        for t in threads {
+            line(out, &format!("  tid {} {}", t.tid, t.comm), t);
+        }
+    }
+    stacks_section(out, rec, StackKind::Cpu, None);
+    for reason in [OffCpuReason::Io, OffCpuReason::Lock, OffCpuReason::Poll, OffCpuReason::Sleep, OffCpuReason::Other] {
+        stacks_section(out, rec, StackKind::OffCpu, Some(reason));
+    }
+    runqueue_section(out, rec);
+}
+
+fn reason_name(r: OffCpuReason) -> &'static str {
+    match r {
+        OffCpuReason::Io => "io",
+        OffCpuReason::Lock => "lock",
+        OffCpuReason::Poll => "poll",
+        OffCpuReason::Sleep => "sleep",
+        OffCpuReason::Other => "other",
+    }
+}
+
+fn frame_text(f: &Frame) -> String {
+    let mut s = f.function.clone();
+    if f.function == "[unknown]" {
+        if let Some(m) = &f.module {
+            s = format!("[unknown in {m}]");
+        }
+    }
+    if let (Some(file), Some(line)) = (&f.file, f.line) {
+        let base = file.rsplit('/').next().unwrap_or(file);
+        s.push_str(&format!(" ({base}:{line})"));
+    }
+    if f.kind == FrameKind::Kernel {
+        s.push_str(" [k]");
+    }
+    s
+}
+
+/// Stacks merged across threads of a process (same frames).
+fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
+    let mut m: BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])> = BTreeMap::new();
+    for s in rec.stacks.iter().filter(|s| s.kind == kind && s.reason == reason) {
+        let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
+        let e = m.entry(key).or_insert((0, &s.frames));
+        e.0 += weight(s);
+    }
+    let mut v: Vec<(u32, u64, &[Frame])> = m.into_iter().map(|((pid, _), (w, f))| (pid, w, f)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v
+}
+
+fn weight(s: &StackRecord) -> u64 {
+    match s.kind {
+        StackKind::Cpu => s.samples,
+        StackKind::OffCpu => s.weight_ns,
+    }
+}
+
+fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Option<OffCpuReason>) {
+    let stacks = merged(rec, kind, reason);
+    if stacks.is_empty() {
+        return;
+    }
+    let total: u64 = stacks.iter().map(|s| s.1).sum();
+    match (kind, reason) {
+        (StackKind::Cpu, _) => {
+            let _ = writeln!(out, "\n== top on-CPU stacks ({total} samples at {} Hz)", rec.sample_hz);
+        }
+        (StackKind::OffCpu, Some(r)) => {
+            let _ = writeln!(out, "\n== top off-CPU stacks: {} ({} total)", reason_name(r), fmt_duration(total));
+        }
+        _ => {}
+    }
+    for (pid, w, frames) in stacks.into_iter().take(TOP_STACKS) {
+        let amount = match kind {
+            StackKind::Cpu => format!("{w} samples"),
+            StackKind::OffCpu => fmt_duration(w),
+        };
+        let _ = writeln!(out, "{:5.1}%  {amount}  pid {pid}", w as f64 * 100.0 / total.max(1) as f64);
+        if frames.is_empty() {
+            out.push_str("         (no stack)\n");
+        }
+        for f in frames.iter().take(STACK_DEPTH_SHOWN) {
+            let _ = writeln!(out, "         {}", frame_text(f));
+        }
+        if frames.len() > STACK_DEPTH_SHOWN {
+            let _ = writeln!(out, "         ... {} more frames", frames.len() - STACK_DEPTH_SHOWN);
+        }
+    }
+}
+
+fn runqueue_section(out: &mut String, rec: &Recording) {
+    for (pid, hist) in &rec.runqueue_hist {
+        let n: u64 = hist.iter().sum();
+        if n == 0 {
+            continue;
+        }
+        let waited: u64 = rec.threads.iter().filter(|t| t.pid == *pid).map(|t| t.runqueue_ns).sum();
+        let _ = writeln!(out, "\n== run-queue delay, pid {pid}: {n} waits, {} total", fmt_duration(waited));
+        super::text::histogram_rows(out, hist);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread(on: u64, sys: u64, rq: u64, io: u64) -> ThreadTimes {
+        ThreadTimes {
+            pid: 1,
+            tid: 2,
+            comm: "t".into(),
+            wall_ns: on + rq + io,
+            on_cpu_ns: on,
+            syscall_ns: sys,
+            off_cpu: crate::recording::OffCpuTimes { io_ns: io, ..Default::default() },
+            runqueue_ns: rq,
+        }
+    }
+
+    #[test]
+    fn bar_is_proportional() {
+        let b = bar(&thread(500, 0, 0, 500));
+        assert_eq!(b.chars().filter(|c| *c == '#').count(), 25);
+        assert_eq!(b.chars().filter(|c| *c == 'i').count(), 25);
+        let b = bar(&thread(100, 100, 100, 0));
+        assert_eq!(b.chars().filter(|c| *c == 's').count(), 25);
+    }
+}
