@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{doctor, recording::Recording, report, sched::SchedOptions, session};
+use infertrace::{doctor, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -25,10 +25,16 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
+    /// strace -c style tables, wall-time breakdown and top stacks.
     Text,
+    /// Machine-readable report (docs/report-schema.md).
     Json,
+    /// Folded stacks (flamegraph.pl, inferno, speedscope).
+    Folded,
+    /// A flame graph, rendered in-process.
+    Svg,
 }
 
 #[derive(Subcommand)]
@@ -51,7 +57,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// No status line on stderr.
         #[arg(short, long)]
         quiet: bool,
-        /// Format of the report printed at the end.
+        /// Format of the report printed at the end (`report` renders the recording in any format later).
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
         /// CPU sampling frequency in Hz, on every CPU (0 turns sampling off).
@@ -68,11 +74,15 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         command: Vec<String>,
     },
     /// Render a recording (needs no privileges).
+    #[command(after_help = "Examples:\n  infertrace report rec.itr\n  infertrace report rec.itr --format svg --profile off-cpu -o offcpu.svg\n  infertrace report rec.itr --format folded | flamegraph.pl > cpu.svg")]
     Report {
         /// The .itr file written by `infertrace record`.
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
+        /// Which time the folded/svg output weighs: CPU samples, off-CPU time, or both (wall).
+        #[arg(long, value_enum, default_value = "cpu")]
+        profile: Profile,
         /// Write the report here instead of stdout.
         #[arg(short, long, value_name = "OUT")]
         output: Option<PathBuf>,
@@ -99,11 +109,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn render(rec: &Recording, format: Format) -> String {
-    match format {
+fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<String> {
+    Ok(match format {
         Format::Text => report::text::render(rec),
         Format::Json => report::json::render(rec),
-    }
+        Format::Folded => report::folded::render(rec, profile),
+        Format::Svg => report::svg::render(rec, profile).map_err(|e| match e {
+            report::svg::SvgError::Empty => anyhow::anyhow!(
+                "no {} stacks in this recording (hint: record with sampling on (-F 99) and scheduler tracing (no --no-sched))",
+                profile.title()
+            ),
+            other => anyhow::anyhow!("rendering the flame graph failed: {other}"),
+        })?,
+    })
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -113,9 +131,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{text}");
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Report { file, format, output } => {
+        Command::Report { file, format, profile, output } => {
             let rec = Recording::read(&file).map_err(|e| anyhow::anyhow!("{e} (hint: pass a .itr file written by `infertrace record`)"))?;
-            let text = render(&rec, format);
+            let text = render(&rec, format, profile)?;
             match output {
                 Some(out) => std::fs::write(&out, text)
                     .with_context(|| format!("cannot write {} (hint: choose a writable path)", out.display()))?,
@@ -138,7 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(o) => o,
                 Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
-            print!("{}", render(&outcome.recording, format));
+            print!("{}", render(&outcome.recording, format, Profile::Cpu)?);
             if !quiet {
                 eprintln!("infertrace: recording written to {}", outcome.path.display());
             }
