@@ -82,6 +82,8 @@ pub struct ThreadSyscall {
 pub enum FrameKind {
     Native,
     Kernel,
+    /// A CPython frame: `function` is the qualified name, `file`/`line` the source position.
+    Python,
 }
 
 /// One resolved frame.
