@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod proc_events;
+pub mod python;
 pub mod sched;
 pub mod syscalls;
 
@@ -25,7 +26,11 @@ pub mod counters {
     /// An off-CPU stack or CPU sample aggregate could not be created, or a
     /// stack could not be captured (stack map full / collision).
     pub const STACKS_LOST: u32 = 6;
-    pub const COUNT: u32 = 8;
+    /// Python stacks cut at `PY_MAX_DEPTH` frames.
+    pub const PY_STACKS_TRUNCATED: u32 = 7;
+    /// A Python stack could not be stored (map full) or a slow-syscall aggregate could not be created.
+    pub const PY_STACKS_LOST: u32 = 8;
+    pub const COUNT: u32 = 10;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -35,7 +40,9 @@ pub mod counters {
         "targets_map_full",
         "thread_map_full",
         "stacks_lost",
-        "reserved7",
+        "python_stacks_truncated",
+        "python_stacks_lost",
+        "reserved9",
     ];
 }
 

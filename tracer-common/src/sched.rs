@@ -16,7 +16,9 @@ pub const REASON_IO: u32 = 1;
 pub const REASON_LOCK: u32 = 2;
 pub const REASON_POLL: u32 = 3;
 pub const REASON_SLEEP: u32 = 4;
-pub const REASONS: usize = 5;
+/// Waiting to take a CPython GIL (a futex inside the process's GIL state).
+pub const REASON_GIL: u32 = 5;
+pub const REASONS: usize = 6;
 
 /// Size of the syscall-number -> reason table.
 pub const REASON_TABLE_SIZE: u32 = 1024;
@@ -53,6 +55,9 @@ pub struct ThreadState {
     pub _pad: u32,
     /// Thread name, refreshed at each switch-out.
     pub comm: [u8; 16],
+    /// Python stack (hash into `PY_STACKS`, 0 = none) when the current
+    /// off-CPU interval began.
+    pub py_stack: u64,
 }
 
 /// Key of the `OFFCPU_STACKS` map (value: ns).
@@ -65,6 +70,7 @@ pub struct OffCpuKey {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub _pad: u32,
+    pub py_stack: u64,
 }
 
 /// Key of the `CPU_SAMPLES` map (value: sample count).
@@ -75,6 +81,7 @@ pub struct SampleKey {
     pub tid: u32,
     pub user_stack: i32,
     pub kernel_stack: i32,
+    pub py_stack: u64,
 }
 
 /// Key of the `RUNQ_HIST` map: (pid, log2 bucket) -> count.
@@ -101,9 +108,9 @@ mod tests {
 
     #[test]
     fn sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16);
-        assert_eq!(core::mem::size_of::<OffCpuKey>(), 24);
-        assert_eq!(core::mem::size_of::<SampleKey>(), 16);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8);
+        assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
+        assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
     }
 }

@@ -81,6 +81,9 @@ pub struct SyscallStart {
     pub ts: u64,
     pub nr: u32,
     pub tid: u32,
+    /// First argument, kept for futex only (the address waited on: GIL
+    /// detection); 0 otherwise.
+    pub arg0: u64,
 }
 
 /// Key of the `SYSCALL_ERRNO` map: how often a syscall failed with one errno.
@@ -122,7 +125,7 @@ mod tests {
     fn layout_has_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<SyscallKey>(), 16);
         assert_eq!(core::mem::size_of::<ErrnoKey>(), 16);
-        assert_eq!(core::mem::size_of::<SyscallStart>(), 16);
+        assert_eq!(core::mem::size_of::<SyscallStart>(), 24);
         assert_eq!(core::mem::size_of::<SyscallStats>(), 32 + 8 * HIST_BUCKETS);
     }
 

@@ -4,6 +4,7 @@
 #![no_main]
 
 mod process;
+mod python;
 mod sched;
 mod syscalls;
 

@@ -15,7 +15,7 @@ use tracer_common::{
     syscalls::hist_bucket,
 };
 
-use crate::{count_drop, is_target, syscalls, window_start_ns};
+use crate::{count_drop, is_target, python, syscalls, window_start_ns};
 
 #[map]
 pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
@@ -106,6 +106,7 @@ fn add_off_cpu(t: &mut ThreadState, ns: u64) {
         user_stack: t.user_stack,
         kernel_stack: t.kernel_stack,
         _pad: 0,
+        py_stack: t.py_stack,
     };
     match OFFCPU_STACKS.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += ns },
@@ -156,7 +157,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 }
 
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Option<u32>, now: u64) {
+fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Option<(u32, u64)>, now: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns()) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
@@ -170,11 +171,11 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Optio
         t.comm = comm;
     }
     let prev_state: u64 = ctx.arg(3);
-    let nr = match in_syscall {
-        Some(nr) => Some(nr),
+    let sys = match in_syscall {
+        Some(s) => Some(s),
         None => syscalls::spilled_syscall(tid),
     };
-    t.in_syscall = nr.is_some() as u32;
+    t.in_syscall = sys.is_some() as u32;
     t.since_ns = now;
     if prev_state & TASK_DEAD != 0 {
         t.state = STATE_DEAD;
@@ -183,13 +184,17 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Optio
         t.state = STATE_RUNNABLE;
     } else {
         t.state = STATE_OFF_CPU;
-        t.reason = match nr {
-            Some(nr) => REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER),
+        t.reason = match sys {
+            Some((nr, uaddr)) => {
+                let r = REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER);
+                if r == REASON_LOCK && python::is_gil_address(tgid, uaddr) { REASON_GIL } else { r }
+            }
             None => REASON_OTHER,
         };
         if global(&OFFCPU_STACKS_ENABLED) != 0 {
             t.user_stack = ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK);
             t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
+            t.py_stack = python::capture(tgid, tid);
         }
     }
 }
@@ -265,6 +270,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         tid,
         user_stack: ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK),
         kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
+        py_stack: python::capture(tgid, tid),
     };
     match CPU_SAMPLES.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += 1 },

@@ -6,10 +6,11 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, PerCpuArray},
-    programs::BtfTracePointContext,
+    programs::{tracing::StackIdContext, BtfTracePointContext},
 };
 use tracer_common::{
     counters,
+    python::{SlowKey, SlowStats},
     target_flags,
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
@@ -30,6 +31,12 @@ pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries
 /// is ever live here, and a hash operation is paid only by calls that block.
 #[map]
 static SYSCALL_SLOT: PerCpuArray<SyscallStart> = PerCpuArray::with_max_entries(1, 0);
+
+/// Syscalls slower than `SLOW_SYSCALL_NS`, by stacks.
+#[map]
+pub static SLOW_SYSCALLS: HashMap<SlowKey, SlowStats> = HashMap::with_max_entries(8192, 0);
+
+const BPF_F_USER_STACK: u64 = 1 << 8;
 
 #[map]
 pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(16384, 0);
@@ -54,6 +61,15 @@ static NR_FORK: u32 = 57;
 static NR_VFORK: u32 = 58;
 #[unsafe(no_mangle)]
 static NR_CLONE3: u32 = 435;
+/// Number of futex (its first argument is kept: GIL detection).
+#[unsafe(no_mangle)]
+static NR_FUTEX: u32 = 202;
+/// Offset of the first syscall argument in `struct pt_regs` (x86_64 `di`).
+#[unsafe(no_mangle)]
+static PT_REGS_ARG0_OFFSET: u64 = 112;
+/// Syscalls at least this slow get a user and Python stack (0: off).
+#[unsafe(no_mangle)]
+static SLOW_SYSCALL_NS: u64 = 1_000_000;
 /// Offset of the original syscall number in `struct pt_regs` for this arch
 /// (x86_64 `orig_ax`, aarch64 `syscallno`).
 #[unsafe(no_mangle)]
@@ -85,6 +101,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
+    let arg0 = if nr == global(&NR_FUTEX) { first_arg(&ctx) } else { 0 };
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else { return 0 };
     // SAFETY: per-CPU slot; this program does not migrate while it runs.
     unsafe {
@@ -95,8 +112,16 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         (*slot).ts = now;
         (*slot).nr = nr;
         (*slot).tid = tid;
+        (*slot).arg0 = arg0;
     }
     0
+}
+
+/// The first syscall argument from `struct pt_regs` (futex only).
+#[inline(always)]
+fn first_arg(ctx: &BtfTracePointContext) -> u64 {
+    let regs: u64 = ctx.arg(0);
+    unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_ARG0_OFFSET)) as *const u64) }.unwrap_or(0)
 }
 
 #[inline(always)]
@@ -108,10 +133,10 @@ fn spill(s: &SyscallStart) {
 
 /// Called by the `sched_switch` program, running as the thread leaving the
 /// CPU: a syscall in flight on this CPU moves to the hash map, where its
-/// sys_exit (on whatever CPU) finds it. Returns the syscall number `tid` is
-/// inside, if any (it may have been spilled at an earlier switch).
+/// sys_exit (on whatever CPU) finds it. Returns the (nr, futex address) of
+/// the syscall `tid` is inside, if it was in flight here.
 #[inline(always)]
-pub fn spill_on_switch(tid: u32) -> Option<u32> {
+pub fn spill_on_switch(tid: u32) -> Option<(u32, u64)> {
     if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         unsafe {
@@ -119,7 +144,7 @@ pub fn spill_on_switch(tid: u32) -> Option<u32> {
                 spill(&*slot);
                 (*slot).ts = 0;
                 if (*slot).tid == tid {
-                    return Some((*slot).nr);
+                    return Some(((*slot).nr, (*slot).arg0));
                 }
             }
         }
@@ -127,12 +152,12 @@ pub fn spill_on_switch(tid: u32) -> Option<u32> {
     None
 }
 
-/// The syscall `tid` is inside according to the spilled entries.
+/// The (nr, futex address) `tid` is inside according to the spilled entries.
 #[inline(always)]
-pub fn spilled_syscall(tid: u32) -> Option<u32> {
+pub fn spilled_syscall(tid: u32) -> Option<(u32, u64)> {
     // SAFETY: read-only use of the value.
     let s = unsafe { SYSCALL_START.get(&tid)? };
-    if s.ts != 0 { Some(s.nr) } else { None }
+    if s.ts != 0 { Some((s.nr, s.arg0)) } else { None }
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`
@@ -157,7 +182,34 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let ns = now.saturating_sub(start_ns);
     let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
     account(tgid, tid, nr, ns, errno);
+    let slow = global(&SLOW_SYSCALL_NS);
+    if slow != 0 && ns >= slow {
+        record_slow(&ctx, tgid, tid, nr, ns);
+    }
     0
+}
+
+/// A syscall slower than the threshold: aggregated by user and Python stack.
+#[inline(never)]
+fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64) {
+    let key = SlowKey {
+        pid: tgid,
+        tid,
+        nr,
+        user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
+        py_stack: crate::python::capture(tgid, tid),
+    };
+    match SLOW_SYSCALLS.get_ptr_mut(&key) {
+        Some(p) => unsafe {
+            (*p).count += 1;
+            (*p).total_ns += ns;
+        },
+        None => {
+            if SLOW_SYSCALLS.insert(&key, &SlowStats { count: 1, total_ns: ns }, 0).is_err() {
+                count_drop(counters::PY_STACKS_LOST);
+            }
+        }
+    }
 }
 
 /// The (start, nr) of `tid`'s syscall in flight, consumed: from this CPU's

@@ -109,6 +109,8 @@ pub enum OffCpuReason {
     Poll,
     Sleep,
     Other,
+    /// Waiting to take a CPython GIL.
+    Gil,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
@@ -118,6 +120,10 @@ pub enum StackKind {
     Cpu,
     /// Off-CPU time (`weight_ns`).
     OffCpu,
+    /// Waiting for a CPython GIL (`weight_ns`).
+    Gil,
+    /// Syscalls slower than `--slow-syscall` (`samples` = calls, `weight_ns` = their time).
+    Syscall,
 }
 
 /// An aggregated stack: CPU samples or off-CPU time of one thread.
@@ -129,7 +135,10 @@ pub struct StackRecord {
     pub tid: u32,
     pub samples: u64,
     pub weight_ns: u64,
-    /// Leaf first: kernel frames, then user frames.
+    /// The syscall (kind `syscall` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// Leaf first: kernel frames, then native frames, then Python frames.
     pub frames: Vec<Frame>,
 }
 
@@ -141,11 +150,14 @@ pub struct OffCpuTimes {
     pub poll_ns: u64,
     pub sleep_ns: u64,
     pub other_ns: u64,
+    /// Waiting to take a CPython GIL (not counted in `lock_ns`).
+    #[serde(default)]
+    pub gil_ns: u64,
 }
 
 impl OffCpuTimes {
     pub fn total(&self) -> u64 {
-        self.io_ns + self.lock_ns + self.poll_ns + self.sleep_ns + self.other_ns
+        self.io_ns + self.lock_ns + self.poll_ns + self.sleep_ns + self.other_ns + self.gil_ns
     }
 }
 

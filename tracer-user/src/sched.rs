@@ -16,7 +16,7 @@ use aya::{
 use tracer_common::{
     sched::{
         OffCpuKey, RunqKey, SampleKey, ThreadState, NO_STACK, REASONS, REASON_IO, REASON_LOCK, REASON_OTHER,
-        REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
+        REASON_GIL, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
     },
     syscalls::HIST_BUCKETS,
 };
@@ -58,6 +58,7 @@ fn reason_code(r: OffCpuReason) -> u32 {
         OffCpuReason::Lock => REASON_LOCK,
         OffCpuReason::Poll => REASON_POLL,
         OffCpuReason::Sleep => REASON_SLEEP,
+        OffCpuReason::Gil => REASON_GIL,
     }
 }
 
@@ -67,6 +68,7 @@ fn reason_of_code(c: u32) -> OffCpuReason {
         REASON_LOCK => OffCpuReason::Lock,
         REASON_POLL => OffCpuReason::Poll,
         REASON_SLEEP => OffCpuReason::Sleep,
+        REASON_GIL => OffCpuReason::Gil,
         _ => OffCpuReason::Other,
     }
 }
@@ -254,6 +256,7 @@ impl SchedAccounting {
                         user_stack: t.user_stack,
                         kernel_stack: t.kernel_stack,
                         _pad: 0,
+                        py_stack: t.py_stack,
                     };
                     *open_offcpu.entry(key).or_default() += open;
                 }
@@ -278,6 +281,7 @@ impl SchedAccounting {
                     lock_ns: off[REASON_LOCK as usize],
                     poll_ns: off[REASON_POLL as usize],
                     sleep_ns: off[REASON_SLEEP as usize],
+                    gil_ns: off[REASON_GIL as usize],
                 },
                 runqueue_ns: t.runqueue_ns,
             });
@@ -352,6 +356,7 @@ impl SchedAccounting {
                 tid: k.tid,
                 samples: 0,
                 weight_ns: ns,
+                syscall: None,
                 frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
             });
         }
@@ -366,6 +371,7 @@ impl SchedAccounting {
                 tid: k.tid,
                 samples: n,
                 weight_ns: 0,
+                syscall: None,
                 frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
             });
         }

@@ -68,8 +68,8 @@ pub(crate) fn fold(rec: &Recording, profile: Profile) -> BTreeMap<String, u64> {
     for stack in &rec.stacks {
         let (context, weight) = match (profile, stack.kind) {
             (Profile::Cpu, StackKind::Cpu) => (None, stack.samples as u128),
-            (Profile::OffCpu, StackKind::OffCpu) => (Some(off_cpu_frame(stack.reason)), stack.weight_ns as u128),
-            (Profile::Wall, StackKind::OffCpu) => (Some(off_cpu_frame(stack.reason)), stack.weight_ns as u128),
+            (Profile::OffCpu | Profile::Wall, StackKind::OffCpu) => (Some(off_cpu_frame(stack.reason)), stack.weight_ns as u128),
+            (Profile::OffCpu | Profile::Wall, StackKind::Gil) => (Some(off_cpu_frame(Some(OffCpuReason::Gil))), stack.weight_ns as u128),
             (Profile::Wall, StackKind::Cpu) if rec.sample_hz > 0 => {
                 (Some("[on-cpu]".to_owned()), stack.samples as u128 * 1_000_000_000 / rec.sample_hz as u128)
             }
@@ -111,6 +111,7 @@ fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
         Some(OffCpuReason::Poll) => "poll",
         Some(OffCpuReason::Sleep) => "sleep",
         Some(OffCpuReason::Other) => "other",
+        Some(OffCpuReason::Gil) => "gil",
     };
     format!("[off-cpu: {reason}]")
 }

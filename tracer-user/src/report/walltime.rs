@@ -12,13 +12,14 @@ const TOP_STACKS: usize = 5;
 const STACK_DEPTH_SHOWN: usize = 12;
 
 /// One-letter legend used in the bars.
-const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  i io  l lock  p poll  z sleep  o other";
+const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
 
-fn parts(t: &ThreadTimes) -> [(char, u64); 8] {
+fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
     [
         ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
         ('s', t.syscall_ns),
         ('r', t.runqueue_ns),
+        ('g', t.off_cpu.gil_ns),
         ('i', t.off_cpu.io_ns),
         ('l', t.off_cpu.lock_ns),
         ('p', t.off_cpu.poll_ns),
@@ -63,6 +64,7 @@ fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
         s.off_cpu.poll_ns += t.off_cpu.poll_ns;
         s.off_cpu.sleep_ns += t.off_cpu.sleep_ns;
         s.off_cpu.other_ns += t.off_cpu.other_ns;
+        s.off_cpu.gil_ns += t.off_cpu.gil_ns;
     }
     s
 }
@@ -71,12 +73,13 @@ fn line(out: &mut String, label: &str, t: &ThreadTimes) {
     let w = t.wall_ns;
     let _ = writeln!(
         out,
-        "{label:<24} {:>10} |{}| cpu {} (sys {}) rq {} io {} lock {} poll {} sleep {} other {}",
+        "{label:<24} {:>10} |{}| cpu {} (sys {}) rq {} gil {} io {} lock {} poll {} sleep {} other {}",
         fmt_duration(w),
         bar(t),
         pct(t.on_cpu_ns, w),
         pct(t.syscall_ns, w),
         pct(t.runqueue_ns, w),
+        pct(t.off_cpu.gil_ns, w),
         pct(t.off_cpu.io_ns, w),
         pct(t.off_cpu.lock_ns, w),
         pct(t.off_cpu.poll_ns, w),
@@ -102,9 +105,11 @@ pub fn render(out: &mut String, rec: &Recording) {
         }
     }
     stacks_section(out, rec, StackKind::Cpu, None);
+    stacks_section(out, rec, StackKind::Gil, None);
     for reason in [OffCpuReason::Io, OffCpuReason::Lock, OffCpuReason::Poll, OffCpuReason::Sleep, OffCpuReason::Other] {
         stacks_section(out, rec, StackKind::OffCpu, Some(reason));
     }
+    stacks_section(out, rec, StackKind::Syscall, None);
     runqueue_section(out, rec);
 }
 
@@ -115,6 +120,7 @@ fn reason_name(r: OffCpuReason) -> &'static str {
         OffCpuReason::Poll => "poll",
         OffCpuReason::Sleep => "sleep",
         OffCpuReason::Other => "other",
+        OffCpuReason::Gil => "gil",
     }
 }
 
@@ -151,7 +157,7 @@ fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>)
 fn weight(s: &StackRecord) -> u64 {
     match s.kind {
         StackKind::Cpu => s.samples,
-        StackKind::OffCpu => s.weight_ns,
+        StackKind::OffCpu | StackKind::Gil | StackKind::Syscall => s.weight_ns,
     }
 }
 
@@ -168,12 +174,18 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
         (StackKind::OffCpu, Some(r)) => {
             let _ = writeln!(out, "\n== top off-CPU stacks: {} ({} total)", reason_name(r), fmt_duration(total));
         }
+        (StackKind::Gil, _) => {
+            let _ = writeln!(out, "\n== top GIL-wait stacks ({} total)", fmt_duration(total));
+        }
+        (StackKind::Syscall, _) => {
+            let _ = writeln!(out, "\n== slow syscalls by stack ({} total)", fmt_duration(total));
+        }
         _ => {}
     }
     for (pid, w, frames) in stacks.into_iter().take(TOP_STACKS) {
         let amount = match kind {
             StackKind::Cpu => format!("{w} samples"),
-            StackKind::OffCpu => fmt_duration(w),
+            _ => fmt_duration(w),
         };
         let _ = writeln!(out, "{:5.1}%  {amount}  pid {pid}", w as f64 * 100.0 / total.max(1) as f64);
         if frames.is_empty() {
