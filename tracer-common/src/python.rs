@@ -27,23 +27,32 @@ pub struct PyLayout {
     pub code_firstlineno: u32,
 }
 
-/// One captured frame.
+/// One captured frame, as read (the kernel does not branch on versions).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyFrameRec {
     pub code: u64,
+    /// The 8 bytes at `frame_instr`: the low 32 bits are `f_lasti` on <= 3.10.
     pub instr: u64,
+    /// `co_firstlineno` of `code` (detects a reused code address).
     pub checksum: u32,
+    /// The frame owner byte (3.11+; 0 before). Owners >= 3 are C-stack shims.
     pub _pad: u32,
 }
+
+/// Frame owner values from this one up are C-stack shim frames.
+pub const FRAME_OWNED_BY_CSTACK: u32 = 3;
 
 /// A captured stack, leaf first. Value of `PY_STACKS`, keyed by its hash.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PyStack {
+    /// The process the stack was taken in (stacks are per process).
+    pub pid: u32,
     pub len: u32,
     /// 1 when the walk stopped at `PY_MAX_DEPTH` with frames left.
     pub truncated: u32,
+    pub _pad: u32,
     pub frames: [PyFrameRec; PY_MAX_DEPTH],
 }
 
@@ -93,7 +102,7 @@ mod tests {
     fn sizes() {
         assert_eq!(core::mem::size_of::<PyLayout>(), 32);
         assert_eq!(core::mem::size_of::<PyFrameRec>(), 24);
-        assert_eq!(core::mem::size_of::<PyStack>(), 8 + 24 * PY_MAX_DEPTH);
+        assert_eq!(core::mem::size_of::<PyStack>(), 16 + 24 * PY_MAX_DEPTH);
         assert_eq!(core::mem::size_of::<SlowKey>(), 24);
     }
 }

@@ -6,7 +6,6 @@
 //! lines are resolved in userspace.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -33,17 +32,6 @@ pub static GIL_RANGE: HashMap<u32, GilRange> = HashMap::with_max_entries(4096, 0
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 
-/// Frame owner values >= this are C-stack shim frames (no Python function).
-const FRAME_OWNED_BY_CSTACK: u8 = 3;
-
-#[inline(always)]
-fn read<T>(addr: u64) -> Option<T> {
-    if addr == 0 {
-        return None;
-    }
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
-}
-
 /// Whether `addr` lies in the GIL state of process `pid`.
 #[inline(always)]
 pub fn is_gil_address(pid: u32, addr: u64) -> bool {
@@ -53,53 +41,65 @@ pub fn is_gil_address(pid: u32, addr: u64) -> bool {
     }
 }
 
+/// Reads a u64 (or less, zero-extended) of user memory; 0 when unreadable.
+/// Branch-free on purpose: every branch inside the frame loop multiplies
+/// the states the verifier explores.
+#[inline(always)]
+fn read_u64(addr: u64) -> u64 {
+    let mut v: u64 = 0;
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (&mut v as *mut u64).cast(),
+            8,
+            addr as *const core::ffi::c_void,
+        )
+    };
+    v
+}
+
 /// Walks the Python stack of thread `tid` of `pid`; returns its id in
 /// `PY_STACKS` (a hash of the frames), or 0 when the thread runs no Python.
-#[inline(always)]
+///
+/// Every frame is recorded as read: the raw 8 bytes at the instruction
+/// field (userspace takes the low 32 bits for <= 3.10's int `f_lasti`) and
+/// the owner byte (userspace drops C-stack shim frames, owner >= 3).
+#[inline(never)]
 pub fn capture(pid: u32, tid: u32) -> u64 {
     let Some(layout) = (unsafe { PY_LAYOUT.get(&pid) }) else { return 0 };
     let layout = *layout;
     let Some(tstate) = (unsafe { PY_TSTATE.get(&tid) }).copied() else { return 0 };
     let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else { return 0 };
     let scratch = unsafe { &mut *scratch };
-    let mut frame: u64 = read(tstate + layout.tstate_frame as u64).unwrap_or(0);
-    if layout.cframe_current_frame != ABSENT {
-        frame = read(frame + layout.cframe_current_frame as u64).unwrap_or(0);
+    let mut frame = read_u64(tstate + layout.tstate_frame as u64);
+    if layout.cframe_current_frame != ABSENT && frame != 0 {
+        frame = read_u64(frame + layout.cframe_current_frame as u64);
     }
-    // FNV-1a over (code, instr) pairs.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut len: usize = 0;
-    for _ in 0..PY_MAX_DEPTH {
+    let owner_off = if layout.frame_owner == ABSENT { None } else { Some(layout.frame_owner as u64) };
+    // FNV-1a over the pid and the (code, instr) pairs.
+    let mut hash: u64 = (0xcbf2_9ce4_8422_2325 ^ pid as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    let mut len: u32 = 0;
+    for i in 0..PY_MAX_DEPTH {
         if frame == 0 {
             break;
         }
-        let back: u64 = read(frame + layout.frame_back as u64).unwrap_or(0);
-        if layout.frame_owner != ABSENT {
-            let owner: u8 = read(frame + layout.frame_owner as u64).unwrap_or(FRAME_OWNED_BY_CSTACK);
-            if owner >= FRAME_OWNED_BY_CSTACK {
-                frame = back;
-                continue;
-            }
-        }
-        let code: u64 = read(frame + layout.frame_code as u64).unwrap_or(0);
-        let instr: u64 = if layout.version <= 310 {
-            read::<i32>(frame + layout.frame_instr as u64).unwrap_or(-1) as i64 as u64
-        } else {
-            read::<u64>(frame + layout.frame_instr as u64).unwrap_or(0)
+        let code = read_u64(frame + layout.frame_code as u64);
+        let instr = read_u64(frame + layout.frame_instr as u64);
+        let checksum = read_u64(code + layout.code_firstlineno as u64) as u32;
+        let owner = match owner_off {
+            Some(o) => read_u64(frame + o) as u32 & 0xff,
+            None => 0,
         };
-        let checksum: u32 = read(code + layout.code_firstlineno as u64).unwrap_or(0);
-        if let Some(slot) = scratch.frames.get_mut(len) {
-            *slot = PyFrameRec { code, instr, checksum, _pad: 0 };
-            len += 1;
-        }
+        scratch.frames[i] = PyFrameRec { code, instr, checksum, _pad: owner };
         hash = (hash ^ code).wrapping_mul(0x0000_0100_0000_01b3);
         hash = (hash ^ instr).wrapping_mul(0x0000_0100_0000_01b3);
-        frame = back;
+        len += 1;
+        frame = read_u64(frame + layout.frame_back as u64);
     }
     if len == 0 {
         return 0;
     }
-    scratch.len = len as u32;
+    scratch.pid = pid;
+    scratch.len = len;
     scratch.truncated = (frame != 0) as u32;
     if frame != 0 {
         count_drop(counters::PY_STACKS_TRUNCATED);

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{doctor, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{doctor, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,12 @@ enum Format {
     Folded,
     /// A flame graph, rendered in-process.
     Svg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DumpFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -69,9 +75,27 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not capture stacks when threads go off CPU.
         #[arg(long)]
         no_offcpu_stacks: bool,
+        /// Syscalls at least this slow get their Python and native stacks recorded (0 turns it off).
+        #[arg(long, value_parser = parse_duration_or_zero, default_value = "1ms", value_name = "DURATION")]
+        slow_syscall: Duration,
+        /// Do not look for CPython in the targets (native stacks only).
+        #[arg(long)]
+        no_python: bool,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
+    },
+    /// Print the current Python stack of every thread of a live process, like `py-spy dump`.
+    #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.13 (shared libpython or static builds).")]
+    Dump {
+        /// The process.
+        #[arg(short = 'p', long = "pid", value_name = "PID")]
+        pid: u32,
+        #[arg(long, value_enum, default_value = "text")]
+        format: DumpFormat,
+        /// Also show native frames below the Python ones (text only).
+        #[arg(long)]
+        native: bool,
     },
     /// Render a recording (needs no privileges).
     #[command(after_help = "Examples:\n  infertrace report rec.itr\n  infertrace report rec.itr --format svg --profile off-cpu -o offcpu.svg\n  infertrace report rec.itr --format folded | flamegraph.pl > cpu.svg")]
@@ -109,6 +133,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
 fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<String> {
     Ok(match format {
         Format::Text => report::text::render(rec),
@@ -131,6 +162,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{text}");
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Dump { pid, format, native } => {
+            infertrace::targets::validate_pid(pid).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
+            let mut interp = match python::Interpreter::attach(pid) {
+                Ok(Some(i)) => i,
+                Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython 3.8-3.13 stacks)"),
+                Err(e) => bail!("{e} (hint: run as root; CPython 3.8-3.13 is supported)"),
+            };
+            let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
+            match format {
+                DumpFormat::Text => print!("{}", python::render_dump_text(&dumps, native)),
+                DumpFormat::Json => print!("{}", python::render_dump_json(&dumps)),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Report { file, format, profile, output } => {
             let rec = Recording::read(&file).map_err(|e| anyhow::anyhow!("{e} (hint: pass a .itr file written by `infertrace record`)"))?;
             let text = render(&rec, format, profile)?;
@@ -141,12 +186,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, command } => {
+        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, command } => {
             if frequency > 10_000 {
                 bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
             }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
-            let opts = session::RecordOptions { pids, sched, command, duration, output, quiet };
+            let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, command, duration, output, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

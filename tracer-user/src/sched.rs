@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, PerfEvent,
@@ -24,8 +24,8 @@ use tracer_common::{
 use crate::{
     probe::{self, ProbeError},
     procfs,
-    recording::{Frame, OffCpuReason, OffCpuTimes, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
-    symbolize::Symbolizer,
+    recording::{OffCpuReason, OffCpuTimes, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
+    stacks::StackResolver,
     syscalls::syscall_name,
 };
 
@@ -205,7 +205,7 @@ impl SchedAccounting {
         end_ns: u64,
         target_pids: &[u32],
         syscalls: &[ThreadSyscall],
-        symbolizer: &mut Symbolizer,
+        resolver: &mut StackResolver<'_>,
     ) -> Result<SchedResult, ProbeError> {
         // Freeze the aggregates at the window end.
         for (name, link) in self.links.drain(..) {
@@ -289,7 +289,7 @@ impl SchedAccounting {
         threads.sort_by_key(|t| (t.pid, t.tid));
         let _ = REASONS;
 
-        let stacks = self.collect_stacks(ebpf, target_pids, open_offcpu, symbolizer)?;
+        let stacks = self.collect_stacks(ebpf, target_pids, open_offcpu, resolver)?;
         let mut runqueue_hist: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         {
             let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
@@ -311,7 +311,7 @@ impl SchedAccounting {
         ebpf: &mut Ebpf,
         target_pids: &[u32],
         mut offcpu: HashMap<OffCpuKey, u64>,
-        symbolizer: &mut Symbolizer,
+        resolver: &mut StackResolver<'_>,
     ) -> Result<Vec<StackRecord>, ProbeError> {
         {
             let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
@@ -323,41 +323,21 @@ impl SchedAccounting {
             let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
             map.iter().filter_map(Result::ok).collect()
         };
-        let stack_map = ebpf.map("STACKS").ok_or(ProbeError::MissingMap("STACKS"))?;
-        let stack_map: StackTraceMap<&MapData> =
-            StackTraceMap::try_from(stack_map).map_err(|e| ProbeError::map("STACKS", e))?;
-        let ips = |id: i32| -> Vec<u64> {
-            if id < 0 {
-                return Vec::new();
-            }
-            stack_map
-                .get(&(id as u32), 0)
-                .map(|s| s.frames().iter().map(|f| f.ip).filter(|ip| *ip != 0).collect())
-                .unwrap_or_default()
-        };
-        let mut frames_of = |pid: u32, ustack: i32, kstack: i32| -> Vec<Frame> {
-            let mut frames = symbolizer.kernel_frames(&ips(kstack));
-            // The leaf frames of a stack taken at sched_switch are our own
-            // program and the tracepoint machinery: not the user's time.
-            let ours = frames.iter().take_while(|f| is_tracing_frame(&f.function)).count();
-            frames.drain(..ours);
-            frames.extend(symbolizer.user_frames(pid, &ips(ustack)));
-            frames
-        };
         let mut out = Vec::new();
         for (k, ns) in offcpu {
             if !target_pids.contains(&k.pid) || ns == 0 {
                 continue;
             }
+            let reason = reason_of_code(k.reason);
             out.push(StackRecord {
-                kind: StackKind::OffCpu,
-                reason: Some(reason_of_code(k.reason)),
+                kind: if reason == OffCpuReason::Gil { StackKind::Gil } else { StackKind::OffCpu },
+                reason: Some(reason),
                 pid: k.pid,
                 tid: k.tid,
                 samples: 0,
                 weight_ns: ns,
                 syscall: None,
-                frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
+                frames: resolver.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack),
             });
         }
         for (k, n) in samples {
@@ -372,18 +352,12 @@ impl SchedAccounting {
                 samples: n,
                 weight_ns: 0,
                 syscall: None,
-                frames: frames_of(k.pid, k.user_stack, k.kernel_stack),
+                frames: resolver.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack),
             });
         }
         out.sort_by(|a, b| (b.samples, b.weight_ns).cmp(&(a.samples, a.weight_ns)));
         Ok(out)
     }
-}
-
-fn is_tracing_frame(function: &str) -> bool {
-    ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "trace_call_bpf"]
-        .iter()
-        .any(|p| function.starts_with(p))
 }
 
 pub struct SchedResult {

@@ -18,6 +18,8 @@ use crate::{
     btf_offsets::BtfOffsets,
     clock,
     sched::{SchedAccounting, SchedOptions},
+    pystacks::PythonTargets,
+    stacks::StackResolver,
     symbolize::Symbolizer,
     probe::{self, ProbeError},
     process::{self, Lifecycle, ProcessFollower},
@@ -77,6 +79,10 @@ impl RecordError {
 pub struct RecordOptions {
     pub pids: Vec<u32>,
     pub sched: SchedOptions,
+    /// Syscalls at least this slow get stacks (None: off).
+    pub slow_syscall: Option<Duration>,
+    /// Attribute time to Python stacks in CPython processes.
+    pub python: bool,
     pub command: Vec<String>,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
@@ -171,13 +177,11 @@ impl TargetState {
     }
 }
 
-fn load_object(btf: &Btf, tracefs: Option<&Path>, sched: &SchedOptions) -> Result<Ebpf, RecordError> {
-    let (nr_exit, nr_exit_group, regs_off) =
-        syscalls::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
-    let (nr_clone, nr_fork, nr_vfork, nr_clone3) = match std::env::consts::ARCH {
-        "x86_64" => (56u32, 57u32, 58u32, 435u32),
-        _ => (220, u32::MAX, u32::MAX, 435),
-    };
+fn load_object(btf: &Btf, tracefs: Option<&Path>, opts: &RecordOptions) -> Result<Ebpf, RecordError> {
+    let sched = &opts.sched;
+    let slow_ns = opts.slow_syscall.map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let arch = syscalls::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
+    let (nr_clone, nr_fork, nr_vfork, nr_clone3) = arch.nr_clone_family;
     let (pid_off, flags_off) = match tracefs {
         Some(t) => (
             tracefs::field_offset(t, "task", "task_newtask", "pid").unwrap_or(8),
@@ -203,13 +207,16 @@ fn load_object(btf: &Btf, tracefs: Option<&Path>, sched: &SchedOptions) -> Resul
         .override_global("TASK_TGID_OFFSET", &task_tgid, true)
         .override_global("SCHED_ENABLED", &sched_enabled, true)
         .override_global("OFFCPU_STACKS_ENABLED", &offcpu_stacks, true)
-        .override_global("NR_EXIT", &nr_exit, true)
-        .override_global("NR_EXIT_GROUP", &nr_exit_group, true)
+        .override_global("NR_EXIT", &arch.nr_exit, true)
+        .override_global("NR_EXIT_GROUP", &arch.nr_exit_group, true)
+        .override_global("NR_FUTEX", &arch.nr_futex, true)
+        .override_global("PT_REGS_ARG0_OFFSET", &arch.regs_arg0_offset, true)
+        .override_global("SLOW_SYSCALL_NS", &slow_ns, true)
         .override_global("NR_CLONE", &nr_clone, true)
         .override_global("NR_FORK", &nr_fork, true)
         .override_global("NR_VFORK", &nr_vfork, true)
         .override_global("NR_CLONE3", &nr_clone3, true)
-        .override_global("PT_REGS_NR_OFFSET", &regs_off, true)
+        .override_global("PT_REGS_NR_OFFSET", &arch.regs_nr_offset, true)
         .override_global("NEWTASK_PID_OFFSET", &pid_off, true)
         .override_global("NEWTASK_FLAGS_OFFSET", &flags_off, true);
     loader.load(probe::object_bytes()).map_err(|e| RecordError::Load(e.to_string()))
@@ -265,8 +272,9 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     };
     let mut launched = if opts.command.is_empty() { None } else { Some(Launched::spawn(&opts.command)?) };
 
-    let mut ebpf = load_object(btf, tracefs_path.as_deref(), &opts.sched)?;
+    let mut ebpf = load_object(btf, tracefs_path.as_deref(), opts)?;
     let mut symbolizer = Symbolizer::new();
+    let mut python = PythonTargets::default();
     let window_start = clock::monotonic_ns();
     set_window_start(&mut ebpf, window_start)?;
     let mut states: BTreeMap<u32, TargetState> = BTreeMap::new();
@@ -274,6 +282,9 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         process::add_target(&mut ebpf, pid, target_flags::EXPLICIT)?;
         states.insert(pid, TargetState::observe(pid, Origin::Attached));
         symbolizer.observe_process(pid);
+        if opts.python {
+            python.examine(&mut ebpf, pid, false)?;
+        }
         if opts.sched.enabled {
             SchedAccounting::seed_process(&mut ebpf, pid, window_start)?;
         }
@@ -311,7 +322,11 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
             _ = tick.tick() => {
                 ticks += 1;
-                apply_lifecycle(&mut states, follower.poll(), &mut symbolizer);
+                let events = follower.poll();
+                if opts.python {
+                    python_lifecycle(&mut ebpf, &mut python, &events, ticks % 3 == 0)?;
+                }
+                apply_lifecycle(&mut states, events, &mut symbolizer);
                 if let Some(l) = launched.as_mut() {
                     if let Some(code) = l.reap(false) {
                         if let Some(s) = states.get_mut(&l.pid) { s.target.exit_code = Some(code); }
@@ -336,7 +351,16 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let attached: Vec<u32> = states.values().filter(|s| s.target.origin == Origin::Attached).map(|s| s.target.pid).collect();
     let syscalls = accounting.finish(&mut ebpf, (window_start, window_end), &live_pids, &attached)?;
     let all_pids: Vec<u32> = states.keys().copied().collect();
-    let sched = sched.finish(&mut ebpf, window_end, &all_pids, &syscalls, &mut symbolizer)?;
+    python.resolve_new(&mut ebpf)?;
+    let mut resolver = StackResolver::load(&mut ebpf, &mut symbolizer, &mut python)?;
+    let sched = sched.finish(&mut ebpf, window_end, &all_pids, &syscalls, &mut resolver)?;
+    let mut stacks = sched.stacks;
+    stacks.extend(syscalls::slow_syscall_stacks(&mut ebpf, std::env::consts::ARCH, &all_pids, &mut resolver)?);
+    drop(resolver);
+    notes.append(&mut python.notes);
+    for (pid, version) in python.versions() {
+        notes.push(format!("pid {pid}: CPython {version}, Python stacks attributed"));
+    }
     if let Some(l) = launched.as_mut() {
         if let Some(code) = l.reap(false) {
             if let Some(s) = states.get_mut(&l.pid) {
@@ -360,7 +384,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         targets: states.into_values().map(|s| s.target).collect(),
         syscalls,
         threads: sched.threads,
-        stacks: sched.stacks,
+        stacks,
         runqueue_hist: sched.runqueue_hist,
         sample_hz: sched.sample_hz,
         lost,
@@ -417,6 +441,22 @@ fn sweep_targets(ebpf: &mut Ebpf, states: &mut BTreeMap<u32, TargetState>) -> Re
         }
     }
     Ok(alive)
+}
+
+/// Python processes: examine new ones and exec'd ones; refresh thread maps.
+fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifecycle], refresh: bool) -> Result<(), RecordError> {
+    for ev in events {
+        match ev {
+            Lifecycle::Forked { pid, .. } => python.examine(ebpf, *pid, false)?,
+            Lifecycle::Execed { pid, .. } => python.examine(ebpf, *pid, true)?,
+            Lifecycle::Exited { pid } => python.exited(ebpf, *pid)?,
+        }
+    }
+    if refresh {
+        python.refresh_all(ebpf)?;
+        python.resolve_new(ebpf)?;
+    }
+    Ok(())
 }
 
 fn set_window_start(ebpf: &mut Ebpf, start: u64) -> Result<(), RecordError> {

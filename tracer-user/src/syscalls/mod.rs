@@ -13,11 +13,19 @@ use aya::{
     programs::BtfTracePoint,
     Btf, Ebpf,
 };
-use tracer_common::syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats};
+use tracer_common::{
+    python::{SlowKey, SlowStats},
+    syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
+};
 
 pub use errno_names::errno_name;
 
-use crate::{probe::ProbeError, procfs, recording::ThreadSyscall};
+use crate::{
+    probe::ProbeError,
+    procfs,
+    recording::{StackKind, StackRecord, ThreadSyscall},
+    stacks::StackResolver,
+};
 
 /// Name of syscall `nr` on `arch` (as strace prints it), `syscall_<nr>` when unknown.
 pub fn syscall_name(arch: &str, nr: u32) -> String {
@@ -32,13 +40,41 @@ pub fn syscall_name(arch: &str, nr: u32) -> String {
     }
 }
 
-/// Numbers of `exit` and `exit_group`, and the offset of the syscall number in
-/// `struct pt_regs`, for the host architecture.
-pub fn arch_constants() -> Option<(u32, u32, u64)> {
+/// Syscall numbers and `struct pt_regs` offsets the kernel programs need.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchConstants {
+    pub nr_exit: u32,
+    pub nr_exit_group: u32,
+    pub nr_futex: u32,
+    /// (clone, fork, vfork, clone3); u32::MAX where the arch lacks one.
+    pub nr_clone_family: (u32, u32, u32, u32),
+    /// Offset of the original syscall number.
+    pub regs_nr_offset: u64,
+    /// Offset of the first syscall argument.
+    pub regs_arg0_offset: u64,
+}
+
+/// The constants for the host architecture.
+pub fn arch_constants() -> Option<ArchConstants> {
     match std::env::consts::ARCH {
-        "x86_64" => Some((60, 231, 15 * 8)),
-        // regs[31], sp, pc, pstate, orig_x0, then syscallno.
-        "aarch64" => Some((93, 94, 31 * 8 + 4 * 8)),
+        // pt_regs: r15 r14 r13 r12 bp bx r11 r10 r9 r8 ax cx dx si di orig_ax ...
+        "x86_64" => Some(ArchConstants {
+            nr_exit: 60,
+            nr_exit_group: 231,
+            nr_futex: 202,
+            nr_clone_family: (56, 57, 58, 435),
+            regs_nr_offset: 15 * 8,
+            regs_arg0_offset: 14 * 8,
+        }),
+        // pt_regs: regs[31], sp, pc, pstate, orig_x0, syscallno ...
+        "aarch64" => Some(ArchConstants {
+            nr_exit: 93,
+            nr_exit_group: 94,
+            nr_futex: 98,
+            nr_clone_family: (220, u32::MAX, u32::MAX, 435),
+            regs_nr_offset: 31 * 8 + 4 * 8,
+            regs_arg0_offset: 0,
+        }),
         _ => None,
     }
 }
@@ -232,6 +268,35 @@ impl SyscallAccounting {
         out.sort_by_key(|t| (t.pid, t.tid, t.nr));
         Ok(out)
     }
+}
+
+/// Syscalls slower than `--slow-syscall`, by thread, syscall and stack.
+pub fn slow_syscall_stacks(
+    ebpf: &mut Ebpf,
+    arch: &str,
+    target_pids: &[u32],
+    resolver: &mut StackResolver<'_>,
+) -> Result<Vec<StackRecord>, ProbeError> {
+    let rows: Vec<(SlowKey, SlowStats)> = {
+        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::probe::hash_map(ebpf, "SLOW_SYSCALLS")?;
+        map.iter().filter_map(Result::ok).collect()
+    };
+    let mut out: Vec<StackRecord> = rows
+        .into_iter()
+        .filter(|(k, _)| target_pids.contains(&k.pid))
+        .map(|(k, v)| StackRecord {
+            kind: StackKind::Syscall,
+            reason: None,
+            pid: k.pid,
+            tid: k.tid,
+            samples: v.count,
+            weight_ns: v.total_ns,
+            syscall: Some(syscall_name(arch, k.nr)),
+            frames: resolver.frames(k.pid, k.user_stack, -1, k.py_stack),
+        })
+        .collect();
+    out.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
+    Ok(out)
 }
 
 fn add_in_flight(all: &mut HashMap<Key, Acc>, key: Key, ns: u64) {
