@@ -182,6 +182,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Optio
         t.end_ns = now;
     } else if prev_state == TASK_RUNNING {
         t.state = STATE_RUNNABLE;
+        t.reason = REASON_OTHER;
     } else {
         t.state = STATE_OFF_CPU;
         t.reason = match sys {
@@ -205,6 +206,9 @@ fn switch_in(tgid: u32, tid: u32, now: u64) {
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
+        // Woken to take the GIL, then waiting for a CPU: still waiting in
+        // take_gil, so it stays GIL time (documented in docs/python.md).
+        STATE_RUNNABLE if t.reason == REASON_GIL => add_off_cpu(t, elapsed),
         STATE_RUNNABLE => add_runqueue(t, elapsed),
         // Woken without a wakeup we saw: count the wait as off-CPU.
         STATE_OFF_CPU => add_off_cpu(t, elapsed),

@@ -236,13 +236,15 @@ impl SchedAccounting {
             let open = end.saturating_sub(t.since_ns);
             match t.state {
                 STATE_RUNNING => t.on_cpu_ns += open,
-                STATE_RUNNABLE => {
+                STATE_RUNNABLE if t.reason != REASON_GIL => {
                     t.runqueue_ns += open;
                     if t.in_syscall != 0 {
                         t.blocked_in_syscall_ns += open;
                     }
                 }
-                STATE_OFF_CPU => {
+                // Off CPU, or woken to take the GIL and waiting for a CPU
+                // (GIL time, as in the kernel).
+                STATE_OFF_CPU | STATE_RUNNABLE => {
                     if let Some(slot) = t.off_cpu_ns.get_mut(t.reason as usize) {
                         *slot += open;
                     }
