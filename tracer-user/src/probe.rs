@@ -15,8 +15,8 @@ pub enum ProbeError {
     WrongProgramType(&'static str),
     #[error("eBPF map `{0}` missing from the object")]
     MissingMap(&'static str),
-    #[error("loading eBPF program `{name}` failed: {source}")]
-    Load { name: &'static str, source: ProgramError },
+    #[error("loading eBPF program `{name}` failed: {detail}")]
+    Load { name: &'static str, detail: String },
     #[error("attaching eBPF program `{name}` failed: {source}")]
     Attach { name: &'static str, source: ProgramError },
     #[error("{0}: {1}")]
@@ -26,8 +26,19 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
+    /// Keeps an error one line: a verifier rejection carries the whole
+    /// verifier log, of which only the end says why.
     pub fn load(name: &'static str, source: ProgramError) -> Self {
-        Self::Load { name, source }
+        let full = source.to_string().replace('\n', " ");
+        const KEEP: usize = 600;
+        let detail = match full.find("Verifier output:") {
+            Some(at) if full.len() - at > KEEP => {
+                let tail_start = full.char_indices().map(|(i, _)| i).find(|&i| i >= full.len() - KEEP).unwrap_or(at);
+                format!("{} ... {}", &full[..at + "Verifier output:".len()], &full[tail_start..])
+            }
+            _ => full,
+        };
+        Self::Load { name, detail }
     }
     pub fn attach(name: &'static str, source: ProgramError) -> Self {
         Self::Attach { name, source }
