@@ -3,7 +3,10 @@
 //! state map (refreshed as threads appear) and its GIL range, and resolves
 //! the Python stacks the kernel captured.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
 
 use aya::{
     maps::HashMap as BpfHashMap,
@@ -13,9 +16,22 @@ use tracer_common::python::{GilRange, PyLayout, PyStack, ABSENT, FRAME_OWNED_BY_
 
 use crate::{
     probe::{self, ProbeError},
-    python::{Interpreter, PyLayout as UserLayout},
+    procfs,
+    python::{Interpreter, PyLayout as UserLayout, PythonError},
     recording::Frame,
 };
+
+/// How long a process that may still be starting CPython (just exec'd,
+/// libpython not mapped yet, interpreter not initialized) is retried.
+const STARTUP_RETRY: Duration = Duration::from_secs(10);
+/// Processes that do not look like Python at all are retried this long
+/// (the dynamic loader maps libpython right after exec).
+const NON_PYTHON_RETRY: Duration = Duration::from_secs(1);
+
+struct Pending {
+    since: Instant,
+    last_error: Option<String>,
+}
 
 /// The Python processes being traced.
 #[derive(Default)]
@@ -23,6 +39,8 @@ pub struct PythonTargets {
     interpreters: HashMap<u32, Interpreter>,
     /// Processes already examined (Python or not).
     examined: HashMap<u32, ()>,
+    /// Processes to examine again: CPython may still be starting.
+    pending: HashMap<u32, Pending>,
     /// One-line notices for the recording (unsupported versions, ...).
     pub notes: Vec<String>,
     /// tid -> tstate currently in the kernel map, per pid.
@@ -47,28 +65,77 @@ fn kernel_layout(l: &UserLayout) -> PyLayout {
 impl PythonTargets {
     /// Looks for CPython in `pid` (once per process; again after exec).
     pub fn examine(&mut self, ebpf: &mut Ebpf, pid: u32, force: bool) -> Result<(), ProbeError> {
-        if !force && self.examined.contains_key(&pid) {
+        if force {
+            self.examined.remove(&pid);
+            self.pending.remove(&pid);
+        }
+        if self.examined.contains_key(&pid) {
             return Ok(());
         }
         self.examined.insert(pid, ());
+        self.try_attach(ebpf, pid)
+    }
+
+    fn try_attach(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
+        let retry = |this: &mut Self, err: Option<String>| {
+            let p = this.pending.entry(pid).or_insert(Pending { since: Instant::now(), last_error: None });
+            p.last_error = err;
+        };
         match Interpreter::attach(pid) {
             Ok(Some(interp)) => {
-                let layout = kernel_layout(&interp.layout());
-                let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(ebpf, "PY_LAYOUT")?;
-                map.insert(pid, layout, 0).map_err(|e| ProbeError::map("PY_LAYOUT", e))?;
-                if let Some((start, end)) = interp.gil_range() {
-                    let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(ebpf, "GIL_RANGE")?;
-                    gil.insert(pid, GilRange { start, end }, 0).map_err(|e| ProbeError::map("GIL_RANGE", e))?;
-                } else {
-                    self.notes.push(format!("pid {pid}: GIL state not located; GIL waits are counted as lock time"));
-                }
-                self.interpreters.insert(pid, interp);
-                self.refresh(ebpf, pid)?;
+                self.pending.remove(&pid);
+                self.publish(ebpf, pid, interp)?;
             }
-            Ok(None) => {}
-            Err(e) => self.notes.push(format!("pid {pid}: {e}; traced natively")),
+            Ok(None) => retry(self, None),
+            Err(PythonError::Unsupported { version }) => {
+                self.pending.remove(&pid);
+                self.notes.push(format!("pid {pid}: CPython {version} is not supported (3.8 to 3.13 are); traced natively"));
+            }
+            Err(e) => retry(self, Some(e.to_string())),
         }
         Ok(())
+    }
+
+    /// Examines again the processes whose CPython may still be starting.
+    fn retry_pending(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        let pids: Vec<u32> = self.pending.keys().copied().collect();
+        for pid in pids {
+            let Some(p) = self.pending.get(&pid) else { continue };
+            let limit = if looks_like_python(pid) { STARTUP_RETRY } else { NON_PYTHON_RETRY };
+            if !procfs::is_alive(pid) || p.since.elapsed() > limit {
+                if let Some(p) = self.pending.remove(&pid) {
+                    if let Some(e) = p.last_error {
+                        self.notes.push(format!("pid {pid}: {e}; traced natively"));
+                    }
+                }
+                continue;
+            }
+            self.try_attach(ebpf, pid)?;
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self, ebpf: &mut Ebpf, pid: u32, interp: Interpreter) -> Result<(), ProbeError> {
+        let layout = kernel_layout(&interp.layout());
+        let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(ebpf, "PY_LAYOUT")?;
+        map.insert(pid, layout, 0).map_err(|e| ProbeError::map("PY_LAYOUT", e))?;
+        if let Some((start, end)) = interp.gil_range() {
+            let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(ebpf, "GIL_RANGE")?;
+            gil.insert(pid, GilRange { start, end }, 0).map_err(|e| ProbeError::map("GIL_RANGE", e))?;
+        } else {
+            self.notes.push(format!("pid {pid}: GIL state not located; GIL waits are counted as lock time"));
+        }
+        self.interpreters.insert(pid, interp);
+        self.refresh(ebpf, pid)
+    }
+
+    /// Notes for processes still pending at the end of the window.
+    pub fn finish_notes(&mut self) {
+        for (pid, p) in self.pending.drain() {
+            if let Some(e) = p.last_error {
+                self.notes.push(format!("pid {pid}: {e}; traced natively"));
+            }
+        }
     }
 
     /// Re-reads the thread list of `pid` and updates the kernel's tid -> tstate map.
@@ -88,8 +155,10 @@ impl PythonTargets {
         Ok(())
     }
 
-    /// Refreshes every Python target (new threads appear here).
+    /// Refreshes every Python target (new threads appear here) and retries
+    /// the ones still starting.
     pub fn refresh_all(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        self.retry_pending(ebpf)?;
         let pids: Vec<u32> = self.interpreters.keys().copied().collect();
         for pid in pids {
             self.refresh(ebpf, pid)?;
@@ -167,6 +236,14 @@ impl PythonTargets {
         self.resolved.insert(id, frames.clone());
         frames
     }
+}
+
+/// The executable is named like Python, or a libpython is mapped.
+fn looks_like_python(pid: u32) -> bool {
+    let exe = procfs::exe(pid).unwrap_or_default();
+    let base = exe.rsplit('/').next().unwrap_or("");
+    base.starts_with("python")
+        || std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libpython"))
 }
 
 /// Merges one stack: kernel frames, then the native frames below the Python

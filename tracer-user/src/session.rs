@@ -357,6 +357,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let mut stacks = sched.stacks;
     stacks.extend(syscalls::slow_syscall_stacks(&mut ebpf, std::env::consts::ARCH, &all_pids, &mut resolver)?);
     drop(resolver);
+    python.finish_notes();
     notes.append(&mut python.notes);
     for (pid, version) in python.versions() {
         notes.push(format!("pid {pid}: CPython {version}, Python stacks attributed"));

@@ -172,7 +172,7 @@ pub(crate) mod tests {
         weight_ns: u64,
         leaf_first: &[Frame],
     ) -> StackRecord {
-        StackRecord { kind, reason, pid, tid: pid, samples, weight_ns, frames: leaf_first.to_vec() }
+        StackRecord { kind, reason, pid, tid: pid, samples, weight_ns, syscall: None, frames: leaf_first.to_vec() }
     }
 
     /// A recording with CPU and off-CPU stacks (sampling at 100 Hz).
