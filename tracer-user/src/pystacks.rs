@@ -12,12 +12,12 @@ use aya::{
     maps::HashMap as BpfHashMap,
     Ebpf,
 };
-use tracer_common::python::{GilRange, PyLayout, PyStack, ABSENT, FRAME_OWNED_BY_CSTACK};
+use tracer_common::python::{GilRange, PyLayout, PyStack, FRAME_OWNED_BY_CSTACK};
 
 use crate::{
     probe::{self, ProbeError},
     procfs,
-    python::{Interpreter, PyLayout as UserLayout, PythonError},
+    python::{Interpreter, PythonError},
     recording::Frame,
 };
 
@@ -47,19 +47,6 @@ pub struct PythonTargets {
     published: HashMap<u32, Vec<u32>>,
     /// Stacks resolved while their process was alive, by id.
     resolved: HashMap<u64, Vec<Frame>>,
-}
-
-fn kernel_layout(l: &UserLayout) -> PyLayout {
-    PyLayout {
-        version: l.version,
-        tstate_frame: l.tstate_frame,
-        cframe_current_frame: l.cframe_current_frame,
-        frame_code: l.frame_code,
-        frame_back: l.frame_back,
-        frame_instr: l.frame_instr,
-        frame_owner: l.frame_owner,
-        code_firstlineno: l.code_firstlineno,
-    }
 }
 
 impl PythonTargets {
@@ -116,7 +103,7 @@ impl PythonTargets {
     }
 
     fn publish(&mut self, ebpf: &mut Ebpf, pid: u32, interp: Interpreter) -> Result<(), ProbeError> {
-        let layout = kernel_layout(&interp.layout());
+        let layout = interp.layout();
         let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(ebpf, "PY_LAYOUT")?;
         map.insert(pid, layout, 0).map_err(|e| ProbeError::map("PY_LAYOUT", e))?;
         if let Some((start, end)) = interp.gil_range() {
@@ -276,7 +263,6 @@ fn is_interpreter_frame(f: &Frame) -> bool {
         || f.function.starts_with("method_vectorcall")
 }
 
-const _: u32 = ABSENT;
 
 #[cfg(test)]
 mod tests {

@@ -10,30 +10,9 @@
 
 use super::linetable::LineFormat;
 
-/// Offsets the kernel frame walker needs, per interpreter (all byte
-/// offsets; `u32::MAX` = absent).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PyLayout {
-    /// major * 100 + minor, e.g. 311.
-    pub version: u32,
-    /// <=3.10: `tstate->frame`; 3.13: `tstate->current_frame`; 3.11/3.12: `tstate->cframe`.
-    pub tstate_frame: u32,
-    /// 3.11/3.12: `cframe->current_frame`; else `u32::MAX`.
-    pub cframe_current_frame: u32,
-    /// `f_code` / `f_executable`.
-    pub frame_code: u32,
-    /// `f_back` / `previous`.
-    pub frame_back: u32,
-    /// `f_lasti` (int, <=3.10) or `prev_instr` / `instr_ptr` (pointer, 3.11+).
-    pub frame_instr: u32,
-    /// 3.11+: the u8 `owner`; `u32::MAX` before.
-    pub frame_owner: u32,
-    /// `co_firstlineno` (int), used as a checksum by the kernel.
-    pub code_firstlineno: u32,
-}
-
-/// Absent offset in [`PyLayout`].
-pub const ABSENT: u32 = u32::MAX;
+/// The offsets the kernel frame walker needs: the `#[repr(C)]` type shared
+/// with the kernel programs.
+pub use tracer_common::python::{PyLayout, ABSENT};
 
 /// How the frame's instruction field is to be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
