@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""CPU-bound benchmark loop used by `cargo xtask bench`.
+
+A pure-Python arithmetic loop (a linear congruential step and an add per
+iteration, no syscalls) that prints its cost per iteration: what a tracer
+costs a busy interpreter that rarely leaves the CPU (sampling, scheduler
+events from timer ticks only).
+
+Usage: cpu_loop.py ITERATIONS [--wait]
+
+The timed loop runs in CHUNKS equal chunks and the result is the median
+chunk's ns/iter: a tracer's steady cost (sampling interrupts, probes) is in
+every chunk, while a burst of unrelated load on a shared machine moves a few
+chunks only.
+
+Same protocol as syscall_loop.py: with --wait it prints `ready PID`, waits for
+a line on stdin, runs the timed loop, prints `ns_per_iter VALUE`, and stays
+alive until stdin is closed.
+"""
+import os
+import statistics
+import sys
+import time
+
+CHUNKS = 20
+
+
+def spin(iterations: int) -> int:
+    x = 1
+    acc = 0
+    for _ in range(iterations):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        acc += x >> 16
+    return acc
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    iterations = int(sys.argv[1])
+    wait = "--wait" in sys.argv[2:]
+
+    if wait:
+        print(f"ready {os.getpid()}", flush=True)
+        if not sys.stdin.readline():
+            return 1  # the driver went away
+
+    spin(min(iterations // 10, 100_000))  # warm-up
+
+    per_chunk = max(iterations // CHUNKS, 1)
+    samples = []
+    for _ in range(CHUNKS):
+        start = time.perf_counter_ns()
+        spin(per_chunk)
+        samples.append((time.perf_counter_ns() - start) / per_chunk)
+
+    print(f"ns_per_iter {statistics.median(samples):.1f}", flush=True)
+    if wait:
+        sys.stdin.read()  # until the driver closes stdin
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
