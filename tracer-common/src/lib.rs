@@ -4,6 +4,7 @@
 //! BPF and host layouts are identical.
 #![no_std]
 
+pub mod cuda;
 pub mod proc_events;
 pub mod python;
 pub mod sched;
@@ -30,6 +31,9 @@ pub mod counters {
     pub const PY_STACKS_TRUNCATED: u32 = 7;
     /// A Python stack could not be stored (map full) or a slow-syscall aggregate could not be created.
     pub const PY_STACKS_LOST: u32 = 8;
+    /// A CUDA call aggregate, launch counter or in-flight slot could not be
+    /// created (map full), or a per-call CUDA event was dropped (ring buffer full).
+    pub const CUDA_LOST: u32 = 9;
     pub const COUNT: u32 = 10;
 
     pub const NAMES: [&str; COUNT as usize] = [
@@ -42,7 +46,7 @@ pub mod counters {
         "stacks_lost",
         "python_stacks_truncated",
         "python_stacks_lost",
-        "reserved9",
+        "cuda_lost",
     ];
 }
 

@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod cuda;
 mod process;
 mod python;
 mod sched;

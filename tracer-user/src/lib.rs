@@ -5,6 +5,7 @@
 
 pub mod btf_offsets;
 pub mod clock;
+pub mod cuda;
 pub mod doctor;
 pub mod probe;
 pub mod process;

@@ -1,0 +1,226 @@
+"""CUDA runtime call patterns as PyTorch produces them, made through ctypes.
+
+The library is $CUDART (the real libcudart.so.12 from NVIDIA's wheel, where
+every call fails with cudaErrorInsufficientDriver on a machine without a
+GPU but is still entered, or tests/cudasim's timing simulator). Kernel host
+stubs come from $FAKE_KERNELS (tests/cudasim/kernels.c).
+
+Usage: cuda_patterns.py MODE, MODE one of
+  patterns  every pattern the detector knows, plus each probed API once or more
+  sim       timing: pinned vs pageable copies, leaks (meant for cudasim)
+  late      like `patterns`' first phase, loading libcudart only after a delay
+
+Lines the tests look for carry a `# @name` marker. Before calling anything
+the workload waits until the uprobes are in place (the first byte of every
+function it calls is int3), so that counts are exact; it gives up with exit
+code 3 after $PROBE_WAIT_S seconds (default 20; 0 skips the wait).
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "patterns"
+HtoH, HtoD, DtoH, DtoD, Default = 0, 1, 2, 3, 4
+DEV = ctypes.c_void_p(0x7E0000000000)  # a device pointer (never dereferenced)
+DEV2 = ctypes.c_void_p(0x7E0000100000)
+
+
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def size(n):
+    return ctypes.c_size_t(n)
+
+
+def load():
+    lib = ctypes.CDLL(os.environ["CUDART"])
+    for name in ("cudaMalloc", "cudaHostAlloc", "cudaMallocHost"):
+        getattr(lib, name).argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t] + (
+            [ctypes.c_uint] if name == "cudaHostAlloc" else []
+        )
+    return lib
+
+
+def wait_for_probes(lib, names):
+    limit = float(os.environ.get("PROBE_WAIT_S", "20"))
+    if limit <= 0:
+        return
+    addrs = [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names]
+    deadline = time.monotonic() + limit
+    while any(ctypes.string_at(a, 1) != b"\xcc" for a in addrs):
+        if time.monotonic() > deadline:
+            missing = [n for n, a in zip(names, addrs) if ctypes.string_at(a, 1) != b"\xcc"]
+            print("probes never appeared on: " + " ".join(missing), file=sys.stderr)
+            sys.exit(3)
+        time.sleep(0.01)
+
+
+ALL = [
+    "cudaMemcpy", "cudaMemcpy_ptds", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz",
+    "cudaMemcpy2D", "cudaMemcpy2D_ptds", "cudaMemcpy2DAsync", "cudaMemcpy2DAsync_ptsz",
+    "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize",
+    "cudaEventSynchronize", "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc",
+    "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaHostRegister", "cudaFreeHost",
+    "cudaHostUnregister",
+]
+
+
+def small_batches(lib, n):
+    """Per-batch small input upload + blocking .to('cuda'): 4 KiB, new data each time."""
+    buf = ctypes.create_string_buffer(4096)
+    for i in range(n):
+        buf[0:8] = i.to_bytes(8, "little")
+        lib.cudaMemcpyAsync(DEV, buf, size(4096), HtoD, None)  # @small_copy
+        lib.cudaStreamSynchronize(None)  # @small_sync
+
+
+def item_loop(lib, n):
+    """`loss.item()` every step: a 4-byte D2H copy and a sync."""
+    out = ctypes.create_string_buffer(8)
+    for _ in range(n):
+        lib.cudaMemcpyAsync(out, DEV, size(4), DtoH, None)  # @item_copy
+        lib.cudaStreamSynchronize(None)  # @item_sync
+
+
+def constant_upload(lib, n):
+    """The same 64 KiB of constants uploaded every step (non_blocking)."""
+    const = ctypes.create_string_buffer(b"\x07" * 65536, 65536)
+    for _ in range(n):
+        lib.cudaMemcpyAsync(DEV, const, size(65536), HtoD, None)  # @const_copy
+
+
+def pageable_big(lib, n):
+    """8 MiB per step from pageable memory through blocking cudaMemcpy."""
+    big = ctypes.create_string_buffer(8 << 20)
+    for i in range(n):
+        big[0:8] = i.to_bytes(8, "little")
+        lib.cudaMemcpy(DEV, big, size(8 << 20), HtoD)  # @pageable_copy
+
+
+def one_large(lib):
+    """Loading weights once: one large copy (and one large async copy + sync)."""
+    huge = ctypes.create_string_buffer(64 << 20)
+    lib.cudaMemcpy(DEV, huge, size(64 << 20), HtoD)  # @large_copy
+    lib.cudaMemcpyAsync(DEV, huge, size(64 << 20), HtoD, None)  # @large_async
+    lib.cudaStreamSynchronize(None)  # @large_sync
+
+
+def per_thread_stream(lib, n):
+    """Builds with per-thread default streams call the _ptsz/_ptds variants."""
+    buf = ctypes.create_string_buffer(2048)
+    for i in range(n):
+        buf[0:8] = i.to_bytes(8, "little")
+        lib.cudaMemcpyAsync_ptsz(DEV, buf, size(2048), HtoD, None)  # @ptsz_copy
+        lib.cudaStreamSynchronize_ptsz(None)  # @ptsz_sync
+    for _ in range(5):
+        lib.cudaMemcpy_ptds(DEV, DEV2, size(1024), DtoD)  # @ptds_copy
+
+
+def two_d(lib):
+    buf = ctypes.create_string_buffer(4096)
+    stream = ctypes.c_void_p(0x5A0)
+    for _ in range(3):
+        # dst, dpitch, src, spitch, width, height, kind (on the stack), stream (on the stack)
+        lib.cudaMemcpy2DAsync(DEV, size(256), buf, size(256), size(200), size(10), HtoD, stream)  # @copy2d_async
+    for _ in range(2):
+        lib.cudaMemcpy2D(buf, size(128), DEV, size(128), size(100), size(5), DtoH)  # @copy2d
+    lib.cudaMemcpy2DAsync_ptsz(DEV, size(64), buf, size(64), size(64), size(4), HtoD, None)  # @copy2d_ptsz
+    lib.cudaMemcpy2D_ptds(DEV, size(64), DEV2, size(64), size(32), size(2), DtoD)  # @copy2d_ptds
+    for _ in range(3):
+        lib.cudaMemcpyAsync(DEV, buf, size(512), Default, None)  # @default_copy
+
+
+def launches(lib, kernels):
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    mm = ctypes.cast(getattr(kernels, "_Z13matmul_kernelPfS_S_i"), ctypes.c_void_p)
+    grid, block = dim3(128, 1, 1), dim3(256, 1, 1)
+    for _ in range(300):
+        lib.cudaLaunchKernel(vec, grid, block, None, size(0), None)  # @launch_vec
+    for _ in range(100):
+        lib.cudaLaunchKernel_ptsz(mm, grid, block, None, size(0), None)  # @launch_mm
+
+
+def memory(lib):
+    p = ctypes.c_void_p()
+    ptrs = []
+    for _ in range(4):
+        lib.cudaMalloc(ctypes.byref(p), 1 << 20)  # @malloc
+        ptrs.append(p.value)
+    for q in ptrs[:2]:
+        lib.cudaFree(ctypes.c_void_p(q))  # @free
+    h = ctypes.c_void_p()
+    lib.cudaHostAlloc(ctypes.byref(h), 1 << 20, 0)  # @host_alloc
+    lib.cudaFreeHost(h)  # @free_host
+    lib.cudaMallocHost(ctypes.byref(h), 2 << 20)  # @malloc_host
+    reg = ctypes.create_string_buffer(8192)
+    lib.cudaHostRegister(reg, size(8192), 0)  # @host_register
+    lib.cudaHostUnregister(reg)  # @host_unregister
+    for _ in range(3):
+        lib.cudaDeviceSynchronize()  # @device_sync
+    for _ in range(2):
+        lib.cudaEventSynchronize(None)  # @event_sync
+
+
+def patterns():
+    lib = load()
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    wait_for_probes(lib, ALL)
+    small_batches(lib, 200)
+    item_loop(lib, 100)
+    constant_upload(lib, 64)
+    pageable_big(lib, 20)
+    one_large(lib)
+    per_thread_stream(lib, 40)
+    two_d(lib)
+    launches(lib, kernels)
+    memory(lib)
+
+
+def sim():
+    """Timing, for the simulator: pinned vs pageable, syncs, leaks."""
+    lib = load()
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    wait_for_probes(lib, ALL)
+    n = 4 << 20
+    pinned = ctypes.c_void_p()
+    lib.cudaHostAlloc(ctypes.byref(pinned), n, 0)  # @sim_host_alloc
+    pageable = ctypes.create_string_buffer(n)
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    out = ctypes.create_string_buffer(8)
+    dev = ctypes.c_void_p()
+    lib.cudaMalloc(ctypes.byref(dev), n)  # @sim_malloc_input
+    leaked = ctypes.c_void_p()
+    tmp = ctypes.c_void_p()
+    for i in range(40):
+        ctypes.memset(pinned, i, 8)
+        lib.cudaMemcpyAsync(dev, pinned, size(n), HtoD, None)  # @sim_pinned_copy
+        lib.cudaStreamSynchronize(None)  # @sim_pinned_sync
+        pageable[0:8] = i.to_bytes(8, "little")
+        lib.cudaMemcpyAsync(dev, pageable, size(n), HtoD, None)  # @sim_pageable_copy
+        lib.cudaStreamSynchronize(None)  # @sim_pageable_sync
+        for _ in range(10):
+            lib.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @sim_launch
+        lib.cudaMemcpyAsync(out, dev, size(4), DtoH, None)  # @sim_item_copy
+        lib.cudaStreamSynchronize(None)  # @sim_item_sync
+        lib.cudaMalloc(ctypes.byref(leaked), 1 << 20)  # @sim_leak
+        lib.cudaMalloc(ctypes.byref(tmp), 1 << 20)  # @sim_tmp_malloc
+        lib.cudaFree(tmp)  # @sim_tmp_free
+        time.sleep(0.002)
+    lib.cudaFreeHost(pinned)  # @sim_free_host
+
+
+def late():
+    """libcudart is loaded with dlopen well after start (as PyTorch does)."""
+    time.sleep(float(os.environ.get("LATE_S", "1.0")))
+    lib = load()
+    wait_for_probes(lib, ["cudaMemcpyAsync", "cudaStreamSynchronize"])
+    small_batches(lib, 50)
+
+
+{"patterns": patterns, "sim": sim, "late": late}[MODE]()
+print("done", MODE, file=sys.stderr)
+# Stay a moment: a tracer resolves Python stacks from the live process.
+time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

@@ -1,0 +1,355 @@
+//! CUDA runtime calls, seen through uprobes on libcudart. The attach cookie
+//! of each uprobe is the API id (`tracer_common::cuda::api`), so one entry
+//! program serves every function of the same shape:
+//!
+//! - `cuda_copy_enter`: `cudaMemcpy*(dst, src, count, kind[, stream])`
+//! - `cuda_copy2d_enter`: `cudaMemcpy2D*(dst, dpitch, src, spitch, width,
+//!   height, kind[, stream])` (kind and stream on the stack on x86_64)
+//! - `cuda_generic_enter`: one pointer/handle and one size argument (syncs,
+//!   allocations, frees, host registration)
+//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)`, entry only, counted here
+//! - `cuda_return`: the uretprobe of everything but launches.
+//!
+//! Entry keeps the arguments and the stacks in a per-thread slot; return
+//! aggregates count, bytes, time and errors per (pid, tid, api, kind, site) and
+//! sends one event per call to userspace (copies, syncs and memory calls
+//! only; they are far rarer than launches).
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::bpf_get_attach_cookie,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, RingBuf},
+    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+    EbpfContext,
+};
+use tracer_common::{
+    counters,
+    cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_HTOD, KIND_DEFAULT, KIND_NONE},
+};
+
+use crate::{count_drop, is_target};
+
+#[map]
+pub static CUDA_STATS: HashMap<CudaKey, CudaStats> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+pub static CUDA_LAUNCHES: HashMap<LaunchKey, u64> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
+
+/// 0: no per-call events (aggregates only; the detector then sees less).
+#[unsafe(no_mangle)]
+static CUDA_EVENTS_ENABLED: u32 = 1;
+/// Offset of the user stack pointer in `struct pt_regs` (x86_64 `sp`).
+#[unsafe(no_mangle)]
+static CUDA_REGS_SP_OFFSET: u64 = 152;
+/// Offset of the link register in `struct pt_regs`, or `u64::MAX` where the
+/// return address is on the stack at entry (x86_64).
+#[unsafe(no_mangle)]
+static CUDA_REGS_LR_OFFSET: u64 = u64::MAX;
+
+const BPF_F_USER_STACK: u64 = 1 << 8;
+
+#[inline(always)]
+fn global<T: Copy>(v: &T) -> T {
+    // SAFETY: globals live in .rodata, patched by the loader.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[inline(always)]
+fn read_user_u64(addr: u64) -> u64 {
+    unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn regs_u64<C: EbpfContext>(ctx: &C, offset: u64) -> u64 {
+    let p = ctx.as_ptr() as u64 + offset;
+    unsafe { bpf_probe_read_kernel(p as *const u64) }.unwrap_or(0)
+}
+
+/// The user stack pointer at entry.
+#[inline(always)]
+fn user_sp(ctx: &ProbeContext) -> u64 {
+    regs_u64(ctx, global(&CUDA_REGS_SP_OFFSET))
+}
+
+/// The return address of the probed call, read at its entry.
+#[inline(always)]
+fn return_address(ctx: &ProbeContext) -> u64 {
+    let lr = global(&CUDA_REGS_LR_OFFSET);
+    if lr == u64::MAX { read_user_u64(user_sp(ctx)) } else { regs_u64(ctx, lr) }
+}
+
+/// Argument `n` (0-based) of the probed function at its entry: registers
+/// first, then the stack (x86_64: 7th argument at sp + 8).
+#[inline(always)]
+fn arg_or_stack(ctx: &ProbeContext, n: usize, first_on_stack: usize) -> u64 {
+    match ctx.arg::<u64>(n) {
+        Some(v) => v,
+        None => read_user_u64(user_sp(ctx) + 8 * (n - first_on_stack + 1) as u64),
+    }
+}
+
+#[inline(always)]
+fn cookie(ctx: &ProbeContext) -> u32 {
+    (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) as u32
+}
+
+/// FNV-1a over the first `min(len, FINGERPRINT_BYTES)` bytes at `addr`.
+#[inline(always)]
+fn fingerprint(addr: u64, len: u64) -> u64 {
+    let mut words = [0u64; (FINGERPRINT_BYTES / 8) as usize];
+    let ok = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            words.as_mut_ptr().cast(),
+            FINGERPRINT_BYTES as u32,
+            addr as *const core::ffi::c_void,
+        )
+    };
+    if ok != 0 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ len;
+    let mut i = 0;
+    while i < words.len() {
+        let start = 8 * i as u64;
+        if start < len {
+            let mut w = words[i];
+            let left = len - start;
+            if left < 8 {
+                w &= (1u64 << (8 * left)) - 1;
+            }
+            h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        i += 1;
+    }
+    h | 1
+}
+
+/// Records the entry of an accounted call on this thread.
+#[inline(always)]
+fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64, stream: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return;
+    }
+    let tid = pid_tgid as u32;
+    if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
+        // SAFETY: map value owned by this thread.
+        unsafe {
+            if (*slot).active != 0 {
+                (*slot).depth += 1;
+                return;
+            }
+        }
+    }
+    let fp = if (kind == KIND_HTOD || kind == KIND_DEFAULT) && api::is_copy(api) { fingerprint(src, bytes) } else { 0 };
+    let rec = CudaInflight {
+        start_ns: 0,
+        api,
+        kind,
+        bytes,
+        dst,
+        src,
+        stream,
+        fingerprint: fp,
+        py_stack: crate::python::capture(tgid, tid),
+        caller: return_address(ctx),
+        user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
+        depth: 0,
+        active: 1,
+        _pad: 0,
+    };
+    if CUDA_INFLIGHT.insert(&tid, &rec, 0).is_err() {
+        count_drop(counters::CUDA_LOST);
+        return;
+    }
+    // Timed from here: the stack captures above are not the call's time.
+    if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
+        unsafe { (*slot).start_ns = bpf_ktime_get_ns() };
+    }
+}
+
+/// `cudaMemcpy(dst, src, count, kind)`, `cudaMemcpyAsync(dst, src, count, kind, stream)`.
+#[uprobe]
+pub fn cuda_copy_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let dst: u64 = ctx.arg(0).unwrap_or(0);
+    let src: u64 = ctx.arg(1).unwrap_or(0);
+    let count: u64 = ctx.arg(2).unwrap_or(0);
+    let kind = ctx.arg::<u64>(3).unwrap_or(0) as u32;
+    let stream: u64 = if api::is_async_copy(a) { ctx.arg(4).unwrap_or(0) } else { 0 };
+    begin(&ctx, a, kind, count, dst, src, stream);
+    0
+}
+
+/// `cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind)`, and the
+/// async form with a stream after `kind`.
+#[uprobe]
+pub fn cuda_copy2d_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let dst: u64 = ctx.arg(0).unwrap_or(0);
+    let src: u64 = ctx.arg(2).unwrap_or(0);
+    let width: u64 = ctx.arg(4).unwrap_or(0);
+    let height: u64 = ctx.arg(5).unwrap_or(0);
+    let kind = arg_or_stack(&ctx, 6, 6) as u32;
+    let stream = if api::is_async_copy(a) { arg_or_stack(&ctx, 7, 6) } else { 0 };
+    begin(&ctx, a, kind, width.wrapping_mul(height), dst, src, stream);
+    0
+}
+
+/// Syncs (`stream` / `event`), allocations (`void **out, size`), frees
+/// (`ptr`), `cudaHostRegister(ptr, size, flags)`.
+#[uprobe]
+pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let arg0: u64 = ctx.arg(0).unwrap_or(0);
+    let arg1: u64 = ctx.arg(1).unwrap_or(0);
+    if api::is_sync(a) {
+        let handle = if a == api::DEVICE_SYNC { 0 } else { arg0 };
+        begin(&ctx, a, KIND_NONE, 0, 0, 0, handle);
+    } else if a == api::FREE || a == api::FREE_HOST || a == api::HOST_UNREGISTER {
+        begin(&ctx, a, KIND_NONE, 0, arg0, 0, 0);
+    } else {
+        begin(&ctx, a, KIND_NONE, arg1, arg0, 0, 0);
+    }
+    0
+}
+
+/// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`: counted per
+/// (pid, func, site), entry only. The user stack is taken only when there
+/// is no Python stack.
+#[uprobe]
+pub fn cuda_launch(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let py_stack = crate::python::capture(tgid, pid_tgid as u32);
+    let user_stack = if py_stack == 0 {
+        ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
+    } else {
+        -1
+    };
+    let key = LaunchKey {
+        pid: tgid,
+        tid: pid_tgid as u32,
+        api: cookie(&ctx),
+        user_stack,
+        func: ctx.arg(0).unwrap_or(0),
+        py_stack,
+    };
+    // Per-thread keys: this thread is the only writer.
+    match CUDA_LAUNCHES.get_ptr_mut(&key) {
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            if CUDA_LAUNCHES.insert(&key, &1u64, 0).is_err() {
+                count_drop(counters::CUDA_LOST);
+            }
+        }
+    }
+    0
+}
+
+#[uretprobe]
+pub fn cuda_return(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let tid = pid_tgid as u32;
+    let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) else { return 0 };
+    // SAFETY: map value owned by this thread.
+    let call = unsafe {
+        if (*slot).active == 0 {
+            return 0;
+        }
+        if (*slot).depth != 0 {
+            (*slot).depth -= 1;
+            return 0;
+        }
+        (*slot).active = 0;
+        *slot
+    };
+    let rc = ctx.ret::<u64>() as i32;
+    let ns = now.saturating_sub(call.start_ns);
+    let key = CudaKey {
+        pid: tgid,
+        tid,
+        api: call.api,
+        kind: if api::is_copy(call.api) { call.kind } else { KIND_NONE },
+        user_stack: call.user_stack,
+        _pad: 0,
+        py_stack: call.py_stack,
+        caller: call.caller,
+    };
+    let bytes = if call.api == api::FREE || call.api == api::FREE_HOST || call.api == api::HOST_UNREGISTER
+        || api::is_sync(call.api)
+    {
+        0
+    } else {
+        call.bytes
+    };
+    account(&key, bytes, ns, rc != 0);
+    if global(&CUDA_EVENTS_ENABLED) == 0 {
+        return 0;
+    }
+    let dst = if api::returns_pointer(call.api) {
+        if rc == 0 { read_user_u64(call.dst) } else { 0 }
+    } else {
+        call.dst
+    };
+    let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
+        count_drop(counters::CUDA_LOST);
+        return 0;
+    };
+    entry.write(CudaEvent {
+        pid: tgid,
+        tid,
+        api: call.api,
+        kind: key.kind,
+        rc,
+        user_stack: call.user_stack,
+        start_ns: call.start_ns,
+        dur_ns: ns,
+        bytes: call.bytes,
+        dst,
+        src: call.src,
+        stream: call.stream,
+        fingerprint: call.fingerprint,
+        py_stack: call.py_stack,
+        caller: call.caller,
+    });
+    entry.submit(0);
+    0
+}
+
+#[inline(always)]
+fn account(key: &CudaKey, bytes: u64, ns: u64, error: bool) {
+    // Per-thread keys: this thread is the only writer.
+    match CUDA_STATS.get_ptr_mut(key) {
+        Some(p) => unsafe {
+            (*p).count += 1;
+            (*p).bytes += bytes;
+            (*p).total_ns += ns;
+            (*p).errors += error as u64;
+        },
+        None => {
+            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64 };
+            if CUDA_STATS.insert(key, &fresh, 0).is_err() {
+                count_drop(counters::CUDA_LOST);
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Finding the CUDA runtime in a target: `libcudart.so.*` (and renamed
+//! copies such as auditwheel's `libcudart-1a2b3c4d.so.12`) in
+//! `/proc/PID/maps`, or an executable that links cudart statically; opened
+//! through `/proc/PID/map_files` or the process's own root (containers),
+//! identified by (device, inode) so that one file mapped by many processes
+//! is probed once; symbol file offsets from `.dynsym` and `.symtab`.
+
+use std::{
+    collections::HashMap,
+    fs::{self, File},
+    io,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use object::{read::ReadCache, Object, ObjectSegment, ObjectSymbol};
+use tracer_common::cuda::api;
+
+use crate::symbolize::{open_in_root, resolve_in_root};
+
+/// One line of `/proc/PID/maps` (file-backed mappings only are kept).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsLine {
+    pub start: u64,
+    pub end: u64,
+    pub executable: bool,
+    pub offset: u64,
+    /// Device as written in maps (`fd:01`).
+    pub dev: String,
+    pub inode: u64,
+    /// The path as the process sees it, ` (deleted)` removed.
+    pub path: String,
+    pub deleted: bool,
+}
+
+impl MapsLine {
+    pub fn basename(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// Parses the file-backed lines of `/proc/PID/maps`.
+pub fn parse_maps(text: &str) -> Vec<MapsLine> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<MapsLine> {
+    let mut rest = line;
+    let mut field = || {
+        let s = rest.trim_start_matches(' ');
+        let end = s.find(' ').unwrap_or(s.len());
+        let (f, r) = s.split_at(end);
+        rest = r;
+        f
+    };
+    let range = field();
+    let perms = field();
+    let offset = field();
+    let dev = field();
+    let inode: u64 = field().parse().ok()?;
+    let path = rest.trim_start_matches(' ');
+    if inode == 0 || !path.starts_with('/') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let (path, deleted) = match path.strip_suffix(" (deleted)") {
+        Some(p) => (p, true),
+        None => (path, false),
+    };
+    Some(MapsLine {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: dev.to_owned(),
+        inode,
+        path: path.to_owned(),
+        deleted,
+    })
+}
+
+/// `libcudart.so`, `libcudart.so.12`, `libcudart.so.12.4.127`, and renamed
+/// copies `libcudart-<hash>.so[.N...]`; not `libcudart_static.a` and such.
+pub fn is_cudart_name(basename: &str) -> bool {
+    let Some(rest) = basename.strip_prefix("libcudart") else { return false };
+    let rest = match rest.strip_prefix('-') {
+        Some(r) => {
+            let hash_len = r.find('.').unwrap_or(r.len());
+            if hash_len == 0 || !r[..hash_len].bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return false;
+            }
+            &r[hash_len..]
+        }
+        None => rest,
+    };
+    match rest.strip_prefix(".so") {
+        Some("") => true,
+        Some(v) => v.starts_with('.') && v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+/// A mapped file that may hold the CUDA runtime: one per distinct file in
+/// a process.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// The mapping to open it through.
+    pub line: MapsLine,
+    /// The process's executable (checked for a static cudart) rather than a
+    /// `libcudart` by name.
+    pub is_exe: bool,
+}
+
+/// The files of `maps` worth examining: every `libcudart` by name, and the
+/// executable (`exe_path`, as the process sees it).
+pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    for m in maps {
+        let by_name = is_cudart_name(m.basename());
+        let is_exe = exe_path.is_some_and(|e| e == m.path);
+        if !by_name && !is_exe {
+            continue;
+        }
+        if out.iter().any(|c| c.line.dev == m.dev && c.line.inode == m.inode) {
+            continue;
+        }
+        out.push(Candidate { line: m.clone(), is_exe: is_exe && !by_name });
+    }
+    out
+}
+
+/// A candidate file, opened.
+#[derive(Debug)]
+pub struct OpenedLib {
+    pub file: File,
+    /// (st_dev, st_ino) of the opened file.
+    pub identity: (u64, u64),
+    /// A path this process can hand to the kernel for the uprobe; it names
+    /// the same inode.
+    pub attach_path: PathBuf,
+}
+
+/// Opens the file behind `line` of process `pid`: through
+/// `/proc/PID/map_files/` when possible (the mapped file itself, even
+/// deleted), else by its path inside `/proc/PID/root`. Both must name the
+/// mapped inode.
+pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<OpenedLib> {
+    let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end));
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let path = Path::new(&line.path);
+    // The uprobe is set by path: prefer a plain path inside the process's
+    // root (symlinks resolved inside it), else the map_files link.
+    let rooted = resolve_in_root(&root, path).ok().filter(|p| fs::metadata(p).is_ok_and(|m| m.ino() == line.inode));
+    let file = match File::open(&map_files) {
+        Ok(f) if f.metadata().is_ok_and(|m| m.ino() == line.inode) => f,
+        _ => {
+            let f = open_in_root(&root, path)?;
+            let ino = f.metadata()?.ino();
+            if ino != line.inode {
+                return Err(io::Error::other(format!(
+                    "{} changed since it was mapped (inode {ino} != {})",
+                    line.path, line.inode
+                )));
+            }
+            f
+        }
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other(format!("{} is not a regular file", line.path)));
+    }
+    let attach_path = rooted.unwrap_or(map_files);
+    Ok(OpenedLib { file, identity: (meta.dev(), meta.ino()), attach_path })
+}
+
+/// File offsets of the probed CUDA runtime functions defined in an ELF
+/// file, by api id (`.dynsym` first, then `.symtab`; version suffixes such
+/// as `@@libcudart.so.12` are not part of the names read).
+pub fn cuda_symbols(file: &File) -> Result<Vec<(u32, u64)>, String> {
+    let cache = ReadCache::new(file);
+    let obj = object::File::parse(&cache).map_err(|e| e.to_string())?;
+    let wanted: HashMap<&str, u32> = api::NAMES.iter().enumerate().map(|(i, n)| (*n, i as u32)).collect();
+    let mut found: HashMap<u32, u64> = HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        if sym.is_undefined() || sym.address() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        let name = name.split('@').next().unwrap_or(name);
+        if let Some(&id) = wanted.get(name) {
+            found.entry(id).or_insert(sym.address());
+        }
+    }
+    let segments: Vec<(u64, u64, u64)> = obj
+        .segments()
+        .map(|s| (s.address(), s.size(), s.file_range().0))
+        .collect();
+    let mut out: Vec<(u32, u64)> = found
+        .into_iter()
+        .filter_map(|(id, addr)| {
+            let &(vaddr, _, off) = segments.iter().find(|(a, size, _)| *a <= addr && addr < a + size)?;
+            Some((id, addr - vaddr + off))
+        })
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Whether the symbols found make a CUDA runtime (for executables, which
+/// are only probed when they link cudart statically).
+pub fn is_runtime(symbols: &[(u32, u64)]) -> bool {
+    let has = |id| symbols.iter().any(|(a, _)| *a == id);
+    has(api::MEMCPY_ASYNC) && has(api::LAUNCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cudart_names() {
+        for ok in [
+            "libcudart.so",
+            "libcudart.so.12",
+            "libcudart.so.12.4.127",
+            "libcudart-9335f6a2.so.12",
+            "libcudart-d0da41ae.so.11.0",
+        ] {
+            assert!(is_cudart_name(ok), "{ok}");
+        }
+        for bad in [
+            "libcudart_static.a",
+            "libcudart.a",
+            "libcudart.so.12.bak",
+            "libcudart.so.",
+            "libcudart-.so.12",
+            "libcudnn.so.9",
+            "libcudart.so12",
+            "libcuda.so.1",
+        ] {
+            assert!(!is_cudart_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn maps_lines() {
+        let text = "\
+7f00-7f10 r-xp 00001000 fd:01 42 /opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12
+7f10-7f20 rw-p 00000000 00:00 0
+7f20-7f30 r--p 00000000 fd:01 43 /tmp/x/libcudart-1a2b.so.12 (deleted)
+7ffd-7ffe r-xp 00000000 00:00 0 [vdso]
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].start, m[0].end, m[0].offset, m[0].inode), (0x7f00, 0x7f10, 0x1000, 42));
+        assert!(m[0].executable && !m[0].deleted);
+        assert_eq!(m[0].basename(), "libcudart.so.12");
+        assert!(m[1].deleted && m[1].path == "/tmp/x/libcudart-1a2b.so.12");
+        let c = candidates(&m, Some("/usr/bin/python3.11"));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn own_executable_has_no_cuda_runtime() {
+        let f = File::open("/proc/self/exe").unwrap();
+        let syms = cuda_symbols(&f).unwrap();
+        assert!(!is_runtime(&syms));
+    }
+}

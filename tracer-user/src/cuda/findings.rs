@@ -1,0 +1,430 @@
+//! The excessive-transfer detector: patterns of host/device copies and
+//! synchronizations that waste time in inference loops, per Python (or
+//! native) call site. Thresholds are in [`Thresholds`] and documented in
+//! docs/cuda.md. Every rule asks for a pattern repeated at one site, so a
+//! single copy, however large, never makes a finding.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tracer_common::cuda::{KIND_DTOH, KIND_HTOD};
+
+use super::{
+    replay::{AllocObs, CopyObs, SyncObs},
+    Finding, Site,
+};
+
+/// Detector thresholds (docs/cuda.md explains each).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Thresholds {
+    /// Repetitions at one site before any per-site rule fires.
+    pub min_repeats: u64,
+    /// `small_htod_copies`: at least this many H2D copies from a site...
+    pub small_copy_min_count: u64,
+    /// ...of at most this many bytes on average.
+    pub small_copy_max_bytes: u64,
+    /// `tiny_dtoh_sync`: D2H copies of at most this many bytes (each).
+    pub tiny_copy_max_bytes: u64,
+    /// `pageable_copy`: pageable bytes from a site before it matters.
+    pub pageable_min_bytes: u64,
+    /// `repeated_upload`: the same content must make at least this share of
+    /// the site's H2D copies.
+    pub repeated_min_share: f64,
+    /// `copy_time_share`: copies + syncs of repeated sites over wall time.
+    pub time_share: f64,
+    /// ...and at least this much time in total.
+    pub time_share_min_ns: u64,
+    /// `device_memory_leak`: unfreed allocations from one site...
+    pub leak_min_live: u64,
+    /// ...of which at least this share was made in the second half of the window.
+    pub leak_min_late_share: f64,
+    /// Severity from the share of wall time a finding costs: high from this...
+    pub high_share: f64,
+    /// ...medium from this.
+    pub medium_share: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            min_repeats: 16,
+            small_copy_min_count: 32,
+            small_copy_max_bytes: 256 * 1024,
+            tiny_copy_max_bytes: 1024,
+            pageable_min_bytes: 16 << 20,
+            repeated_min_share: 0.5,
+            time_share: 0.2,
+            time_share_min_ns: 10_000_000,
+            leak_min_live: 16,
+            leak_min_late_share: 0.25,
+            high_share: 0.10,
+            medium_share: 0.02,
+        }
+    }
+}
+
+/// Everything observed at one resolved site of one process.
+#[derive(Clone, Debug, Default)]
+pub struct SiteSummary {
+    pub pid: u32,
+    pub site: Site,
+    /// By direction (`cudaMemcpyKind`, inferred for Default when possible).
+    pub copies: BTreeMap<u32, CopyObs>,
+    pub syncs: SyncObs,
+    pub allocs: AllocObs,
+}
+
+impl SiteSummary {
+    fn repeated_time_ns(&self, t: &Thresholds) -> (u64, u64, u64) {
+        let mut ns = 0;
+        let mut calls = 0;
+        let mut bytes = 0;
+        for c in self.copies.values().filter(|c| c.count >= t.min_repeats) {
+            ns += c.ns;
+            calls += c.count;
+            bytes += c.bytes;
+        }
+        if self.syncs.count >= t.min_repeats {
+            ns += self.syncs.ns;
+            calls += self.syncs.count;
+        }
+        (ns, calls, bytes)
+    }
+}
+
+fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
+    let share = time_ns as f64 / window_ns.max(1) as f64;
+    if share >= t.high_share {
+        "high"
+    } else if share >= t.medium_share {
+        "medium"
+    } else {
+        "low"
+    }
+}
+
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+pub fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+const ADVICE_SMALL: &str = "Batch these inputs: collate them into one tensor on the CPU (torch.stack/torch.cat, or the DataLoader's collate_fn) and copy once per batch, or create them directly on the GPU (torch.tensor(..., device='cuda')). From pinned memory (pin_memory=True) with .to(device, non_blocking=True) the copy also overlaps compute.";
+const ADVICE_SYNC: &str = "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()) and do not synchronize after each copy: the stream already orders the copy before the kernels that use it. Synchronize (or wait on a torch.cuda.Event) only where the host needs the result.";
+const ADVICE_PAGEABLE: &str = "Use pinned host memory: DataLoader(pin_memory=True), tensor.pin_memory() once for buffers that are reused, or torch.empty(..., pin_memory=True); then .to(device, non_blocking=True). Pageable copies are staged by the driver and block the CPU even through cudaMemcpyAsync.";
+const ADVICE_TINY: &str = "Avoid .item()/.cpu()/float(t)/bool(t) on GPU tensors inside the loop: each one waits for the GPU to drain. Accumulate on the device (total += loss.detach()) and fetch once after the loop or every N steps; replace Python branches on GPU values with torch.where or masking.";
+const ADVICE_REPEATED: &str = "This data does not change between calls: move it to the GPU once, outside the loop (create it with device='cuda', register it as a module buffer, or cache the device tensor), and reuse the device copy.";
+const ADVICE_SHARE: &str = "Overlap transfers with compute and remove waits: pinned memory with non_blocking=True, prefetch the next batch on a side stream, keep tensors on the GPU between steps, and take .item()/.cpu()/torch.cuda.synchronize() out of the hot loop.";
+const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTorch drop the references that keep device tensors alive (e.g. a list of outputs or losses that also keeps the autograd graph: store loss.item() or .detach()). Watch torch.cuda.memory_allocated() over time to confirm.";
+
+/// Runs every rule. `window_ns`: the length of the tracing window.
+pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let tiny = |c: &CopyObs| c.max_bytes <= t.tiny_copy_max_bytes;
+    for s in sites {
+        let mut push = |kind: &str, count: u64, bytes: u64, time_ns: u64, message: String, advice: &str| {
+            out.push(Finding {
+                kind: kind.to_owned(),
+                severity: severity(time_ns, window_ns, t).to_owned(),
+                pid: s.pid,
+                site: s.site.clone(),
+                count,
+                bytes,
+                time_ns,
+                message,
+                advice: advice.to_owned(),
+            });
+        };
+        if let Some(c) = s.copies.get(&KIND_HTOD) {
+            let mut repeated = false;
+            if let Some(((_, size), n)) = c.top_content() {
+                if n >= t.min_repeats && n as f64 >= t.repeated_min_share * c.count as f64 {
+                    repeated = true;
+                    let time = c.ns * n / c.count.max(1);
+                    push(
+                        "repeated_upload",
+                        n,
+                        n * size,
+                        time,
+                        format!(
+                            "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here)",
+                            fmt_bytes(size),
+                            n,
+                            c.count
+                        ),
+                        ADVICE_REPEATED,
+                    );
+                }
+            }
+            let mean = c.bytes / c.count.max(1);
+            if !repeated && c.count >= t.small_copy_min_count && mean <= t.small_copy_max_bytes {
+                push(
+                    "small_htod_copies",
+                    c.count,
+                    c.bytes,
+                    c.ns,
+                    format!(
+                        "{} small host-to-device copies from this line, {} on average ({} in all)",
+                        c.count,
+                        fmt_bytes(mean),
+                        fmt_bytes(c.bytes)
+                    ),
+                    ADVICE_SMALL,
+                );
+            }
+        }
+        for (kind, c) in &s.copies {
+            let dir = match *kind {
+                KIND_HTOD => "host-to-device",
+                KIND_DTOH => "device-to-host",
+                _ => continue,
+            };
+            if *kind == KIND_DTOH && tiny(c) {
+                let waits = c.sync_pairs + c.sync_copies;
+                if waits >= t.min_repeats {
+                    push(
+                        "tiny_dtoh_sync",
+                        waits,
+                        c.bytes,
+                        c.ns + c.sync_pair_ns,
+                        format!(
+                            "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop",
+                            fmt_bytes(c.max_bytes)
+                        ),
+                        ADVICE_TINY,
+                    );
+                }
+            } else if c.sync_pairs >= t.min_repeats {
+                push(
+                    "sync_after_copy",
+                    c.sync_pairs,
+                    c.bytes * c.sync_pairs / c.count.max(1),
+                    c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
+                    format!(
+                        "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer",
+                        c.sync_pairs
+                    ),
+                    ADVICE_SYNC,
+                );
+            }
+            if c.pageable >= t.min_repeats && c.pageable_bytes >= t.pageable_min_bytes {
+                push(
+                    "pageable_copy",
+                    c.pageable,
+                    c.pageable_bytes,
+                    c.pageable_ns,
+                    format!(
+                        "{} {dir} copies ({}) from this line used pageable host memory{}",
+                        c.pageable,
+                        fmt_bytes(c.pageable_bytes),
+                        if c.pageable_ns > 0 && c.pageable_bytes > 0 {
+                            format!(", at {:.2} GB/s", c.pageable_bytes as f64 / c.pageable_ns as f64)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    ADVICE_PAGEABLE,
+                );
+            }
+        }
+        let a = &s.allocs;
+        if a.live >= t.leak_min_live && a.live_late as f64 >= t.leak_min_late_share * a.live as f64 {
+            out.push(Finding {
+                kind: "device_memory_leak".into(),
+                severity: (if a.live_bytes >= 1 << 30 {
+                    "high"
+                } else if a.live_bytes >= 64 << 20 {
+                    "medium"
+                } else {
+                    "low"
+                })
+                .into(),
+                pid: s.pid,
+                site: s.site.clone(),
+                count: a.live,
+                bytes: a.live_bytes,
+                time_ns: 0,
+                message: format!(
+                    "{} of {} device allocations ({}) from this line were never freed, and it was still allocating in the second half of the window",
+                    a.live,
+                    a.allocs,
+                    fmt_bytes(a.live_bytes)
+                ),
+                advice: ADVICE_LEAK.into(),
+            });
+        }
+    }
+    // Per process: the time of repeated copies and syncs against the window.
+    let mut pids: Vec<u32> = sites.iter().map(|s| s.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        let mut ns = 0;
+        let mut calls = 0;
+        let mut bytes = 0;
+        let mut top: Option<(&SiteSummary, u64)> = None;
+        for s in sites.iter().filter(|s| s.pid == pid) {
+            let (n, c, b) = s.repeated_time_ns(t);
+            ns += n;
+            calls += c;
+            bytes += b;
+            if n > 0 && top.is_none_or(|(_, best)| n > best) {
+                top = Some((s, n));
+            }
+        }
+        let share = ns as f64 / window_ns.max(1) as f64;
+        if let Some((s, top_ns)) = top {
+            if share >= t.time_share && ns >= t.time_share_min_ns {
+                out.push(Finding {
+                    kind: "copy_time_share".into(),
+                    severity: if share >= 0.5 { "high" } else { "medium" }.into(),
+                    pid,
+                    site: s.site.clone(),
+                    count: calls,
+                    bytes,
+                    time_ns: ns,
+                    message: format!(
+                        "host/device copies and synchronizations took {:.0}% of the wall time ({} of {}); this line alone {}",
+                        share * 100.0,
+                        fmt_ns(ns),
+                        fmt_ns(window_ns),
+                        fmt_ns(top_ns)
+                    ),
+                    advice: ADVICE_SHARE.into(),
+                });
+            }
+        }
+    }
+    let rank = |s: &str| match s {
+        "high" => 0,
+        "medium" => 1,
+        _ => 2,
+    };
+    out.sort_by(|a, b| {
+        rank(&a.severity)
+            .cmp(&rank(&b.severity))
+            .then(b.time_ns.cmp(&a.time_ns))
+            .then(b.count.cmp(&a.count))
+            .then(a.kind.cmp(&b.kind))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(line: u32) -> Site {
+        Site { function: "f".into(), file: Some("w.py".into()), line: Some(line) }
+    }
+
+    fn copies(kind: u32, c: CopyObs) -> BTreeMap<u32, CopyObs> {
+        [(kind, c)].into_iter().collect()
+    }
+
+    #[test]
+    fn single_large_copy_is_fine() {
+        let big = CopyObs {
+            count: 1,
+            bytes: 1 << 30,
+            ns: 900_000_000,
+            max_bytes: 1 << 30,
+            pageable: 1,
+            pageable_bytes: 1 << 30,
+            pageable_ns: 900_000_000,
+            sync_copies: 1,
+            ..Default::default()
+        };
+        let s = SiteSummary { pid: 1, site: site(3), copies: copies(KIND_HTOD, big), ..Default::default() };
+        assert!(detect(&[s], 1_000_000_000, &Thresholds::default()).is_empty());
+    }
+
+    #[test]
+    fn each_rule_fires() {
+        let t = Thresholds::default();
+        let small = CopyObs {
+            count: 100,
+            bytes: 100 * 4096,
+            ns: 1_000_000,
+            max_bytes: 4096,
+            async_count: 100,
+            pageable: 100,
+            pageable_bytes: 100 * 4096,
+            sync_pairs: 100,
+            sync_pair_ns: 50_000_000,
+            ..Default::default()
+        };
+        let item = CopyObs { count: 50, bytes: 200, max_bytes: 4, sync_pairs: 50, ..Default::default() };
+        let mut constant = CopyObs { count: 40, bytes: 40 * 65536, max_bytes: 65536, ..Default::default() };
+        constant.contents.insert((7, 65536), 40);
+        let pageable = CopyObs {
+            count: 20,
+            bytes: 20 << 23,
+            max_bytes: 1 << 23,
+            pageable: 20,
+            pageable_bytes: 20 << 23,
+            pageable_ns: 30_000_000,
+            sync_copies: 20,
+            ..Default::default()
+        };
+        let sites = vec![
+            SiteSummary { pid: 1, site: site(10), copies: copies(KIND_HTOD, small), ..Default::default() },
+            SiteSummary {
+                pid: 1,
+                site: site(11),
+                syncs: SyncObs { count: 100, ns: 50_000_000, after_copy: 100 },
+                ..Default::default()
+            },
+            SiteSummary { pid: 1, site: site(20), copies: copies(KIND_DTOH, item), ..Default::default() },
+            SiteSummary { pid: 1, site: site(30), copies: copies(KIND_HTOD, constant), ..Default::default() },
+            SiteSummary { pid: 1, site: site(40), copies: copies(KIND_HTOD, pageable), ..Default::default() },
+            SiteSummary {
+                pid: 1,
+                site: site(50),
+                allocs: AllocObs { allocs: 20, bytes: 20 << 20, live: 20, live_bytes: 20 << 20, live_late: 10, freed: 0 },
+                ..Default::default()
+            },
+        ];
+        let f = detect(&sites, 200_000_000, &t);
+        let got: Vec<(String, u32)> = f.iter().map(|f| (f.kind.clone(), f.site.line.unwrap())).collect();
+        for want in [
+            ("small_htod_copies", 10),
+            ("sync_after_copy", 10),
+            ("tiny_dtoh_sync", 20),
+            ("repeated_upload", 30),
+            ("pageable_copy", 40),
+            ("device_memory_leak", 50),
+            ("copy_time_share", 11),
+        ] {
+            assert!(got.contains(&(want.0.to_string(), want.1)), "{want:?} missing from {got:?}");
+        }
+        // repeated_upload replaces small_htod_copies at its site; pageable
+        // bytes below the threshold do not make a finding at line 10.
+        assert!(!got.contains(&("small_htod_copies".into(), 30)));
+        assert!(!got.contains(&("pageable_copy".into(), 10)));
+        assert_eq!(got.len(), 7, "{got:?}");
+        assert!(f.iter().all(|f| !f.advice.is_empty() && !f.message.is_empty()));
+    }
+}

@@ -1,0 +1,668 @@
+//! CUDA runtime tracing, collector side.
+//!
+//! [`CudaTracer::scan`] looks for libcudart in a target's mappings
+//! ([`discovery`]) and puts uprobes on every file once (shared by all the
+//! processes that map it; the kernel filters on the target set);
+//! [`CudaTracer::poll`] re-scans the targets it knows (PyTorch loads CUDA
+//! lazily, with dlopen) and replays the per-call events ([`replay`]);
+//! [`CudaTracer::finish`] reads the kernel's aggregates, resolves call
+//! sites to the leaf Python frame (else the first native frame outside
+//! libcudart) and runs the detector ([`findings`]).
+
+pub mod discovery;
+pub mod findings;
+pub mod render;
+pub mod replay;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::PathBuf,
+};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
+    },
+    Ebpf,
+};
+use serde::{Deserialize, Serialize};
+use tracer_common::cuda::{api, CudaEvent, CudaKey, CudaStats, LaunchKey, KIND_NONE};
+
+pub use findings::Thresholds;
+use findings::SiteSummary;
+use replay::{RawSite, Replay};
+
+use crate::{
+    probe::{self, ProbeError},
+    recording::{Frame, FrameKind},
+    stacks::StackResolver,
+    symbolize::{Symbolizer, UNKNOWN},
+};
+
+/// Where a call came from: the leaf Python frame, or the first native
+/// frame outside libcudart.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Site {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Site {
+    pub fn unknown() -> Self {
+        Site { function: UNKNOWN.to_owned(), file: None, line: None }
+    }
+
+    fn of_frame(f: &Frame) -> Self {
+        Site { function: f.function.clone(), file: f.file.clone(), line: f.line }
+    }
+
+    /// `function (file:line)`, or what of it is known.
+    pub fn display(&self) -> String {
+        match (&self.file, self.line) {
+            (Some(f), Some(l)) => format!("{} ({}:{})", self.function, f, l),
+            (Some(f), None) => format!("{} ({})", self.function, f),
+            _ => self.function.clone(),
+        }
+    }
+}
+
+/// One CUDA runtime API called from one site with one copy kind.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaCall {
+    pub pid: u32,
+    pub api: String,
+    /// `HtoD`, `DtoH`, `DtoD`, `HtoH`, `Default` (as passed) for copies, else null.
+    pub kind: Option<String>,
+    pub count: u64,
+    /// Copied (copies) or allocated/registered (memory calls) bytes.
+    pub bytes: u64,
+    pub total_ns: u64,
+    /// Calls that did not return `cudaSuccess`.
+    pub errors: u64,
+    pub site: Site,
+    /// Return code -> calls (from the per-call events; may miss some when
+    /// events were lost).
+    #[serde(default)]
+    pub return_codes: BTreeMap<i32, u64>,
+    /// Copies whose host side was in pinned memory / in pageable memory
+    /// (from the per-call events; H2D, D2H, H2H only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pageable: Option<u64>,
+}
+
+/// Launches of one kernel from one site.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaLaunch {
+    pub pid: u32,
+    /// The kernel's host stub, symbolized and demangled; else its address in hex.
+    pub kernel: String,
+    pub count: u64,
+    pub site: Site,
+    /// `cudaLaunchKernel` or `cudaLaunchKernel_ptsz`.
+    pub api: String,
+}
+
+/// A GPU utilization sample (NVML). Not collected yet: always empty.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    pub ts_ns: u64,
+    pub gpu: u32,
+    pub util_percent: f64,
+    pub mem_used_bytes: u64,
+}
+
+/// Something the detector flagged, with what to do about it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Finding {
+    /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
+    /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
+    /// `device_memory_leak`.
+    pub kind: String,
+    /// `high`, `medium` or `low`.
+    pub severity: String,
+    pub pid: u32,
+    pub site: Site,
+    /// Occurrences of the pattern (copies, copy+sync pairs, allocations).
+    pub count: u64,
+    pub bytes: u64,
+    /// Time the pattern cost (copies and the syncs that waited for them).
+    pub time_ns: u64,
+    pub message: String,
+    pub advice: String,
+}
+
+/// A libcudart (or an executable with cudart inside) that was probed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaLibrary {
+    /// The path as the first process seen mapping it named it.
+    pub path: String,
+    /// Functions probed in it.
+    pub functions: Vec<String>,
+    /// Targets seen mapping it.
+    pub pids: Vec<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct CudaReport {
+    pub calls: Vec<CudaCall>,
+    pub launches: Vec<CudaLaunch>,
+    pub gpu_samples: Vec<GpuSample>,
+    pub findings: Vec<Finding>,
+    #[serde(default)]
+    pub libraries: Vec<CudaLibrary>,
+    /// Length of the tracing window (for shares of wall time).
+    #[serde(default)]
+    pub window_ns: u64,
+    /// One-line notices (libraries probed later, probes that failed, NVML...).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+pub fn kind_name(kind: u32) -> Option<&'static str> {
+    match kind {
+        0 => Some("HtoH"),
+        1 => Some("HtoD"),
+        2 => Some("DtoH"),
+        3 => Some("DtoD"),
+        4 => Some("Default"),
+        KIND_NONE => None,
+        _ => Some("Invalid"),
+    }
+}
+
+pub fn api_name(api: u32) -> String {
+    api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
+}
+
+const PROGRAMS: [&str; 5] = ["cuda_copy_enter", "cuda_copy2d_enter", "cuda_generic_enter", "cuda_launch", "cuda_return"];
+
+fn entry_program(id: u32) -> &'static str {
+    match id {
+        api::MEMCPY | api::MEMCPY_PTDS | api::MEMCPY_ASYNC | api::MEMCPY_ASYNC_PTSZ => "cuda_copy_enter",
+        api::MEMCPY2D | api::MEMCPY2D_PTDS | api::MEMCPY2D_ASYNC | api::MEMCPY2D_ASYNC_PTSZ => "cuda_copy2d_enter",
+        api::LAUNCH | api::LAUNCH_PTSZ => "cuda_launch",
+        _ => "cuda_generic_enter",
+    }
+}
+
+struct Attached {
+    path: String,
+    functions: Vec<&'static str>,
+    pids: BTreeSet<u32>,
+}
+
+#[derive(Default)]
+struct ProcState {
+    /// Hash of the last maps text examined.
+    maps_hash: u64,
+    /// Maps at least one probed file.
+    uses_cuda: bool,
+    alive: bool,
+}
+
+pub struct CudaTracer {
+    thresholds: Thresholds,
+    /// None: not loaded yet; Some(false): loading failed (noted).
+    loaded: Option<bool>,
+    events: Option<RingBuf<MapData>>,
+    /// (st_dev, st_ino) -> what was attached there.
+    attached: HashMap<(u64, u64), Attached>,
+    /// (maps device, inode) -> identity of a probed file, or None (not a
+    /// CUDA runtime, or could not be opened).
+    examined: HashMap<(String, u64), Option<(u64, u64)>>,
+    procs: BTreeMap<u32, ProcState>,
+    replay: Replay,
+    symbolizer: Symbolizer,
+    kernel_names: HashMap<(u32, u64), String>,
+    notes: Vec<String>,
+    started_ns: u64,
+    polls: u64,
+}
+
+impl Default for CudaTracer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn hash_text(s: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+impl CudaTracer {
+    pub fn new() -> Self {
+        Self::with_thresholds(Thresholds::default())
+    }
+
+    pub fn with_thresholds(thresholds: Thresholds) -> Self {
+        CudaTracer {
+            thresholds,
+            loaded: None,
+            events: None,
+            attached: HashMap::new(),
+            examined: HashMap::new(),
+            procs: BTreeMap::new(),
+            replay: Replay::default(),
+            symbolizer: Symbolizer::new(),
+            kernel_names: HashMap::new(),
+            notes: Vec::new(),
+            started_ns: crate::clock::monotonic_ns(),
+            polls: 0,
+        }
+    }
+
+    /// Whether some CUDA runtime was probed.
+    pub fn active(&self) -> bool {
+        !self.attached.is_empty()
+    }
+
+    /// Scan a target's maps; attach probes to any libcudart not yet
+    /// attached. Returns notes (one-line messages). The target is re-scanned
+    /// by every [`poll`](Self::poll) until it exits.
+    pub fn scan(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<Vec<String>, ProbeError> {
+        let mut notes = Vec::new();
+        let st = self.procs.entry(pid).or_insert_with(|| ProcState { alive: true, ..Default::default() });
+        if !st.alive {
+            st.alive = true;
+            st.maps_hash = 0;
+        }
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            st.alive = false;
+            return Ok(notes);
+        };
+        let h = hash_text(&text);
+        if h == st.maps_hash {
+            return Ok(notes);
+        }
+        st.maps_hash = h;
+        let maps = discovery::parse_maps(&text);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
+        let mut uses = false;
+        for cand in discovery::candidates(&maps, exe.as_deref()) {
+            let key = (cand.line.dev.clone(), cand.line.inode);
+            let identity = match self.examined.get(&key) {
+                Some(known) => *known,
+                None => {
+                    let id = self.examine(ebpf, pid, &cand, &mut notes)?;
+                    self.examined.insert(key, id);
+                    id
+                }
+            };
+            if let Some(id) = identity {
+                if let Some(a) = self.attached.get_mut(&id) {
+                    a.pids.insert(pid);
+                    uses = true;
+                }
+            }
+        }
+        if uses {
+            // Kernel names and native sites are symbolized in this process.
+            self.symbolizer.observe_process(pid);
+            if let Some(st) = self.procs.get_mut(&pid) {
+                st.uses_cuda = true;
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Opens a candidate file and probes it when it holds a CUDA runtime;
+    /// returns its identity when probed (now or before).
+    fn examine(
+        &mut self,
+        ebpf: &mut Ebpf,
+        pid: u32,
+        cand: &discovery::Candidate,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<(u64, u64)>, ProbeError> {
+        let shown = &cand.line.path;
+        let opened = match discovery::open_mapped(pid, &cand.line) {
+            Ok(o) => o,
+            Err(e) => {
+                if !cand.is_exe {
+                    notes.push(format!("pid {pid}: cannot open {shown} to probe CUDA: {e}"));
+                }
+                return Ok(None);
+            }
+        };
+        if self.attached.contains_key(&opened.identity) {
+            return Ok(Some(opened.identity));
+        }
+        let symbols = match discovery::cuda_symbols(&opened.file) {
+            Ok(s) => s,
+            Err(e) => {
+                if !cand.is_exe {
+                    notes.push(format!("pid {pid}: {shown}: not a readable ELF file ({e}); CUDA not traced"));
+                }
+                return Ok(None);
+            }
+        };
+        if cand.is_exe && !discovery::is_runtime(&symbols) {
+            return Ok(None);
+        }
+        if symbols.is_empty() {
+            notes.push(format!("pid {pid}: {shown} exports none of the CUDA runtime functions traced"));
+            return Ok(None);
+        }
+        if !self.ensure_loaded(ebpf, notes)? {
+            return Ok(None);
+        }
+        let (functions, errors) = attach_file(ebpf, &opened.attach_path, &symbols)?;
+        for e in errors {
+            notes.push(format!("pid {pid}: {shown}: {e}"));
+        }
+        if functions.is_empty() {
+            return Ok(None);
+        }
+        notes.push(format!(
+            "pid {pid}: CUDA runtime {shown}{}: {} functions probed",
+            if cand.is_exe { " (linked statically)" } else { "" },
+            functions.len()
+        ));
+        self.attached.insert(
+            opened.identity,
+            Attached { path: shown.clone(), functions, pids: BTreeSet::from([pid]) },
+        );
+        Ok(Some(opened.identity))
+    }
+
+    fn ensure_loaded(&mut self, ebpf: &mut Ebpf, notes: &mut Vec<String>) -> Result<bool, ProbeError> {
+        if let Some(ok) = self.loaded {
+            return Ok(ok);
+        }
+        for name in PROGRAMS {
+            let prog: &mut UProbe = probe::program(ebpf, name)?;
+            if let Err(e) = prog.load() {
+                notes.push(format!("CUDA probes disabled: loading {name} failed: {}", ProbeError::load(name, e)));
+                self.loaded = Some(false);
+                return Ok(false);
+            }
+        }
+        if self.events.is_none() {
+            let map = ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
+            self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?);
+        }
+        self.loaded = Some(true);
+        Ok(true)
+    }
+
+    /// Drain events (if any) and re-scan the targets' maps for libraries
+    /// loaded since — called every ~250 ms.
+    pub fn poll(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        self.polls += 1;
+        let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
+        for pid in pids {
+            let mut notes = self.scan(ebpf, pid)?;
+            self.notes.append(&mut notes);
+        }
+        self.drain();
+        if self.polls % 4 == 0 {
+            self.name_kernels(ebpf)?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) {
+        let Some(rb) = self.events.as_mut() else { return };
+        while let Some(item) = rb.next() {
+            if item.len() < std::mem::size_of::<CudaEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
+            let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            self.replay.apply(&ev);
+        }
+    }
+
+    /// Names the launched kernels of live processes not named yet.
+    fn name_kernels(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        let mut wanted: Vec<(u32, u64)> = map
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| (k.pid, k.func))
+            .filter(|k| !self.kernel_names.contains_key(k))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        for (pid, func) in wanted {
+            let name = self.symbolize_function(pid, func);
+            self.kernel_names.insert((pid, func), name);
+        }
+        Ok(())
+    }
+
+    fn symbolize_function(&mut self, pid: u32, addr: u64) -> String {
+        let frames = self.symbolizer.user_frames(pid, &[addr]);
+        match frames.last() {
+            Some(f) if f.function != UNKNOWN => f.function.clone(),
+            _ => format!("{addr:#x}"),
+        }
+    }
+
+    /// At the end: read the kernel aggregates, resolve sites through
+    /// `resolver`, run the detector. `window_ns`: the window's length.
+    pub fn finish(
+        mut self,
+        ebpf: &mut Ebpf,
+        resolver: &mut StackResolver<'_>,
+        window_ns: u64,
+    ) -> Result<CudaReport, ProbeError> {
+        self.drain();
+        let mut report = CudaReport { window_ns, ..Default::default() };
+        if self.attached.is_empty() {
+            return Ok(report);
+        }
+        self.name_kernels(ebpf)?;
+        self.replay.close(self.started_ns + window_ns / 2);
+        let stats: Vec<(CudaKey, CudaStats)> = {
+            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+            map.iter().filter_map(Result::ok).collect()
+        };
+        let launches: Vec<(LaunchKey, u64)> = {
+            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+            map.iter().filter_map(Result::ok).collect()
+        };
+        let mut sites = SiteCache { sites: HashMap::new() };
+
+        // Calls, by (pid, api, kind, site).
+        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = BTreeMap::new();
+        let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
+        for (k, v) in &stats {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
+            let site = sites.resolve(raw, resolver, &mut self.symbolizer);
+            let key = (k.pid, k.api, k.kind, site.clone());
+            let c = calls.entry(key.clone()).or_insert_with(|| CudaCall {
+                pid: k.pid,
+                api: api_name(k.api),
+                kind: kind_name(k.kind).map(str::to_owned),
+                count: 0,
+                bytes: 0,
+                total_ns: 0,
+                errors: 0,
+                site,
+                return_codes: BTreeMap::new(),
+                pinned: None,
+                pageable: None,
+            });
+            c.count += v.count;
+            c.bytes += v.bytes;
+            c.total_ns += v.total_ns;
+            c.errors += v.errors;
+            raw_of_call.entry(key).or_default().insert(raw);
+        }
+        for (key, raws) in &raw_of_call {
+            let c = calls.get_mut(key).expect("call key");
+            for raw in raws {
+                if let Some(codes) = self.replay.return_codes.get(&(*raw, key.1, key.2)) {
+                    for (rc, n) in codes {
+                        *c.return_codes.entry(*rc).or_default() += n;
+                    }
+                }
+                if let Some((p, q)) = self.replay.host_memory.get(&(*raw, key.1, key.2)) {
+                    *c.pinned.get_or_insert(0) += p;
+                    *c.pageable.get_or_insert(0) += q;
+                }
+            }
+        }
+        report.calls = calls.into_values().collect();
+        report.calls.sort_by(|a, b| {
+            b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
+        });
+
+        // Launches, by (pid, kernel, site, api).
+        let mut by_kernel: BTreeMap<(u32, String, Site, u32), u64> = BTreeMap::new();
+        for (k, n) in &launches {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
+            let site = sites.resolve(raw, resolver, &mut self.symbolizer);
+            let name = match self.kernel_names.get(&(k.pid, k.func)) {
+                Some(n) => n.clone(),
+                None => self.symbolize_function(k.pid, k.func),
+            };
+            *by_kernel.entry((k.pid, name, site, k.api)).or_default() += n;
+        }
+        report.launches = by_kernel
+            .into_iter()
+            .map(|((pid, kernel, site, a), count)| CudaLaunch { pid, kernel, count, site, api: api_name(a) })
+            .collect();
+        report.launches.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
+
+        // The detector, per resolved site.
+        let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        let replay = std::mem::take(&mut self.replay);
+        let mut summary = |raw: RawSite, sites: &mut SiteCache, sym: &mut Symbolizer| {
+            let site = sites.resolve(raw, resolver, sym);
+            (raw.pid, site)
+        };
+        for ((raw, kind), obs) in &replay.copies {
+            let key = summary(*raw, &mut sites, &mut self.symbolizer);
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.copies.entry(*kind).or_default().merge(obs);
+        }
+        for ((raw, _), obs) in &replay.syncs {
+            let key = summary(*raw, &mut sites, &mut self.symbolizer);
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.syncs.merge(obs);
+        }
+        for (raw, obs) in &replay.allocs {
+            let key = summary(*raw, &mut sites, &mut self.symbolizer);
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.allocs.merge(obs);
+        }
+        let summaries: Vec<SiteSummary> = summaries.into_values().collect();
+        report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+
+        let mut libs: Vec<&Attached> = self.attached.values().collect();
+        libs.sort_by(|a, b| a.path.cmp(&b.path));
+        report.libraries = libs
+            .into_iter()
+            .map(|a| CudaLibrary {
+                path: a.path.clone(),
+                functions: a.functions.iter().map(|f| (*f).to_owned()).collect(),
+                pids: a.pids.iter().copied().collect(),
+            })
+            .collect();
+        report.notes = std::mem::take(&mut self.notes);
+        if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
+            report.notes.push("no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown".into());
+        }
+        report.notes.push(nvml_note());
+        Ok(report)
+    }
+}
+
+fn nvml_note() -> String {
+    // SAFETY: dlopen/dlclose with a valid C string; RTLD_NOLOAD never runs
+    // the library's constructors.
+    let name = c"libnvidia-ml.so.1";
+    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if !h.is_null() {
+        unsafe { libc::dlclose(h) };
+    }
+    let present = !h.is_null()
+        || ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu"]
+            .iter()
+            .any(|d| PathBuf::from(d).join("libnvidia-ml.so.1").exists());
+    if present {
+        "NVML present, but GPU utilization sampling is not implemented yet: no gpu_samples".into()
+    } else {
+        "NVML not available (libnvidia-ml.so.1 not found): no GPU utilization samples".into()
+    }
+}
+
+/// Attaches the entry (and, but for launches, return) probe to every
+/// function found. Returns the functions probed and the failures.
+fn attach_file(
+    ebpf: &mut Ebpf,
+    path: &std::path::Path,
+    symbols: &[(u32, u64)],
+) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    for &(id, offset) in symbols {
+        let name = api::NAMES[id as usize];
+        let mut progs = vec![entry_program(id)];
+        if !api::is_launch(id) {
+            progs.push("cuda_return");
+        }
+        let mut ok = true;
+        for prog_name in progs {
+            let prog: &mut UProbe = probe::program(ebpf, prog_name)?;
+            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(id as u64) };
+            if let Err(e) = prog.attach(point, path, UProbeScope::AllProcesses) {
+                errors.push(format!("probing {name} failed: {e}"));
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            done.push(name);
+        }
+    }
+    Ok((done, errors))
+}
+
+fn is_cudart_module(f: &Frame) -> bool {
+    f.module.as_deref().is_some_and(discovery::is_cudart_name)
+}
+
+struct SiteCache {
+    sites: HashMap<RawSite, Site>,
+}
+
+impl SiteCache {
+    fn resolve(&mut self, raw: RawSite, resolver: &mut StackResolver<'_>, sym: &mut Symbolizer) -> Site {
+        if let Some(s) = self.sites.get(&raw) {
+            return s.clone();
+        }
+        let frames = resolver.frames(raw.pid, raw.user_stack, -1, raw.py_stack);
+        let site = match frames.iter().find(|f| f.kind == FrameKind::Python) {
+            Some(f) => Site::of_frame(f),
+            None => {
+                // The caller's return address, looked up inside the call instruction.
+                let caller = if raw.caller > 1 { sym.user_frames(raw.pid, &[raw.caller - 1]) } else { Vec::new() };
+                let usable = |f: &&Frame| f.kind == FrameKind::Native && f.function != UNKNOWN && !is_cudart_module(f);
+                match caller.iter().find(usable).or_else(|| frames.iter().find(usable)) {
+                    Some(f) => Site::of_frame(f),
+                    None => Site::unknown(),
+                }
+            }
+        };
+        self.sites.insert(raw, site.clone());
+        site
+    }
+}

@@ -1,0 +1,379 @@
+//! Replays the per-call events of the kernel (`CudaEvent`, in call order per
+//! thread) into what the detector needs and the aggregates cannot give:
+//! whether a copy's host side was pinned (ranges from `cudaHostAlloc`,
+//! `cudaMallocHost`, `cudaHostRegister`), which copies were followed by a
+//! sync on the same thread and stream, copy sizes and contents per site,
+//! device allocations never freed, and the return codes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tracer_common::cuda::{api, CudaEvent, KIND_DEFAULT, KIND_DTOD, KIND_DTOH, KIND_HTOD, KIND_HTOH};
+
+/// Where a call came from, as the kernel keys it (without the thread).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RawSite {
+    pub pid: u32,
+    pub user_stack: i32,
+    pub py_stack: u64,
+    pub caller: u64,
+}
+
+impl RawSite {
+    pub fn of(e: &CudaEvent) -> Self {
+        RawSite { pid: e.pid, user_stack: e.user_stack, py_stack: e.py_stack, caller: e.caller }
+    }
+}
+
+/// Distinct values tracked per site before the rest is lumped together.
+const MAX_DISTINCT: usize = 64;
+
+/// Copies from one site in one direction (the direction inferred for
+/// `cudaMemcpyDefault` where the pointers are known).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyObs {
+    pub count: u64,
+    pub bytes: u64,
+    pub ns: u64,
+    pub errors: u64,
+    pub max_bytes: u64,
+    /// Copies through a stream-taking API.
+    pub async_count: u64,
+    /// Host side inside a pinned range / not inside one (H2D, D2H, H2H).
+    pub pinned: u64,
+    pub pageable: u64,
+    pub pageable_bytes: u64,
+    pub pageable_ns: u64,
+    /// Async copies followed, as the thread's next CUDA call, by a sync of
+    /// their stream (or of the device), and the time of those syncs.
+    pub sync_pairs: u64,
+    pub sync_pair_ns: u64,
+    /// Synchronous copies (`cudaMemcpy`, `cudaMemcpy2D`): each waits for
+    /// the copy to finish.
+    pub sync_copies: u64,
+    /// (content fingerprint, size) -> copies; H2D only.
+    pub contents: HashMap<(u64, u64), u64>,
+    pub sizes: HashMap<u64, u64>,
+}
+
+impl CopyObs {
+    pub fn merge(&mut self, o: &CopyObs) {
+        self.count += o.count;
+        self.bytes += o.bytes;
+        self.ns += o.ns;
+        self.errors += o.errors;
+        self.max_bytes = self.max_bytes.max(o.max_bytes);
+        self.async_count += o.async_count;
+        self.pinned += o.pinned;
+        self.pageable += o.pageable;
+        self.pageable_bytes += o.pageable_bytes;
+        self.pageable_ns += o.pageable_ns;
+        self.sync_pairs += o.sync_pairs;
+        self.sync_pair_ns += o.sync_pair_ns;
+        self.sync_copies += o.sync_copies;
+        for (k, v) in &o.contents {
+            bump(&mut self.contents, *k, *v);
+        }
+        for (k, v) in &o.sizes {
+            bump(&mut self.sizes, *k, *v);
+        }
+    }
+
+    /// The most frequent (fingerprint, size) and how often it was copied.
+    pub fn top_content(&self) -> Option<((u64, u64), u64)> {
+        self.contents.iter().map(|(k, v)| (*k, *v)).max_by_key(|(k, v)| (*v, std::cmp::Reverse(*k)))
+    }
+}
+
+fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, u64>, k: K, n: u64) {
+    if let Some(v) = m.get_mut(&k) {
+        *v += n;
+    } else if m.len() < MAX_DISTINCT {
+        m.insert(k, n);
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncObs {
+    pub count: u64,
+    pub ns: u64,
+    /// Syncs that directly followed an async copy on their stream.
+    pub after_copy: u64,
+}
+
+impl SyncObs {
+    pub fn merge(&mut self, o: &SyncObs) {
+        self.count += o.count;
+        self.ns += o.ns;
+        self.after_copy += o.after_copy;
+    }
+}
+
+/// Device allocations (`cudaMalloc`) from one site.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocObs {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub freed: u64,
+    /// Still allocated at the end of the window.
+    pub live: u64,
+    pub live_bytes: u64,
+    /// Of `live`, how many were allocated in the second half of the window.
+    pub live_late: u64,
+}
+
+impl AllocObs {
+    pub fn merge(&mut self, o: &AllocObs) {
+        self.allocs += o.allocs;
+        self.bytes += o.bytes;
+        self.freed += o.freed;
+        self.live += o.live;
+        self.live_bytes += o.live_bytes;
+        self.live_late += o.live_late;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LiveAlloc {
+    size: u64,
+    site: RawSite,
+    at_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LastCopy {
+    key: (RawSite, u32),
+    stream: u64,
+}
+
+/// What the events said, by raw site.
+#[derive(Debug, Default)]
+pub struct Replay {
+    pub copies: HashMap<(RawSite, u32), CopyObs>,
+    pub syncs: HashMap<(RawSite, u32), SyncObs>,
+    pub allocs: HashMap<RawSite, AllocObs>,
+    /// (site, api, kind as passed) -> return code -> calls.
+    pub return_codes: HashMap<(RawSite, u32, u32), BTreeMap<i32, u64>>,
+    /// Copies per (site, api, kind as passed) whose host side was pinned / pageable.
+    pub host_memory: HashMap<(RawSite, u32, u32), (u64, u64)>,
+    pub events: u64,
+    /// pid -> start -> end of pinned host ranges.
+    pinned: HashMap<u32, BTreeMap<u64, u64>>,
+    /// pid -> device pointer -> allocation.
+    device: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
+    last_copy: HashMap<u32, LastCopy>,
+}
+
+fn in_ranges<V>(m: Option<&BTreeMap<u64, V>>, addr: u64, end_of: impl Fn(u64, &V) -> u64) -> bool {
+    let Some(m) = m else { return false };
+    match m.range(..=addr).next_back() {
+        Some((start, v)) => addr < end_of(*start, v),
+        None => false,
+    }
+}
+
+impl Replay {
+    fn is_pinned(&self, pid: u32, addr: u64) -> bool {
+        addr != 0 && in_ranges(self.pinned.get(&pid), addr, |_, end| *end)
+    }
+
+    fn is_device(&self, pid: u32, addr: u64) -> bool {
+        addr != 0 && in_ranges(self.device.get(&pid), addr, |start, a| start + a.size.max(1))
+    }
+
+    /// The direction of a copy: as passed, or for `cudaMemcpyDefault`
+    /// inferred from the device allocations seen (Default when unknown).
+    pub fn effective_kind(&self, pid: u32, kind: u32, dst: u64, src: u64) -> u32 {
+        if kind != KIND_DEFAULT {
+            return kind;
+        }
+        match (self.is_device(pid, src), self.is_device(pid, dst)) {
+            (true, true) => KIND_DTOD,
+            (false, true) => KIND_HTOD,
+            (true, false) => KIND_DTOH,
+            (false, false) => KIND_DEFAULT,
+        }
+    }
+
+    pub fn apply(&mut self, e: &CudaEvent) {
+        self.events += 1;
+        let site = RawSite::of(e);
+        *self.return_codes.entry((site, e.api, e.kind)).or_default().entry(e.rc).or_default() += 1;
+        if api::is_copy(e.api) {
+            self.copy(site, e);
+        } else if api::is_sync(e.api) {
+            self.sync(site, e);
+        } else {
+            self.memory(site, e);
+        }
+    }
+
+    fn copy(&mut self, site: RawSite, e: &CudaEvent) {
+        let kind = self.effective_kind(e.pid, e.kind, e.dst, e.src);
+        let host = match kind {
+            KIND_HTOD | KIND_HTOH => Some(e.src),
+            KIND_DTOH => Some(e.dst),
+            _ => None,
+        };
+        let pinned = host.map(|h| self.is_pinned(e.pid, h));
+        if let Some(p) = pinned {
+            let hm = self.host_memory.entry((site, e.api, e.kind)).or_default();
+            if p {
+                hm.0 += 1;
+            } else {
+                hm.1 += 1;
+            }
+        }
+        let o = self.copies.entry((site, kind)).or_default();
+        o.count += 1;
+        o.bytes += e.bytes;
+        o.ns += e.dur_ns;
+        o.errors += (e.rc != 0) as u64;
+        o.max_bytes = o.max_bytes.max(e.bytes);
+        match pinned {
+            Some(true) => o.pinned += 1,
+            Some(false) => {
+                o.pageable += 1;
+                o.pageable_bytes += e.bytes;
+                o.pageable_ns += e.dur_ns;
+            }
+            None => {}
+        }
+        bump(&mut o.sizes, e.bytes, 1);
+        if kind == KIND_HTOD && e.fingerprint != 0 {
+            bump(&mut o.contents, (e.fingerprint, e.bytes), 1);
+        }
+        if api::is_async_copy(e.api) {
+            o.async_count += 1;
+            self.last_copy.insert(e.tid, LastCopy { key: (site, kind), stream: e.stream });
+        } else {
+            o.sync_copies += 1;
+            self.last_copy.remove(&e.tid);
+        }
+    }
+
+    fn sync(&mut self, site: RawSite, e: &CudaEvent) {
+        let s = self.syncs.entry((site, e.api)).or_default();
+        s.count += 1;
+        s.ns += e.dur_ns;
+        let Some(last) = self.last_copy.remove(&e.tid) else { return };
+        let covers = match e.api {
+            api::DEVICE_SYNC => true,
+            api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => e.stream == last.stream,
+            _ => false,
+        };
+        if covers {
+            s.after_copy += 1;
+            if let Some(o) = self.copies.get_mut(&last.key) {
+                o.sync_pairs += 1;
+                o.sync_pair_ns += e.dur_ns;
+            }
+        }
+    }
+
+    fn memory(&mut self, site: RawSite, e: &CudaEvent) {
+        match e.api {
+            api::MALLOC => {
+                let a = self.allocs.entry(site).or_default();
+                a.allocs += 1;
+                if e.rc == 0 && e.dst != 0 {
+                    a.bytes += e.bytes;
+                    self.device
+                        .entry(e.pid)
+                        .or_default()
+                        .insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
+                }
+            }
+            api::FREE => {
+                if e.rc == 0 {
+                    if let Some(a) = self.device.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
+                        self.allocs.entry(a.site).or_default().freed += 1;
+                    }
+                }
+            }
+            api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER => {
+                if e.rc == 0 && e.dst != 0 && e.bytes != 0 {
+                    self.pinned.entry(e.pid).or_default().insert(e.dst, e.dst.saturating_add(e.bytes));
+                }
+            }
+            api::FREE_HOST | api::HOST_UNREGISTER => {
+                if e.rc == 0 {
+                    if let Some(m) = self.pinned.get_mut(&e.pid) {
+                        m.remove(&e.dst);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the allocations still live to their sites' `AllocObs`
+    /// (`mid_ns`: the middle of the window). Call once, at the end.
+    pub fn close(&mut self, mid_ns: u64) {
+        for m in self.device.values() {
+            for a in m.values() {
+                let o = self.allocs.entry(a.site).or_default();
+                o.live += 1;
+                o.live_bytes += a.size;
+                o.live_late += (a.at_ns >= mid_ns) as u64;
+            }
+        }
+        self.device.clear();
+    }
+
+    /// A process is gone: its thread states and ranges are dropped, its
+    /// live allocations stay (they count as never freed).
+    pub fn forget_threads(&mut self, tids: &[u32]) {
+        for t in tids {
+            self.last_copy.remove(t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::cuda::KIND_NONE;
+
+    fn ev(api: u32, kind: u32, bytes: u64, dst: u64, src: u64, stream: u64, py: u64) -> CudaEvent {
+        CudaEvent { pid: 1, tid: 1, api, kind, bytes, dst, src, stream, py_stack: py, dur_ns: 10, ..Default::default() }
+    }
+
+    #[test]
+    fn pinned_ranges_and_pairs() {
+        let mut r = Replay::default();
+        r.apply(&ev(api::HOST_ALLOC, KIND_NONE, 4096, 0x1000, 0, 0, 9));
+        // Pinned source, then a sync on the same stream.
+        r.apply(&ev(api::MEMCPY_ASYNC, KIND_HTOD, 100, 0xd000, 0x1800, 7, 1));
+        r.apply(&ev(api::STREAM_SYNC, KIND_NONE, 0, 0, 0, 7, 2));
+        // Pageable source (just past the range), sync on another stream.
+        r.apply(&ev(api::MEMCPY_ASYNC, KIND_HTOD, 100, 0xd000, 0x2000, 7, 1));
+        r.apply(&ev(api::STREAM_SYNC, KIND_NONE, 0, 0, 0, 8, 2));
+        let site = RawSite { pid: 1, py_stack: 1, ..Default::default() };
+        let o = &r.copies[&(site, KIND_HTOD)];
+        assert_eq!((o.count, o.pinned, o.pageable, o.sync_pairs), (2, 1, 1, 1));
+        let s = &r.syncs[&(RawSite { pid: 1, py_stack: 2, ..Default::default() }, api::STREAM_SYNC)];
+        assert_eq!((s.count, s.after_copy), (2, 1));
+        // Freed: no longer pinned.
+        r.apply(&ev(api::FREE_HOST, KIND_NONE, 0, 0x1000, 0, 0, 9));
+        r.apply(&ev(api::MEMCPY, KIND_HTOD, 100, 0xd000, 0x1800, 0, 1));
+        assert_eq!(r.copies[&(site, KIND_HTOD)].pageable, 2);
+        assert_eq!(r.host_memory[&(site, api::MEMCPY_ASYNC, KIND_HTOD)], (1, 1));
+    }
+
+    #[test]
+    fn default_kind_and_leaks() {
+        let mut r = Replay::default();
+        let mut m = ev(api::MALLOC, KIND_NONE, 1 << 20, 0x7000_0000, 0, 0, 5);
+        r.apply(&m);
+        m.dst = 0x7100_0000;
+        m.start_ns = 100;
+        r.apply(&m);
+        assert_eq!(r.effective_kind(1, KIND_DEFAULT, 0x7000_0010, 0x5000), KIND_HTOD);
+        assert_eq!(r.effective_kind(1, KIND_DEFAULT, 0x5000, 0x7100_0000), KIND_DTOH);
+        assert_eq!(r.effective_kind(1, KIND_DEFAULT, 0x5000, 0x6000), KIND_DEFAULT);
+        r.apply(&ev(api::FREE, KIND_NONE, 0, 0x7000_0000, 0, 0, 6));
+        r.close(50);
+        let a = &r.allocs[&RawSite { pid: 1, py_stack: 5, ..Default::default() }];
+        assert_eq!((a.allocs, a.freed, a.live, a.live_bytes, a.live_late), (2, 1, 1, 1 << 20, 1));
+    }
+}
