@@ -50,16 +50,6 @@ pub mod counters {
     ];
 }
 
-/// Per-CPU cache of the last "is this tgid a target?" verdict.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TargetCache {
-    pub tgid: u32,
-    pub verdict: u32,
-    /// `TARGETS_GEN` when the verdict was taken.
-    pub gen: u64,
-}
-
 /// Flags stored as the value of the `TARGETS` map.
 pub mod target_flags {
     /// The process was named with `-p` (running before the window opened).

@@ -13,7 +13,6 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
-use tracer_common::TargetCache;
 
 /// Processes (tgid) being traced, with `tracer_common::target_flags`.
 /// Userspace inserts the explicit targets; `process` adds forked children.
@@ -42,30 +41,28 @@ pub static TARGETS_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
 /// The last target verdict per CPU. A syscall-heavy thread asks about the
 /// same tgid over and over: this turns a hash lookup per syscall into an
-/// inlined array read.
+/// inlined array read. One u64 (`tgid << 32 | gen << 1 | verdict`), read and
+/// written with single 8-byte accesses: the syscall tracepoints are
+/// preemptible here, and a multi-field entry could be torn.
 #[map]
-static TARGET_CACHE: PerCpuArray<TargetCache> = PerCpuArray::with_max_entries(1, 0);
+static TARGET_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    let gen = TARGETS_GEN.get(0).copied().unwrap_or(0);
+    let gen = TARGETS_GEN.get(0).copied().unwrap_or(0) & 0x7fff_ffff;
+    let tag = ((tgid as u64) << 32) | (gen << 1);
     let cache = TARGET_CACHE.get_ptr_mut(0);
     if let Some(c) = cache {
-        // SAFETY: per-CPU slot; programs do not migrate while running.
-        unsafe {
-            if (*c).tgid == tgid && (*c).gen == gen {
-                return (*c).verdict != 0;
-            }
+        // SAFETY: per-CPU slot, accessed as one aligned u64.
+        let entry = unsafe { core::ptr::read_volatile(c) };
+        if entry & !1 == tag {
+            return entry & 1 != 0;
         }
     }
     // SAFETY: the value is only tested for presence.
     let verdict = unsafe { TARGETS.get(&tgid).is_some() };
     if let Some(c) = cache {
-        unsafe {
-            (*c).tgid = tgid;
-            (*c).verdict = verdict as u32;
-            (*c).gen = gen;
-        }
+        unsafe { core::ptr::write_volatile(c, tag | verdict as u64) };
     }
     verdict
 }

@@ -28,9 +28,16 @@ pub static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(8192, 0)
 #[map]
 pub static GIL_RANGE: HashMap<u32, GilRange> = HashMap::with_max_entries(4096, 0);
 
-/// Scratch for building a stack (too big for the BPF stack).
+/// Scratch for building a stack (too big for the BPF stack), one per
+/// calling context: a CPU sample can interrupt a (preemptible) sys_exit
+/// program on the same CPU, so they must not share a buffer.
 #[map]
-static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
+static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(4, 0);
+
+pub const SCRATCH_SCHED: u32 = 0;
+pub const SCRATCH_SAMPLE: u32 = 1;
+pub const SCRATCH_SYSCALL: u32 = 2;
+pub const SCRATCH_UPROBE: u32 = 3;
 
 /// Whether `addr` lies in the GIL state of process `pid`.
 #[inline(always)]
@@ -64,11 +71,11 @@ fn read_u64(addr: u64) -> u64 {
 /// field (userspace takes the low 32 bits for <= 3.10's int `f_lasti`) and
 /// the owner byte (userspace drops C-stack shim frames, owner >= 3).
 #[inline(never)]
-pub fn capture(pid: u32, tid: u32) -> u64 {
+pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
     let Some(layout) = (unsafe { PY_LAYOUT.get(&pid) }) else { return 0 };
     let layout = *layout;
     let Some(tstate) = (unsafe { PY_TSTATE.get(&tid) }).copied() else { return 0 };
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(scratch_slot) else { return 0 };
     let scratch = unsafe { &mut *scratch };
     let mut frame = read_u64(tstate + layout.tstate_frame as u64);
     if layout.cframe_current_frame != ABSENT && frame != 0 {

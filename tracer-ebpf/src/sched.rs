@@ -36,9 +36,6 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 #[map]
 pub static REASON_OF_NR: Array<u32> = Array::with_max_entries(REASON_TABLE_SIZE, 0);
 
-/// 0 turns the scheduler accounting off (the syscall spill still runs).
-#[unsafe(no_mangle)]
-static SCHED_ENABLED: u32 = 1;
 /// Capture stacks at switch-out (off-CPU stacks).
 #[unsafe(no_mangle)]
 static OFFCPU_STACKS_ENABLED: u32 = 1;
@@ -138,14 +135,10 @@ fn add_runqueue(t: &mut ThreadState, ns: u64) {
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
-    let in_syscall = syscalls::spill_on_switch(prev_tid);
-    if global(&SCHED_ENABLED) == 0 {
-        return 0;
-    }
     let now = unsafe { bpf_ktime_get_ns() };
     let prev_tgid = (pid_tgid >> 32) as u32;
     if prev_tid != 0 && is_target(prev_tgid) {
-        switch_out(&ctx, prev_tgid, prev_tid, in_syscall, now);
+        switch_out(&ctx, prev_tgid, prev_tid, now);
     }
     let next: u64 = ctx.arg(2);
     if let Some((tgid, tid)) = task_ids(next) {
@@ -157,7 +150,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 }
 
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Option<(u32, u64)>, now: u64) {
+fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns()) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
@@ -171,10 +164,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Optio
         t.comm = comm;
     }
     let prev_state: u64 = ctx.arg(3);
-    let sys = match in_syscall {
-        Some(s) => Some(s),
-        None => syscalls::spilled_syscall(tid),
-    };
+    let sys = syscalls::in_flight(tid);
     t.in_syscall = sys.is_some() as u32;
     t.since_ns = now;
     if prev_state & TASK_DEAD != 0 {
@@ -195,7 +185,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, in_syscall: Optio
         if global(&OFFCPU_STACKS_ENABLED) != 0 {
             t.user_stack = ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK);
             t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
-            t.py_stack = python::capture(tgid, tid);
+            t.py_stack = python::capture(tgid, tid, python::SCRATCH_SCHED);
         }
     }
 }
@@ -245,18 +235,14 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
 /// `sched_wakeup(struct task_struct *p)`
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
-    if global(&SCHED_ENABLED) != 0 {
-        wakeup(&ctx, false);
-    }
+    wakeup(&ctx, false);
     0
 }
 
 /// `sched_wakeup_new(struct task_struct *p)`: a new thread or process.
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
-    if global(&SCHED_ENABLED) != 0 {
-        wakeup(&ctx, true);
-    }
+    wakeup(&ctx, true);
     0
 }
 
@@ -274,7 +260,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         tid,
         user_stack: ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK),
         kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
-        py_stack: python::capture(tgid, tid),
+        py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
     };
     match CPU_SAMPLES.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += 1 },

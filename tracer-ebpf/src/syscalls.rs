@@ -5,7 +5,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap},
     programs::{tracing::StackIdContext, BtfTracePointContext},
 };
 use tracer_common::{
@@ -20,17 +20,12 @@ use crate::{count_drop, is_target, window_start_ns, TARGETS};
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
 
-/// Syscalls in flight, per thread: only those whose thread was switched out
-/// (blocked or preempted) while in the syscall. Fast syscalls never touch it.
+/// The syscall in flight, per thread (only the thread itself writes its
+/// entry). Deliberately not a per-CPU slot: on this kernel the syscall
+/// tracepoints run preemptible, so a per-CPU protocol between sys_enter,
+/// sys_exit and sched_switch loses calls when a program is preempted.
 #[map]
 pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(65536, 0);
-
-/// The syscall in flight on this CPU: the current thread's, when it is a
-/// target. A thread leaving the CPU mid-syscall has it spilled to
-/// `SYSCALL_START` by `syscall_spill_on_switch`, so at most one entry per CPU
-/// is ever live here, and a hash operation is paid only by calls that block.
-#[map]
-static SYSCALL_SLOT: PerCpuArray<SyscallStart> = PerCpuArray::with_max_entries(1, 0);
 
 /// Syscalls slower than `SLOW_SYSCALL_NS`, by stacks.
 #[map]
@@ -102,17 +97,15 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let arg0 = if nr == global(&NR_FUTEX) { first_arg(&ctx) } else { 0 };
-    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else { return 0 };
-    // SAFETY: per-CPU slot; this program does not migrate while it runs.
-    unsafe {
-        if (*slot).ts != 0 && (*slot).tid != tid {
-            // Not spilled at a switch (cannot normally happen): keep it.
-            spill(&*slot);
+    let start = SyscallStart { ts: now, nr, tid, arg0 };
+    match SYSCALL_START.get_ptr_mut(&tid) {
+        // SAFETY: map value pointer; only this thread writes its entry.
+        Some(p) => unsafe { *p = start },
+        None => {
+            if SYSCALL_START.insert(&tid, &start, 0).is_err() {
+                count_drop(counters::SYSCALL_START_FULL);
+            }
         }
-        (*slot).ts = now;
-        (*slot).nr = nr;
-        (*slot).tid = tid;
-        (*slot).arg0 = arg0;
     }
     0
 }
@@ -124,37 +117,10 @@ fn first_arg(ctx: &BtfTracePointContext) -> u64 {
     unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_ARG0_OFFSET)) as *const u64) }.unwrap_or(0)
 }
 
+/// The (nr, futex address) of the syscall `tid` is inside, if any (used by
+/// sched_switch for the off-CPU reason and GIL detection).
 #[inline(always)]
-fn spill(s: &SyscallStart) {
-    if SYSCALL_START.insert(&s.tid, s, 0).is_err() {
-        count_drop(counters::SYSCALL_START_FULL);
-    }
-}
-
-/// Called by the `sched_switch` program, running as the thread leaving the
-/// CPU: a syscall in flight on this CPU moves to the hash map, where its
-/// sys_exit (on whatever CPU) finds it. Returns the (nr, futex address) of
-/// the syscall `tid` is inside, if it was in flight here.
-#[inline(always)]
-pub fn spill_on_switch(tid: u32) -> Option<(u32, u64)> {
-    if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        unsafe {
-            if (*slot).ts != 0 {
-                spill(&*slot);
-                (*slot).ts = 0;
-                if (*slot).tid == tid {
-                    return Some(((*slot).nr, (*slot).arg0));
-                }
-            }
-        }
-    }
-    None
-}
-
-/// The (nr, futex address) `tid` is inside according to the spilled entries.
-#[inline(always)]
-pub fn spilled_syscall(tid: u32) -> Option<(u32, u64)> {
+pub fn in_flight(tid: u32) -> Option<(u32, u64)> {
     // SAFETY: read-only use of the value.
     let s = unsafe { SYSCALL_START.get(&tid)? };
     if s.ts != 0 { Some((s.nr, s.arg0)) } else { None }
@@ -197,7 +163,7 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
         tid,
         nr,
         user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
-        py_stack: crate::python::capture(tgid, tid),
+        py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_SYSCALL),
     };
     match SLOW_SYSCALLS.get_ptr_mut(&key) {
         Some(p) => unsafe {
@@ -212,20 +178,9 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
     }
 }
 
-/// The (start, nr) of `tid`'s syscall in flight, consumed: from this CPU's
-/// slot when the call did not leave the CPU, else from the spilled entries.
+/// The (start, nr) of `tid`'s syscall in flight, consumed.
 #[inline(always)]
 fn take_start(tid: u32) -> Option<(u64, u32)> {
-    if let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        unsafe {
-            if (*slot).ts != 0 && (*slot).tid == tid {
-                let v = ((*slot).ts, (*slot).nr);
-                (*slot).ts = 0;
-                return Some(v);
-            }
-        }
-    }
     let p = SYSCALL_START.get_ptr_mut(&tid)?;
     // SAFETY: map value pointer, owned by this thread.
     unsafe {

@@ -85,8 +85,7 @@ pub fn classify(arch: &str, nr: u32) -> OffCpuReason {
 
 #[derive(Clone, Copy, Debug)]
 pub struct SchedOptions {
-    /// Scheduler accounting on (off: only the syscall bookkeeping at
-    /// sched_switch runs).
+    /// Scheduler accounting and CPU sampling on.
     pub enabled: bool,
     /// CPU sampling frequency in Hz (0: no sampling).
     pub frequency: u64,
@@ -123,7 +122,7 @@ impl SchedAccounting {
             }
         }
         let programs: &[&'static str] =
-            if opts.enabled { &["sched_switch", "sched_wakeup", "sched_wakeup_new"] } else { &["sched_switch"] };
+            if opts.enabled { &["sched_switch", "sched_wakeup", "sched_wakeup_new"] } else { &[] };
         let mut links = Vec::new();
         for &name in programs {
             let prog: &mut BtfTracePoint = probe::program(ebpf, name)?;

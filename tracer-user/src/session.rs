@@ -198,14 +198,12 @@ fn load_object(btf: &Btf, tracefs: Option<&Path>, opts: &RecordOptions) -> Resul
             .map_err(|e| RecordError::BadBtf { path: btf_file.clone(), detail: e.to_string() })
     };
     let (task_pid, task_tgid) = (task_off("pid")?, task_off("tgid")?);
-    let sched_enabled = sched.enabled as u32;
     let offcpu_stacks = (sched.enabled && sched.offcpu_stacks) as u32;
     let mut loader = EbpfLoader::new();
     loader
         .btf(Some(btf))
         .override_global("TASK_PID_OFFSET", &task_pid, true)
         .override_global("TASK_TGID_OFFSET", &task_tgid, true)
-        .override_global("SCHED_ENABLED", &sched_enabled, true)
         .override_global("OFFCPU_STACKS_ENABLED", &offcpu_stacks, true)
         .override_global("NR_EXIT", &arch.nr_exit, true)
         .override_global("NR_EXIT_GROUP", &arch.nr_exit_group, true)

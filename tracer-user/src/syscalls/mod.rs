@@ -9,7 +9,7 @@ mod names_table;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    maps::{HashMap as BpfHashMap, MapData},
     programs::BtfTracePoint,
     Btf, Ebpf,
 };
@@ -107,8 +107,7 @@ pub struct SyscallAccounting {
     live: HashMap<Key, Acc>,
 }
 
-/// Program name and the BTF tracepoint it attaches to. (The in-flight
-/// spill at context switches runs inside the `sched` family's sched_switch.)
+/// Program name and the BTF tracepoint it attaches to.
 const PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
@@ -199,8 +198,8 @@ impl SyscallAccounting {
 
     /// Closes the window at `end_ns` (CLOCK_MONOTONIC): a final drain after
     /// the programs were detached, then the calls still in flight are
-    /// accounted up to the end: those entered inside the window (per-CPU
-    /// slots and spilled entries) and, for attached processes, those of
+    /// accounted up to the end: those entered inside the window and, for
+    /// attached processes, those of
     /// threads blocked in one syscall for the whole window (from
     /// /proc/PID/task/TID/syscall).
     pub fn finish(
@@ -222,13 +221,6 @@ impl SyscallAccounting {
         {
             let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(ebpf, "SYSCALL_START")?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
-        }
-        {
-            let map = ebpf.map_mut("SYSCALL_SLOT").ok_or(ProbeError::MissingMap("SYSCALL_SLOT"))?;
-            let slots: PerCpuArray<&mut MapData, SyscallStart> =
-                PerCpuArray::try_from(map).map_err(|e| ProbeError::map("SYSCALL_SLOT", e))?;
-            let per_cpu = slots.get(&0, 0).map_err(|e| ProbeError::map("SYSCALL_SLOT", e))?;
-            in_flight.extend(per_cpu.iter().copied());
         }
         for start in in_flight.into_iter().filter(|s| s.ts != 0 && s.ts < end_ns) {
             let Some(pid) = procfs::tgid_of(start.tid) else { continue };
