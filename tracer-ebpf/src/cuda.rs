@@ -161,7 +161,7 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         src,
         stream,
         fingerprint: fp,
-        py_stack: crate::python::capture(tgid, tid),
+        py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_UPROBE),
         caller: return_address(ctx),
         user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
         depth: 0,
@@ -234,7 +234,7 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let py_stack = crate::python::capture(tgid, pid_tgid as u32);
+    let py_stack = crate::python::capture(tgid, pid_tgid as u32, crate::python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
         ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
     } else {
