@@ -58,6 +58,11 @@ pub struct ThreadState {
     /// Python stack (hash into `PY_STACKS`, 0 = none) when the current
     /// off-CPU interval began.
     pub py_stack: u64,
+    /// When the stacks above were last captured, and in which syscall
+    /// (`u32::MAX`: none): captures are rate-limited per thread.
+    pub stack_ns: u64,
+    pub stack_nr: u32,
+    pub _pad2: u32,
 }
 
 /// Key of the `OFFCPU_STACKS` map (value: ns).
@@ -108,7 +113,7 @@ mod tests {
 
     #[test]
     fn sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16);
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
         assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);

@@ -39,6 +39,11 @@ pub static REASON_OF_NR: Array<u32> = Array::with_max_entries(REASON_TABLE_SIZE,
 /// Capture stacks at switch-out (off-CPU stacks).
 #[unsafe(no_mangle)]
 static OFFCPU_STACKS_ENABLED: u32 = 1;
+/// A thread's off-CPU stacks are captured at most this often; a switch-out
+/// in the same syscall sooner than that reuses the thread's last stacks
+/// (a context-switch-heavy loop blocks at the same place every time).
+#[unsafe(no_mangle)]
+static OFFCPU_STACK_INTERVAL_NS: u64 = 1_000_000;
 /// Offsets of `pid` and `tgid` in `struct task_struct`, from BTF.
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u64 = 0;
@@ -182,10 +187,17 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64) {
             }
             None => REASON_OTHER,
         };
-        if global(&OFFCPU_STACKS_ENABLED) != 0 {
+        let nr = match sys {
+            Some((nr, _)) => nr,
+            None => u32::MAX,
+        };
+        let fresh = now.saturating_sub(t.stack_ns) >= global(&OFFCPU_STACK_INTERVAL_NS) || nr != t.stack_nr;
+        if global(&OFFCPU_STACKS_ENABLED) != 0 && fresh {
             t.user_stack = ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK);
             t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
             t.py_stack = python::capture(tgid, tid, python::SCRATCH_SCHED);
+            t.stack_ns = now;
+            t.stack_nr = nr;
         }
     }
 }
