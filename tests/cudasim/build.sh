@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds the CUDA test stand-ins into DIR (default: target/cudasim under the
 # workspace): DIR/libcudart.so.12, the timing simulator (cudasim.c, soname
-# libcudart.so.12; NOT CUDA), and DIR/libfakekernels.so (kernels.c). Rebuilds
+# libcudart.so.12; NOT CUDA), DIR/libfakekernels.so (kernels.c) and, when
+# fetch-cudart.sh has run, DIR/native_app (native_app.c, linked to the real
+# libcudart.so.12 of target/cuda-real). Rebuilds
 # only what is older than its source. Needs gcc.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,4 +20,14 @@ build() { # out src extra...
 }
 build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12
 build libfakekernels.so kernels.c
+# A native program linked to the real libcudart, when it is there (fetch-cudart.sh).
+real=$here/../../target/cuda-real
+if [ -s "$real/libcudart.so.12" ]; then
+    real=$(cd "$real" && pwd)
+    if [ ! -e "$dir/native_app" ] || [ "$here/native_app.c" -nt "$dir/native_app" ]; then
+        gcc -O1 -g -fno-omit-frame-pointer -Wall -o "$dir/.native_app.$$" "$here/native_app.c" \
+            "$real/libcudart.so.12" -Wl,-rpath,"$real"
+        mv "$dir/.native_app.$$" "$dir/native_app"
+    fi
+fi
 echo "$dir"

@@ -12,8 +12,10 @@ Usage: cuda_patterns.py MODE, MODE one of
 
 Lines the tests look for carry a `# @name` marker. Before calling anything
 the workload waits until the uprobes are in place (the first byte of every
-function it calls is int3), so that counts are exact; it gives up with exit
-code 3 after $PROBE_WAIT_S seconds (default 20; 0 skips the wait).
+probed function is int3, then $PROBE_SETTLE_S more seconds, default 0.2), so
+that counts are exact; it gives up with exit code 3 after $PROBE_WAIT_S
+seconds (default 20; 0 skips the wait). Any tracer's probes count: tests
+running at the same time must each use their own copy of the library.
 """
 
 import ctypes
@@ -56,6 +58,9 @@ def wait_for_probes(lib, names):
             print("probes never appeared on: " + " ".join(missing), file=sys.stderr)
             sys.exit(3)
         time.sleep(0.01)
+    # A function shows int3 from its first probe on; its return probe
+    # follows within milliseconds.
+    time.sleep(float(os.environ.get("PROBE_SETTLE_S", "0.2")))
 
 
 ALL = [
@@ -184,7 +189,7 @@ def sim():
     lib = load()
     kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
     wait_for_probes(lib, ALL)
-    n = 4 << 20
+    n = 32 << 20
     pinned = ctypes.c_void_p()
     lib.cudaHostAlloc(ctypes.byref(pinned), n, 0)  # @sim_host_alloc
     pageable = ctypes.create_string_buffer(n)
@@ -208,7 +213,6 @@ def sim():
         lib.cudaMalloc(ctypes.byref(leaked), 1 << 20)  # @sim_leak
         lib.cudaMalloc(ctypes.byref(tmp), 1 << 20)  # @sim_tmp_malloc
         lib.cudaFree(tmp)  # @sim_tmp_free
-        time.sleep(0.002)
     lib.cudaFreeHost(pinned)  # @sim_free_host
 
 
@@ -216,7 +220,7 @@ def late():
     """libcudart is loaded with dlopen well after start (as PyTorch does)."""
     time.sleep(float(os.environ.get("LATE_S", "1.0")))
     lib = load()
-    wait_for_probes(lib, ["cudaMemcpyAsync", "cudaStreamSynchronize"])
+    wait_for_probes(lib, ALL)
     small_batches(lib, 50)
 
 

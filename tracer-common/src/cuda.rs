@@ -159,6 +159,11 @@ pub struct CudaInflight {
     pub fingerprint: u64,
     pub py_stack: u64,
     pub caller: u64,
+    /// User stack pointer at entry: a probed call entered with a lower one
+    /// is nested inside this call; with the same or a higher one, this
+    /// call's return was missed (probes attached mid-call, longjmp) and the
+    /// slot is reused.
+    pub sp: u64,
     pub user_stack: i32,
     /// Calls of probed functions nested inside this one (a probed function
     /// calling another): only the outermost call is accounted.
@@ -213,7 +218,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<CudaKey>(), 40);
         assert_eq!(core::mem::size_of::<CudaStats>(), 32);
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
-        assert_eq!(core::mem::size_of::<CudaInflight>(), 88);
+        assert_eq!(core::mem::size_of::<CudaInflight>(), 96);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
     }
 

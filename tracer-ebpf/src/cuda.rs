@@ -142,12 +142,18 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         return;
     }
     let tid = pid_tgid as u32;
+    let sp = user_sp(ctx);
     if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
         // SAFETY: map value owned by this thread.
         unsafe {
             if (*slot).active != 0 {
-                (*slot).depth += 1;
-                return;
+                if sp < (*slot).sp {
+                    // Called from inside the call in flight.
+                    (*slot).depth += 1;
+                    return;
+                }
+                // The call in flight returned unseen: start over.
+                count_drop(counters::CUDA_LOST);
             }
         }
     }
@@ -163,6 +169,7 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         fingerprint: fp,
         py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_UPROBE),
         caller: return_address(ctx),
+        sp,
         user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
         depth: 0,
         active: 1,

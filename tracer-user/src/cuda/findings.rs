@@ -144,6 +144,15 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
     let mut out = Vec::new();
     let tiny = |c: &CopyObs| c.max_bytes <= t.tiny_copy_max_bytes;
     for s in sites {
+        let failed = |c: &CopyObs| {
+            if c.errors == 0 {
+                String::new()
+            } else if c.errors == c.count {
+                " (every one of these calls failed)".to_owned()
+            } else {
+                format!(" ({} of these calls failed)", c.errors)
+            }
+        };
         let mut push = |kind: &str, count: u64, bytes: u64, time_ns: u64, message: String, advice: &str| {
             out.push(Finding {
                 kind: kind.to_owned(),
@@ -169,10 +178,11 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
                         n * size,
                         time,
                         format!(
-                            "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here)",
+                            "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here){}",
                             fmt_bytes(size),
                             n,
-                            c.count
+                            c.count,
+                            failed(c)
                         ),
                         ADVICE_REPEATED,
                     );
@@ -186,10 +196,11 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
                     c.bytes,
                     c.ns,
                     format!(
-                        "{} small host-to-device copies from this line, {} on average ({} in all)",
+                        "{} small host-to-device copies from this line, {} on average ({} in all){}",
                         c.count,
                         fmt_bytes(mean),
-                        fmt_bytes(c.bytes)
+                        fmt_bytes(c.bytes),
+                        failed(c)
                     ),
                     ADVICE_SMALL,
                 );
@@ -210,8 +221,9 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
                         c.bytes,
                         c.ns + c.sync_pair_ns,
                         format!(
-                            "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop",
-                            fmt_bytes(c.max_bytes)
+                            "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop{}",
+                            fmt_bytes(c.max_bytes),
+                            failed(c)
                         ),
                         ADVICE_TINY,
                     );
@@ -223,8 +235,9 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
                     c.bytes * c.sync_pairs / c.count.max(1),
                     c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
                     format!(
-                        "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer",
-                        c.sync_pairs
+                        "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer{}",
+                        c.sync_pairs,
+                        failed(c)
                     ),
                     ADVICE_SYNC,
                 );
@@ -236,14 +249,15 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
                     c.pageable_bytes,
                     c.pageable_ns,
                     format!(
-                        "{} {dir} copies ({}) from this line used pageable host memory{}",
+                        "{} {dir} copies ({}) from this line used pageable host memory{}{}",
                         c.pageable,
                         fmt_bytes(c.pageable_bytes),
-                        if c.pageable_ns > 0 && c.pageable_bytes > 0 {
+                        if c.pageable_ns > 0 && c.pageable_bytes > 0 && c.errors == 0 {
                             format!(", at {:.2} GB/s", c.pageable_bytes as f64 / c.pageable_ns as f64)
                         } else {
                             String::new()
-                        }
+                        },
+                        failed(c)
                     ),
                     ADVICE_PAGEABLE,
                 );

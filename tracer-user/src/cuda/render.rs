@@ -108,7 +108,7 @@ pub fn render_text(out: &mut String, cuda: &CudaReport) {
                 "  {:>8} {:>10} {:>7} {:>10} {:>6} {:>7}  {:<26} {:<7} {:<13} {}",
                 c.count,
                 fmt_bytes(c.bytes),
-                gbps(c.bytes, c.total_ns),
+                if c.errors == c.count { "-".into() } else { gbps(c.bytes, c.total_ns) },
                 fmt_ns(c.total_ns),
                 share(c.total_ns, w),
                 c.errors,
