@@ -1,0 +1,39 @@
+"""Python function blocked on a slow pipe, for the Python attribution tests
+(tests/tests/python_attribution.rs); CPython 3.8 .. 3.13.
+
+    pyattr_io.py DELAY_SECONDS
+
+reader() blocks in os.read on a pipe that a writer thread fills after
+DELAY_SECONDS. Prints `reader tid TID line LINE` on stderr (LINE: the line of
+the os.read call).
+"""
+import os
+import sys
+import threading
+import time
+
+
+def writer(fd, delay):
+    time.sleep(delay)
+    os.write(fd, b"x")
+
+
+def reader(fd):
+    data = os.read(fd, 1)  # the blocking read
+    return data
+
+
+def main():
+    delay = float(sys.argv[1])
+    r, w = os.pipe()
+    t = threading.Thread(target=writer, args=(w, delay), name="writer")
+    t.start()
+    line = reader.__code__.co_firstlineno + 1
+    sys.stderr.write("reader tid %d line %d\n" % (threading.get_native_id(), line))
+    sys.stderr.flush()
+    assert reader(r) == b"x"
+    t.join()
+
+
+if __name__ == "__main__":
+    main()
