@@ -807,8 +807,11 @@ fn attach_covers_new_threads_and_target_exit() {
                 problems.push(format!("late thread {tid}: only {total} cpu samples"));
             }
             // A thread spends a few samples in native start-up code before
-            // its first Python frame; everything else runs Python code.
-            if pct(in_run, total) < 95.0 {
+            // its first Python frame, and the tid -> thread-state map is
+            // refreshed every 100 ms (docs/python.md): a new thread's first
+            // <= 100 ms (of its ~1.5 s, under GIL sharing ~5 samples) may lack
+            // Python frames. Everything else runs Python code.
+            if pct(in_run, total) < 90.0 {
                 problems.push(format!(
                     "late thread {tid}: {in_run}/{total} cpu samples have a {run} frame; the others:\n      {}",
                     not.iter()

@@ -12,7 +12,7 @@ use aya::{
     maps::{Array, MapData},
     Btf, Ebpf, EbpfLoader,
 };
-use tracer_common::target_flags;
+use tracer_common::{python::PY_MAX_DEPTH, target_flags};
 
 use crate::{
     btf_offsets::BtfOffsets,
@@ -31,6 +31,8 @@ use crate::{
 };
 
 pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+const TRUNCATED_COUNTER: &str = tracer_common::counters::NAMES[tracer_common::counters::PY_STACKS_TRUNCATED as usize];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -371,7 +373,12 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     for s in &syscalls {
         states.entry(s.pid).or_insert_with(|| TargetState::observe(s.pid, Origin::Followed));
     }
-    let lost: BTreeMap<String, u64> = process::lost_counters(&mut ebpf)?.into_iter().collect();
+    let mut lost: BTreeMap<String, u64> = process::lost_counters(&mut ebpf)?.into_iter().collect();
+    // A stack cut at the depth limit is kept (its leaf frames are there):
+    // reported, but not a lost event.
+    if let Some(n) = lost.remove(TRUNCATED_COUNTER) {
+        notes.push(format!("{n} Python stacks were deeper than {PY_MAX_DEPTH} frames and were cut at their root end"));
+    }
     drop(ebpf); // detaches everything still attached
     let recording = Recording {
         format_version: FORMAT_VERSION,
@@ -442,8 +449,10 @@ fn sweep_targets(ebpf: &mut Ebpf, states: &mut BTreeMap<u32, TargetState>) -> Re
     Ok(alive)
 }
 
-/// Python processes: examine new ones and exec'd ones; refresh thread maps.
-fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifecycle], refresh: bool) -> Result<(), RecordError> {
+/// Python processes: examine new and exec'd ones, and refresh the thread
+/// maps every tick (a thread started since the last tick has no Python
+/// stack until then); resolve new stacks every `resolve` tick.
+fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifecycle], resolve: bool) -> Result<(), RecordError> {
     for ev in events {
         match ev {
             Lifecycle::Forked { pid, .. } => python.examine(ebpf, *pid, false)?,
@@ -451,8 +460,8 @@ fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifec
             Lifecycle::Exited { pid } => python.exited(ebpf, *pid)?,
         }
     }
-    if refresh {
-        python.refresh_all(ebpf)?;
+    python.refresh_all(ebpf)?;
+    if resolve {
         python.resolve_new(ebpf)?;
     }
     Ok(())
