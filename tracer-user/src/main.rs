@@ -81,6 +81,9 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not look for CPython in the targets (native stacks only).
         #[arg(long)]
         no_python: bool,
+        /// Do not probe the CUDA runtime (libcudart) in the targets.
+        #[arg(long)]
+        no_cuda: bool,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -186,13 +189,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, command } => {
+        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, command } => {
             if frequency > 10_000 {
                 bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
             }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, command, duration, output, quiet };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, command, duration, output, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -209,6 +209,9 @@ pub struct Recording {
     /// CPU sampling frequency (Hz); 0 when sampling was off.
     #[serde(default)]
     pub sample_hz: u64,
+    /// CUDA runtime activity and findings (None: no CUDA runtime probed).
+    #[serde(default)]
+    pub cuda: Option<crate::cuda::CudaReport>,
     /// Events the kernel side could not keep, by cause.
     pub lost: BTreeMap<String, u64>,
     /// Things the user should know about this recording (degraded features...).
@@ -292,6 +295,7 @@ pub(crate) mod tests {
             stacks: vec![],
             runqueue_hist: BTreeMap::new(),
             sample_hz: 0,
+            cuda: None,
             lost: BTreeMap::new(),
             notes: vec![],
         }

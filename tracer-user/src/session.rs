@@ -17,6 +17,7 @@ use tracer_common::{python::PY_MAX_DEPTH, target_flags};
 use crate::{
     btf_offsets::BtfOffsets,
     clock,
+    cuda::CudaTracer,
     sched::{SchedAccounting, SchedOptions},
     pystacks::PythonTargets,
     stacks::StackResolver,
@@ -85,6 +86,8 @@ pub struct RecordOptions {
     pub slow_syscall: Option<Duration>,
     /// Attribute time to Python stacks in CPython processes.
     pub python: bool,
+    /// Probe the CUDA runtime (libcudart) in the targets.
+    pub cuda: bool,
     pub command: Vec<String>,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
@@ -275,6 +278,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let mut ebpf = load_object(btf, tracefs_path.as_deref(), opts)?;
     let mut symbolizer = Symbolizer::new();
     let mut python = PythonTargets::default();
+    let mut cuda = CudaTracer::new();
     let window_start = clock::monotonic_ns();
     set_window_start(&mut ebpf, window_start)?;
     let mut states: BTreeMap<u32, TargetState> = BTreeMap::new();
@@ -284,6 +288,9 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         symbolizer.observe_process(pid);
         if opts.python {
             python.examine(&mut ebpf, pid, false)?;
+        }
+        if opts.cuda {
+            notes.extend(cuda.scan(&mut ebpf, pid)?);
         }
         if opts.sched.enabled {
             SchedAccounting::seed_process(&mut ebpf, pid, window_start)?;
@@ -326,6 +333,20 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                 if opts.python {
                     python_lifecycle(&mut ebpf, &mut python, &events, ticks % 3 == 0)?;
                 }
+                if opts.cuda {
+                    for ev in &events {
+                        if let Lifecycle::Forked { pid, .. } | Lifecycle::Execed { pid, .. } = ev {
+                            notes.extend(cuda.scan(&mut ebpf, *pid)?);
+                        }
+                    }
+                    if ticks % 3 == 0 {
+                        // Libraries loaded since (PyTorch loads CUDA lazily).
+                        for pid in states.values().filter(|s| s.alive).map(|s| s.target.pid).collect::<Vec<_>>() {
+                            notes.extend(cuda.scan(&mut ebpf, pid)?);
+                        }
+                    }
+                    cuda.poll(&mut ebpf)?;
+                }
                 apply_lifecycle(&mut states, events, &mut symbolizer);
                 if let Some(l) = launched.as_mut() {
                     if let Some(code) = l.reap(false) {
@@ -356,6 +377,11 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let sched = sched.finish(&mut ebpf, window_end, &all_pids, &syscalls, &mut resolver)?;
     let mut stacks = sched.stacks;
     stacks.extend(syscalls::slow_syscall_stacks(&mut ebpf, std::env::consts::ARCH, &all_pids, &mut resolver)?);
+    let cuda_report = if cuda.active() {
+        Some(cuda.finish(&mut ebpf, &mut resolver, window_end.saturating_sub(window_start))?)
+    } else {
+        None
+    };
     drop(resolver);
     python.finish_notes();
     notes.append(&mut python.notes);
@@ -393,6 +419,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         stacks,
         runqueue_hist: sched.runqueue_hist,
         sample_hz: sched.sample_hz,
+        cuda: cuda_report,
         lost,
         notes,
     };

@@ -18,6 +18,17 @@ struct JsonTarget<'a> {
     exit_code: Option<i32>,
 }
 
+/// `cuda` in the report: the calls, launches and GPU samples (findings
+/// are top-level).
+#[derive(Serialize)]
+struct JsonCuda<'a> {
+    calls: &'a [crate::cuda::CudaCall],
+    launches: &'a [crate::cuda::CudaLaunch],
+    gpu_samples: &'a [crate::cuda::GpuSample],
+    libraries: &'a [crate::cuda::CudaLibrary],
+    notes: &'a [String],
+}
+
 #[derive(Serialize)]
 struct JsonReport<'a> {
     schema_version: u32,
@@ -33,6 +44,8 @@ struct JsonReport<'a> {
     stacks: &'a [crate::recording::StackRecord],
     runqueue_hist_log2_ns: &'a BTreeMap<u32, Vec<u64>>,
     sample_hz: u64,
+    cuda: Option<JsonCuda<'a>>,
+    findings: &'a [crate::cuda::Finding],
     lost_events: u64,
     lost_detail: &'a BTreeMap<String, u64>,
     notes: &'a [String],
@@ -65,6 +78,14 @@ pub fn render(rec: &Recording) -> String {
         stacks: &rec.stacks,
         runqueue_hist_log2_ns: &rec.runqueue_hist,
         sample_hz: rec.sample_hz,
+        cuda: rec.cuda.as_ref().map(|c| JsonCuda {
+            calls: &c.calls,
+            launches: &c.launches,
+            gpu_samples: &c.gpu_samples,
+            libraries: &c.libraries,
+            notes: &c.notes,
+        }),
+        findings: rec.cuda.as_ref().map(|c| c.findings.as_slice()).unwrap_or(&[]),
         lost_events: rec.lost_events(),
         lost_detail: &rec.lost,
         notes: &rec.notes,

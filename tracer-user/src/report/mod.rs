@@ -1,6 +1,7 @@
 //! Rendering a recording: the model every output format shares (per-process
 //! syscall tables), and one module per format.
 
+pub mod cuda;
 pub mod folded;
 pub mod json;
 pub mod svg;

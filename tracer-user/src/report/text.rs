@@ -25,6 +25,10 @@ pub fn render(rec: &Recording) -> String {
         grand.count,
         rec.lost_events()
     );
+    if let Some(cuda) = &rec.cuda {
+        // Findings first: they name the bottleneck and the call site.
+        super::cuda::render_text(&mut out, cuda);
+    }
     for t in super::targets(rec) {
         let origin = match t.origin {
             Origin::Attached => "attached",
