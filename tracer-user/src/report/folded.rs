@@ -246,6 +246,7 @@ pub(crate) mod tests {
             ],
             runqueue_hist: BTreeMap::new(),
             sample_hz: 100,
+            cuda: None,
             lost: BTreeMap::new(),
             notes: vec![],
         }
