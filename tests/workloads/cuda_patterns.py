@@ -9,6 +9,7 @@ Usage: cuda_patterns.py MODE, MODE one of
   patterns  every pattern the detector knows, plus each probed API once or more
   sim       timing: pinned vs pageable copies, leaks (meant for cudasim)
   late      like `patterns`' first phase, loading libcudart only after a delay
+  threads   copies from 8 short-lived threads, then from the main thread
 
 Lines the tests look for carry a `# @name` marker. Before calling anything
 the workload waits until the uprobes are in place (the first byte of every
@@ -216,6 +217,29 @@ def sim():
     lib.cudaFreeHost(pinned)  # @sim_free_host
 
 
+def worker(lib, n):
+    time.sleep(0.4)  # a tracer publishes new threads' Python states periodically
+    buf = ctypes.create_string_buffer(1024)
+    for _ in range(n):
+        lib.cudaMemcpyAsync(DEV, buf, size(1024), HtoD, None)  # @thread_copy
+        lib.cudaStreamSynchronize(None)  # @thread_sync
+
+
+def threads():
+    """Short-lived threads (a pool that churns): 8 threads x 10 copies + syncs."""
+    import threading
+
+    lib = load()
+    wait_for_probes(lib, ALL)
+    ts = [threading.Thread(target=worker, args=(lib, 10)) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    time.sleep(float(os.environ.get("AFTER_THREADS_S", "1.5")))
+    small_batches(lib, 10)
+
+
 def late():
     """libcudart is loaded with dlopen well after start (as PyTorch does)."""
     time.sleep(float(os.environ.get("LATE_S", "1.0")))
@@ -224,7 +248,7 @@ def late():
     small_batches(lib, 50)
 
 
-{"patterns": patterns, "sim": sim, "late": late}[MODE]()
+{"patterns": patterns, "sim": sim, "late": late, "threads": threads}[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.
 time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

@@ -181,6 +181,9 @@ pub fn api_name(api: u32) -> String {
     api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
 }
 
+/// Polls (~250 ms each) between moves of dead threads' entries out of the kernel.
+const RETIRE_EVERY_POLLS: u64 = 40;
+
 const PROGRAMS: [&str; 5] = ["cuda_copy_enter", "cuda_copy2d_enter", "cuda_generic_enter", "cuda_launch", "cuda_return"];
 
 fn entry_program(id: u32) -> &'static str {
@@ -224,6 +227,10 @@ pub struct CudaTracer {
     notes: Vec<String>,
     started_ns: u64,
     polls: u64,
+    /// Aggregates of threads that exited, moved out of the kernel maps
+    /// (keys are per thread; `tid` is 0 here).
+    retired_stats: HashMap<CudaKey, CudaStats>,
+    retired_launches: HashMap<LaunchKey, u64>,
 }
 
 impl Default for CudaTracer {
@@ -258,6 +265,8 @@ impl CudaTracer {
             notes: Vec::new(),
             started_ns: crate::clock::monotonic_ns(),
             polls: 0,
+            retired_stats: HashMap::new(),
+            retired_launches: HashMap::new(),
         }
     }
 
@@ -410,6 +419,46 @@ impl CudaTracer {
         if self.polls % 4 == 0 {
             self.name_kernels(ebpf)?;
         }
+        if self.polls % RETIRE_EVERY_POLLS == 0 {
+            self.retire_dead_threads(ebpf)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the kernel entries of threads that no longer exist into
+    /// userspace, so that services that churn threads do not fill the
+    /// per-thread maps.
+    fn retire_dead_threads(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let gone = |tid: u32| !std::path::Path::new(&format!("/proc/{tid}")).exists();
+        {
+            let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+            let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, v) in dead {
+                let _ = map.remove(&k);
+                let r = self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default();
+                r.count += v.count;
+                r.bytes += v.bytes;
+                r.total_ns += v.total_ns;
+                r.errors += v.errors;
+            }
+        }
+        {
+            let mut map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+            let dead: Vec<(LaunchKey, u64)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, n) in dead {
+                let _ = map.remove(&k);
+                *self.retired_launches.entry(LaunchKey { tid: 0, ..k }).or_default() += n;
+            }
+        }
+        let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, "CUDA_INFLIGHT")?;
+        let dead: Vec<u32> = map.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
+        for t in &dead {
+            let _ = map.remove(t);
+        }
+        self.replay.forget_threads(&dead);
         Ok(())
     }
 
@@ -471,11 +520,11 @@ impl CudaTracer {
         self.replay.close(self.started_ns + window_ns / 2);
         let stats: Vec<(CudaKey, CudaStats)> = {
             let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
-            map.iter().filter_map(Result::ok).collect()
+            map.iter().filter_map(Result::ok).chain(self.retired_stats.drain()).collect()
         };
         let launches: Vec<(LaunchKey, u64)> = {
             let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
-            map.iter().filter_map(Result::ok).collect()
+            map.iter().filter_map(Result::ok).chain(self.retired_launches.drain()).collect()
         };
         let mut sites = SiteCache { sites: HashMap::new() };
 

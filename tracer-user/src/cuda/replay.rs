@@ -320,8 +320,8 @@ impl Replay {
         self.device.clear();
     }
 
-    /// A process is gone: its thread states and ranges are dropped, its
-    /// live allocations stay (they count as never freed).
+    /// Threads that exited: their pending copy (for copy/sync pairs) is
+    /// dropped.
     pub fn forget_threads(&mut self, tids: &[u32]) {
         for t in tids {
             self.last_copy.remove(t);

@@ -108,6 +108,8 @@ struct Traced {
     pid: u32,
     window_ns: u64,
     stderr: String,
+    /// Threads with entries left in the kernel's CUDA_STATS at the end.
+    leftover_tids: Vec<u32>,
 }
 
 impl Traced {
@@ -203,11 +205,16 @@ fn trace_command(mut cmd: Command, source: &Path, python_expected: bool) -> Trac
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "workload {cmd:?} failed: {status}\n{stderr}\nnotes: {notes:#?}");
     let window_ns = crate::clock::monotonic_ns() - start;
+    let leftover_tids: Vec<u32> = {
+        let map: aya::maps::HashMap<_, tracer_common::cuda::CudaKey, tracer_common::cuda::CudaStats> =
+            crate::probe::hash_map(&mut ebpf, "CUDA_STATS").unwrap();
+        map.keys().filter_map(Result::ok).map(|k| k.tid).collect()
+    };
     let mut resolver = crate::stacks::StackResolver::load(&mut ebpf, &mut symbolizer, &mut python).unwrap();
     let report = cuda.finish(&mut ebpf, &mut resolver, window_ns).unwrap();
     let lost: Vec<(String, u64)> = process::lost_counters(&mut ebpf).unwrap();
     assert!(lost.iter().all(|(n, _)| n != "cuda_lost"), "CUDA events lost: {lost:?}");
-    Traced { report, notes, markers: markers(source), pid, window_ns, stderr }
+    Traced { report, notes, markers: markers(source), pid, window_ns, stderr, leftover_tids }
 }
 
 #[test]
@@ -387,4 +394,23 @@ fn native_call_site() {
     assert!(copy.site.file.as_deref().is_some_and(|f| f.ends_with("native_app.c")), "{:?}", copy.site);
     assert_eq!(t.call("cudaStreamSynchronize", "native_sync").count, 32);
     assert_eq!(t.findings_at("native_copy"), ["small_htod_copies", "sync_after_copy"]);
+}
+
+#[test]
+fn exited_threads_leave_the_kernel_maps() {
+    let test = "exited_threads_leave_the_kernel_maps";
+    let Some(libs) = prerequisites(test) else { return };
+    let lib = private_copy(&libs.real, test, "libcudart.so.12");
+    let t = trace("threads", &lib, &libs.kernels, &[]);
+    // The workers' entries were moved out while the main thread waited.
+    assert!(t.leftover_tids.iter().all(|tid| *tid == t.pid), "{:?} (pid {})", t.leftover_tids, t.pid);
+    let c = t.call("cudaMemcpyAsync", "thread_copy");
+    assert_eq!((c.count, c.bytes, c.errors), (80, 80 * 1024, 80), "{}", t.describe());
+    assert_eq!(t.call("cudaStreamSynchronize", "thread_sync").count, 80);
+    assert_eq!(t.call("cudaMemcpyAsync", "small_copy").count, 10);
+    // The same (zeroed) 1 KiB each time; pairs are per thread: every
+    // worker copy was followed by its own sync.
+    assert_eq!(t.findings_at("thread_copy"), ["repeated_upload", "sync_after_copy"]);
+    let f = t.report.findings.iter().find(|f| f.kind == "sync_after_copy" && f.site.line == Some(t.line("thread_copy"))).unwrap();
+    assert_eq!(f.count, 80);
 }
