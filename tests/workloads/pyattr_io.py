@@ -6,6 +6,10 @@
 reader() blocks in os.read on a pipe that a writer thread fills after
 DELAY_SECONDS. Prints `reader tid TID line LINE` on stderr (LINE: the line of
 the os.read call).
+
+The workload first idles STARTUP_S: infertrace finds a launched interpreter
+and publishes its thread states within ~100 ms of its start (docs/python.md);
+an interval that begins before that carries native frames only.
 """
 import os
 import sys
@@ -23,8 +27,12 @@ def reader(fd):
     return data
 
 
+STARTUP_S = 0.3
+
+
 def main():
     delay = float(sys.argv[1])
+    time.sleep(STARTUP_S)
     r, w = os.pipe()
     t = threading.Thread(target=writer, args=(w, delay), name="writer")
     t.start()
