@@ -416,10 +416,10 @@ impl CudaTracer {
             self.notes.append(&mut notes);
         }
         self.drain();
-        if self.polls % 4 == 0 {
+        if self.polls.is_multiple_of(4) {
             self.name_kernels(ebpf)?;
         }
-        if self.polls % RETIRE_EVERY_POLLS == 0 {
+        if self.polls.is_multiple_of(RETIRE_EVERY_POLLS) {
             self.retire_dead_threads(ebpf)?;
         }
         Ok(())

@@ -283,23 +283,17 @@ impl Replay {
                         .insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
                 }
             }
-            api::FREE => {
-                if e.rc == 0 {
-                    if let Some(a) = self.device.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
-                        self.allocs.entry(a.site).or_default().freed += 1;
-                    }
+            api::FREE if e.rc == 0 => {
+                if let Some(a) = self.device.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
+                    self.allocs.entry(a.site).or_default().freed += 1;
                 }
             }
-            api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER => {
-                if e.rc == 0 && e.dst != 0 && e.bytes != 0 {
-                    self.pinned.entry(e.pid).or_default().insert(e.dst, e.dst.saturating_add(e.bytes));
-                }
+            api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER if e.rc == 0 && e.dst != 0 && e.bytes != 0 => {
+                self.pinned.entry(e.pid).or_default().insert(e.dst, e.dst.saturating_add(e.bytes));
             }
-            api::FREE_HOST | api::HOST_UNREGISTER => {
-                if e.rc == 0 {
-                    if let Some(m) = self.pinned.get_mut(&e.pid) {
-                        m.remove(&e.dst);
-                    }
+            api::FREE_HOST | api::HOST_UNREGISTER if e.rc == 0 => {
+                if let Some(m) = self.pinned.get_mut(&e.pid) {
+                    m.remove(&e.dst);
                 }
             }
             _ => {}
