@@ -1,33 +1,49 @@
 //! `cargo xtask bench`: slowdown of Python workloads under infertrace and
 //! under the usual alternatives, in one table.
 //!
-//! Three workloads (tests/workloads/), each printing its cost per iteration:
+//! Six workloads (tests/workloads/), each printing its cost per iteration:
 //!
 //! - `syscall loop` (syscall_loop.py): `os.write(out, os.read(fd, 64))`, two
-//!   syscalls per iteration; the rows of the original benchmark, plus
-//!   infertrace with scheduler tracing off and the stack profilers.
+//!   syscalls per iteration (goal: infertrace <= 1.4x); also infertrace with
+//!   scheduler tracing off, the syscall tracers (bpftrace, strace, perf
+//!   trace), the stack profilers and py-spy.
 //! - `cpu loop` (cpu_loop.py): pure-Python arithmetic, no syscalls: what
 //!   99 Hz sampling and scheduler tracing cost a busy interpreter
 //!   (goal: infertrace <= 1.05x).
+//! - `fib` (bench_fib.py): recursive fib(15) per iteration, a deep
+//!   ever-changing Python stack: the cost of Python attribution (goal:
+//!   infertrace <= 1.05x), against `--no-python` and against
+//!   `py-spy record --rate 99 --nonblocking` sampling at the same rate.
 //! - `ping-pong` (pingpong.py): two processes bouncing a byte over two
 //!   pipes, context-switch heavy; both processes are traced
 //!   (goal: infertrace <= 1.3x); also with --no-offcpu-stacks and
 //!   --no-sched, to show where the cost goes.
+//! - `cuda copy` / `cuda launch` (bench_cuda.py): a 0-byte
+//!   `cudaMemcpyAsync` (probed on entry and return) or a `cudaLaunchKernel`
+//!   (probed on entry only) through ctypes, against tests/cudasim's stand-in
+//!   libcudart (built into target/bench/cudasim), where both calls are
+//!   near-free; the line under the table gives infertrace's cost per call,
+//!   traced minus untraced ns/call.
 //!
-//! The last two report the median of equal chunks of their loop, so that a
-//! burst of unrelated load on a shared machine moves the result less; as
-//! root, workloads and tracers run at nice -20 for the same reason.
+//! All but the syscall loop report the median of equal chunks of their loop,
+//! so that a burst of unrelated load on a shared machine moves the result
+//! less; as root, workloads and tracers run at nice -20 for the same reason.
+//! The untraced baseline is the median of runs spread over the workload's
+//! group (one before each traced mode, one after the last, at least 3), so
+//! that load that comes and goes weighs on it as on the traced runs.
 //!
-//! infertrace runs with its defaults (scheduler tracing and 99 Hz sampling
-//! on); the references are `perf record -g -F 99` and a bpftrace
-//! offcputime-style script (sched_switch timestamps per thread, summed by
-//! kernel and user stack).
+//! infertrace runs with its defaults (Python attribution, CUDA probes,
+//! scheduler tracing and 99 Hz sampling on); the references are
+//! `perf record -g -F 99`, a bpftrace offcputime-style script
+//! (sched_switch timestamps per thread, summed by kernel and user stack) and
+//! py-spy.
 //!
 //! Each traced mode starts the workload first, attaches the tracer to its
 //! pid(s) while the workload waits on stdin, then releases the loop, so that
 //! start-up costs of the tracers are never measured. Slow tracers get fewer
 //! iterations: ns/iter is what is compared.
 use std::{
+    cell::OnceCell,
     fs::{self, File},
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
@@ -54,6 +70,8 @@ enum Kind {
     PerfRecord,
     /// bpftrace offcputime-style script.
     BpftraceOffcpu,
+    /// `py-spy record --rate 99 --nonblocking --pid`.
+    PySpy,
 }
 
 struct Mode {
@@ -83,23 +101,50 @@ const fn mode(
 
 const PERF_RECORD: &str = "perf record -g -F 99";
 const BPFTRACE_OFFCPU: &str = "bpftrace offcputime";
+const PY_SPY: &str = "py-spy record --rate 99 --nonblocking";
+const INFERTRACE: &str = "infertrace record -p";
 
 struct Bench {
     /// Name in the table.
     name: &'static str,
     /// Script under tests/workloads/.
     script: &'static str,
+    /// Arguments before the iteration count.
+    args: &'static [&'static str],
+    /// Runs against tests/cudasim's stand-in libcudart (a private build in
+    /// target/bench/cudasim): CUDART and FAKE_KERNELS are set, infertrace
+    /// modes pass `--probed` (the loop waits for the uprobe), and the line
+    /// under the table gives infertrace's cost per call under this name.
+    cuda_probe: Option<&'static str>,
     /// The first mode is the untraced baseline.
     modes: &'static [Mode],
 }
 
-const BENCHES: &[Bench] = &[
+const fn workload(name: &'static str, script: &'static str, modes: &'static [Mode]) -> Bench {
     Bench {
-        name: "syscall loop",
-        script: "syscall_loop.py",
-        modes: &[
+        name,
+        script,
+        args: &[],
+        cuda_probe: None,
+        modes,
+    }
+}
+
+/// `infertrace record -p` with its defaults and a goal.
+const fn infertrace_default(iterations: u64, goal: Option<f64>) -> Mode {
+    Mode {
+        goal,
+        ..mode(Kind::Infertrace(&[]), INFERTRACE, None, iterations)
+    }
+}
+
+const BENCHES: &[Bench] = &[
+    workload(
+        "syscall loop",
+        "syscall_loop.py",
+        &[
             mode(Kind::Untraced, "untraced", None, 1_000_000),
-            mode(Kind::Infertrace(&[]), "infertrace record -p", None, 500_000),
+            infertrace_default(500_000, Some(1.4)),
             mode(
                 Kind::Infertrace(&["--no-sched"]),
                 "infertrace --no-sched -p",
@@ -121,22 +166,15 @@ const BENCHES: &[Bench] = &[
                 Some("bpftrace"),
                 500_000,
             ),
+            mode(Kind::PySpy, PY_SPY, Some("py-spy"), 500_000),
         ],
-    },
-    Bench {
-        name: "cpu loop",
-        script: "cpu_loop.py",
-        modes: &[
+    ),
+    workload(
+        "cpu loop",
+        "cpu_loop.py",
+        &[
             mode(Kind::Untraced, "untraced", None, 10_000_000),
-            Mode {
-                goal: Some(1.05),
-                ..mode(
-                    Kind::Infertrace(&[]),
-                    "infertrace record -p",
-                    None,
-                    10_000_000,
-                )
-            },
+            infertrace_default(10_000_000, Some(1.05)),
             mode(Kind::PerfRecord, PERF_RECORD, Some("perf"), 10_000_000),
             mode(
                 Kind::BpftraceOffcpu,
@@ -145,16 +183,31 @@ const BENCHES: &[Bench] = &[
                 10_000_000,
             ),
         ],
-    },
-    Bench {
-        name: "ping-pong",
-        script: "pingpong.py",
-        modes: &[
+    ),
+    // Python attribution: the Python stack walked at every sample of a
+    // deep, ever-changing stack; without it (--no-python); py-spy sampling
+    // the same process at the same rate.
+    workload(
+        "fib",
+        "bench_fib.py",
+        &[
+            mode(Kind::Untraced, "untraced", None, 16_000),
+            infertrace_default(16_000, Some(1.05)),
+            mode(
+                Kind::Infertrace(&["--no-python"]),
+                "infertrace --no-python -p",
+                None,
+                16_000,
+            ),
+            mode(Kind::PySpy, PY_SPY, Some("py-spy"), 16_000),
+        ],
+    ),
+    workload(
+        "ping-pong",
+        "pingpong.py",
+        &[
             mode(Kind::Untraced, "untraced", None, 100_000),
-            Mode {
-                goal: Some(1.3),
-                ..mode(Kind::Infertrace(&[]), "infertrace record -p", None, 100_000)
-            },
+            infertrace_default(100_000, Some(1.3)),
             // Where the cost goes: without off-CPU stacks, without the
             // scheduler probes.
             mode(
@@ -177,10 +230,49 @@ const BENCHES: &[Bench] = &[
                 100_000,
             ),
         ],
+    ),
+    // CUDA probes, with the stand-in libcudart: per-call cost of a copy API
+    // (entry and return probes) and of a launch API (entry probe only).
+    Bench {
+        args: &["copy"],
+        cuda_probe: Some("copy probe (entry+return)"),
+        ..workload(
+            "cuda copy",
+            "bench_cuda.py",
+            &[
+                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
+                infertrace_default(50_000, None),
+            ],
+        )
+    },
+    Bench {
+        args: &["launch"],
+        cuda_probe: Some("launch probe (entry only)"),
+        ..workload(
+            "cuda launch",
+            "bench_cuda.py",
+            &[
+                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
+                infertrace_default(50_000, None),
+            ],
+        )
     },
 ];
 
-/// Untraced runs; the median is the baseline.
+/// What one iteration is, per workload (printed above the table).
+const LEGEND: &[&str] = &[
+    "syscall loop = Python `os.write(out, os.read(fd, 64))` (2 syscalls), whole loop",
+    "cpu loop     = pure-Python arithmetic, median of 20 chunks",
+    "fib          = recursive pure-Python fib(15) (~2000 calls), median of 20 chunks",
+    "ping-pong    = 1-byte round trip between two Python processes over two pipes (both \
+     traced), median of 10 chunks",
+    "cuda copy    = ctypes cudaMemcpyAsync of 0 bytes device-to-device on the stand-in \
+     libcudart (tests/cudasim), median of 20 chunks",
+    "cuda launch  = ctypes cudaLaunchKernel on the stand-in libcudart, median of 20 chunks",
+];
+
+/// Fewest untraced runs per workload (there is one before each traced mode
+/// and one after the last); the median is the baseline.
 const UNTRACED_RUNS: usize = 3;
 /// Longest a single measured loop may take.
 const LOOP_TIMEOUT: Duration = Duration::from_secs(90);
@@ -217,14 +309,28 @@ pub fn bench(build: bool) -> Result<()> {
         if !script.is_file() {
             bail!("{} is missing", script.display());
         }
-        for mode in b.modes {
+        let (untraced, traced_modes) = b
+            .modes
+            .split_first()
+            .filter(|(u, _)| u.kind == Kind::Untraced)
+            .with_context(|| format!("{}: the first mode must be untraced", b.name))?;
+        // The untraced runs are spread over the workload's group, one before
+        // each traced mode and one after the last (at least UNTRACED_RUNS),
+        // so that the baseline sees the same load on a shared machine as
+        // the traced runs do.
+        let mut baseline = if is_missing(&ctx, untraced) {
+            None
+        } else {
+            Some(Untraced::default())
+        };
+        let mut group = Vec::new();
+        for mode in traced_modes {
+            if let Some(u) = baseline.as_mut() {
+                u.run(&ctx, &script, b, untraced);
+            }
             // Progress on stderr; stdout gets the table only.
-            eprint!("bench: {:<13} {:<32} ", b.name, mode.label);
-            let outcome = if mode.kind == Kind::Untraced {
-                untraced_median(&ctx, &script, mode)
-            } else if mode.tool.is_some_and(|t| util::which(t).is_none())
-                || (matches!(mode.kind, Kind::Infertrace(_)) && !util::infertrace_bin().is_file())
-            {
+            eprint!("bench: {:<13} {:<37} ", b.name, mode.label);
+            let outcome = if baseline.is_none() || is_missing(&ctx, mode) {
                 Outcome::Missing
             } else {
                 match traced(&ctx, &script, b, mode) {
@@ -237,8 +343,26 @@ pub fn bench(build: bool) -> Result<()> {
                 Outcome::Missing => eprintln!("n/a (tool missing)"),
                 Outcome::Failed(_) => eprintln!("failed"),
             }
-            rows.push((b, mode, outcome));
+            group.push((b, mode, outcome));
         }
+        let outcome = match baseline.as_mut() {
+            Some(u) => {
+                u.run(&ctx, &script, b, untraced);
+                while u.samples.len() < UNTRACED_RUNS && u.error.is_none() {
+                    u.run(&ctx, &script, b, untraced);
+                }
+                u.outcome()
+            }
+            None => {
+                eprintln!(
+                    "bench: {:<13} {:<37} n/a (tool missing)",
+                    b.name, untraced.label
+                );
+                Outcome::Missing
+            }
+        };
+        rows.push((b, untraced, outcome));
+        rows.extend(group);
     }
 
     let baseline = |b: &Bench| {
@@ -252,18 +376,14 @@ pub fn bench(build: bool) -> Result<()> {
         })
     };
     eprintln!();
-    println!(
-        "ns per iteration: syscall loop = Python `os.write(out, os.read(fd, 64))` (2 syscalls), \
-         whole loop; cpu loop = pure-Python arithmetic, median of 20 chunks; ping-pong = 1-byte \
-         round trip between two Python processes over two pipes (both traced), median of 10 \
-         chunks{}",
-        if util::is_root() {
-            "; workloads and tracers at nice -20"
-        } else {
-            ""
-        }
-    );
-    const W: [usize; 6] = [13, 32, 10, 12, 12, 17];
+    println!("ns per iteration (cost of one loop iteration inside the workload):");
+    for line in LEGEND {
+        println!("  {line}");
+    }
+    if util::is_root() {
+        println!("  workloads and tracers at nice -20");
+    }
+    const W: [usize; 6] = [12, 37, 10, 12, 12, 17];
     println!(
         "{:<w0$} {:<w1$} {:>w2$} {:>w3$} {:>w4$} {:>w5$}",
         "workload",
@@ -339,14 +459,47 @@ pub fn bench(build: bool) -> Result<()> {
     for n in &notes {
         println!("  note: {n}");
     }
+    let probes: Vec<String> = BENCHES
+        .iter()
+        .filter_map(|b| {
+            let label = b.cuda_probe?;
+            let traced = rows.iter().find_map(|(rb, m, o)| match o {
+                Outcome::Measured { ns_per_iter, .. }
+                    if std::ptr::eq(*rb, b) && m.kind == Kind::Infertrace(&[]) =>
+                {
+                    Some(*ns_per_iter)
+                }
+                _ => None,
+            });
+            Some(match (traced, baseline(b)) {
+                (Some(t), Some(u)) => format!("{label}: {:.0} ns/call", t - u),
+                _ => format!("{label}: n/a"),
+            })
+        })
+        .collect();
+    if !probes.is_empty() {
+        println!(
+            "CUDA probes, {INFERTRACE} minus untraced (stand-in libcudart): {}",
+            probes.join("; ")
+        );
+    }
     println!(
         "(total {:.0}s; tracer logs in {})",
         started.elapsed().as_secs_f64(),
         ctx.out_dir.display()
     );
+    // A workload whose untraced run was not measured (but for a missing
+    // tool) has no ratios: an error.
     let no_baseline: Vec<&str> = BENCHES
         .iter()
-        .filter(|b| baseline(b).is_none())
+        .filter(|b| {
+            baseline(b).is_none()
+                && !rows.iter().any(|(rb, m, o)| {
+                    std::ptr::eq(*rb, *b)
+                        && m.kind == Kind::Untraced
+                        && matches!(o, Outcome::Missing)
+                })
+        })
         .map(|b| b.name)
         .collect();
     if !no_baseline.is_empty() {
@@ -366,17 +519,47 @@ pub fn bench(build: bool) -> Result<()> {
 
 struct Ctx {
     python: PathBuf,
+    /// The real py-spy (next to the interpreter, else on PATH), not a pyenv
+    /// shim in front of it.
+    py_spy: Option<PathBuf>,
     out_dir: PathBuf,
+    /// The stand-in libcudart, built on first use.
+    cudasim: OnceCell<Result<PathBuf, String>>,
 }
 
 impl Ctx {
     fn new() -> Result<Self> {
         let out_dir = util::target_dir().join("bench");
         fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+        let python = util::python3()?;
+        let py_spy = python
+            .parent()
+            .map(|d| d.join("py-spy"))
+            .filter(|p| p.is_file())
+            .or_else(|| util::which("py-spy"));
         Ok(Self {
-            python: util::python3()?,
+            python,
+            py_spy,
             out_dir,
+            cudasim: OnceCell::new(),
         })
+    }
+
+    /// tests/cudasim/build.sh into target/bench/cudasim: a copy of the
+    /// stand-in of our own, so that uprobes other tracers (tests running at
+    /// the same time) put on target/cudasim's never reach the untraced runs.
+    fn cudasim(&self) -> Result<&Path> {
+        let built = self.cudasim.get_or_init(|| {
+            let dir = self.out_dir.join("cudasim");
+            let script = util::workspace_root().join("tests/cudasim/build.sh");
+            util::output(Command::new("sh").arg(&script).arg(&dir))
+                .map(|_| dir)
+                .map_err(|e| format!("building the CUDA stand-in: {e:#}"))
+        });
+        match built {
+            Ok(dir) => Ok(dir),
+            Err(e) => bail!("{e}"),
+        }
     }
 }
 
@@ -406,31 +589,75 @@ fn ensure_tracefs() {
         .status();
 }
 
-fn untraced_median(ctx: &Ctx, script: &Path, mode: &Mode) -> Outcome {
-    let mut samples = Vec::new();
-    for _ in 0..UNTRACED_RUNS {
-        match run_untraced(ctx, script, mode.iterations) {
-            Ok(ns) => samples.push(ns),
-            Err(e) => return Outcome::Failed(format!("{e:#}")),
-        }
-    }
-    samples.sort_by(f64::total_cmp);
-    let note = format!(
-        "median of {UNTRACED_RUNS} runs: {}",
-        samples
-            .iter()
-            .map(|s| format!("{s:.1}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Outcome::Measured {
-        ns_per_iter: samples[samples.len() / 2],
-        note: Some(note),
+/// Whether the program a mode needs is missing.
+fn is_missing(ctx: &Ctx, mode: &Mode) -> bool {
+    match mode.kind {
+        Kind::PySpy => ctx.py_spy.is_none(),
+        Kind::Infertrace(_) => !util::infertrace_bin().is_file(),
+        _ => mode.tool.is_some_and(|t| util::which(t).is_none()),
     }
 }
 
-fn run_untraced(ctx: &Ctx, script: &Path, iterations: u64) -> Result<f64> {
-    let mut w = Workload::start(ctx, script, iterations)?;
+/// The untraced runs of one workload; their median is the baseline.
+#[derive(Default)]
+struct Untraced {
+    /// ns/iter, in the order of the runs.
+    samples: Vec<f64>,
+    error: Option<String>,
+}
+
+impl Untraced {
+    /// One more run, unless one has failed.
+    fn run(&mut self, ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) {
+        if self.error.is_some() {
+            return;
+        }
+        eprint!(
+            "bench: {:<13} {:<37} ",
+            bench.name,
+            format!("{} (run {})", mode.label, self.samples.len() + 1)
+        );
+        match run_untraced(ctx, script, bench, mode) {
+            Ok(ns) => {
+                eprintln!("{ns:.1} ns/iter");
+                self.samples.push(ns);
+            }
+            Err(e) => {
+                eprintln!("failed");
+                self.error = Some(format!("{e:#}"));
+            }
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        if let Some(e) = &self.error {
+            return Outcome::Failed(e.clone());
+        }
+        let mut sorted = self.samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        let note = format!(
+            "median of {n} runs, in run order: {}",
+            self.samples
+                .iter()
+                .map(|s| format!("{s:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Outcome::Measured {
+            ns_per_iter: median,
+            note: Some(note),
+        }
+    }
+}
+
+fn run_untraced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<f64> {
+    let mut w = Workload::start(ctx, script, bench, mode)?;
     let ns = w.release_and_measure()?;
     w.finish()?;
     Ok(ns)
@@ -447,11 +674,21 @@ struct Workload {
 }
 
 impl Workload {
-    fn start(ctx: &Ctx, script: &Path, iterations: u64) -> Result<Self> {
-        let mut child = boosted(&ctx.python)
-            .arg(script)
-            .arg(iterations.to_string())
-            .arg("--wait")
+    fn start(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Self> {
+        let mut cmd = boosted(&ctx.python);
+        cmd.arg(script)
+            .args(bench.args)
+            .arg(mode.iterations.to_string())
+            .arg("--wait");
+        if bench.cuda_probe.is_some() {
+            let dir = ctx.cudasim()?;
+            cmd.env("CUDART", dir.join("libcudart.so.12"))
+                .env("FAKE_KERNELS", dir.join("libfakekernels.so"));
+            if matches!(mode.kind, Kind::Infertrace(f) if !f.contains(&"--no-cuda")) {
+                cmd.arg("--probed");
+            }
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -708,7 +945,7 @@ fn slug(parts: &[&str]) -> String {
 }
 
 fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcome> {
-    let mut w = Workload::start(ctx, script, mode.iterations)?;
+    let mut w = Workload::start(ctx, script, bench, mode)?;
     let pids = w.pids.clone();
     let name = slug(&[bench.name, mode.label]);
     let log = ctx.out_dir.join(format!("{name}.log"));
@@ -816,6 +1053,28 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
             .arg(&data);
             let mut t = Tracer::spawn(cmd, log)?;
             t.wait_for_probes()?;
+            t
+        }
+        Kind::PySpy => {
+            let svg = ctx.out_dir.join(format!("{name}.svg"));
+            let _ = fs::remove_file(&svg);
+            let py_spy = ctx.py_spy.as_ref().context("py-spy is not installed")?;
+            let mut cmd = boosted(py_spy);
+            cmd.args([
+                "record",
+                "--rate",
+                "99",
+                "--pid",
+                &pids[0].to_string(),
+                "-o",
+            ])
+            .arg(&svg)
+            .arg("--nonblocking");
+            let mut t = Tracer::spawn(cmd, log)?;
+            // Printed once it has read the interpreter's state; the first
+            // samples follow.
+            t.wait_for_output("Sampling process")?;
+            thread::sleep(Duration::from_secs(1));
             t
         }
         Kind::Untraced => unreachable!("untraced runs do not come here"),

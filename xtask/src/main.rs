@@ -25,8 +25,22 @@ commands:
              --e2e         end-to-end tests only
              -- ARGS...    passed to the test binaries of both runs
                            (e.g. a name filter, --nocapture)
-  bench    build, then the slowdown of a syscall-bound Python loop untraced,
-           under infertrace, bpftrace, strace and perf trace (one table)
+  bench    build, then one table of Python workloads (tests/workloads/)
+           untraced and traced, in ns/iteration and x untraced (~2-3 min):
+             syscall loop  os.read+os.write: infertrace (goal <= 1.4x),
+                           --no-sched, bpftrace, strace -c, perf trace -s,
+                           perf record -g, bpftrace offcputime, py-spy
+             cpu loop      pure-Python arithmetic: infertrace (<= 1.05x),
+                           perf record -g, bpftrace offcputime
+             fib           recursive fib, Python attribution: infertrace
+                           (<= 1.05x), --no-python, py-spy record --rate 99
+             ping-pong     two processes over pipes: infertrace (<= 1.3x),
+                           --no-offcpu-stacks, --no-sched, perf record -g,
+                           bpftrace offcputime
+             cuda copy,    cudaMemcpyAsync / cudaLaunchKernel on the
+             cuda launch   tests/cudasim stand-in: infertrace's cost per
+                           call (copy: entry+return probes; launch: entry)
+           missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
   help     this text
 ";

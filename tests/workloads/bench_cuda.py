@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""CUDA probe cost benchmark used by `cargo xtask bench`.
+
+Calls one CUDA runtime function in a loop through ctypes and prints the cost
+per call, so that the difference between a traced and an untraced run is
+what infertrace's probes add to each call:
+
+  copy    cudaMemcpyAsync(dev, dev2, 0, cudaMemcpyDeviceToDevice, 0): a copy
+          API, probed on entry and on return
+  launch  cudaLaunchKernel(kernel, grid, block, NULL, 0, 0): a launch API,
+          probed on entry only
+
+The library is $CUDART, meant to be tests/cudasim's stand-in (NOT CUDA; see
+tests/cudasim/cudasim.c), where both calls are near-free: a 0-byte
+device-to-device copy is queued asynchronously without sleeping and a launch
+only moves the stream's simulated busy time forward, so the loop measures
+the call path and the probes, not a simulated GPU. Kernel host stubs come
+from $FAKE_KERNELS (tests/cudasim/kernels.c). Any tracer's uprobes on the
+library file count, so the bench builds a private copy for itself.
+
+Usage: bench_cuda.py copy|launch ITERATIONS [--wait] [--probed]
+
+With --probed the timed loop starts only once the probed function's first
+byte is int3 (the uprobe is in place; as in cuda_patterns.py), then
+$PROBE_SETTLE_S more seconds (default 0.2), giving up with exit code 3 after
+$PROBE_WAIT_S seconds (default 20). The loop runs in CHUNKS equal chunks and
+the result is the median chunk's ns per call. Otherwise the same protocol as
+syscall_loop.py: with --wait it prints `ready PID`, waits for a line on stdin,
+runs the timed loop, prints `ns_per_iter VALUE`, and stays alive until stdin
+is closed.
+"""
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+CHUNKS = 20
+DtoD = 3
+FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel"}
+
+
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def wait_for_probe(lib, name):
+    """Waits until `name` starts with int3 (cuda_patterns.py's wait_for_probes)."""
+    limit = float(os.environ.get("PROBE_WAIT_S", "20"))
+    addr = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    deadline = time.monotonic() + limit
+    while ctypes.string_at(addr, 1) != b"\xcc":
+        if time.monotonic() > deadline:
+            print(f"the probe never appeared on {name}", file=sys.stderr)
+            sys.exit(3)
+        time.sleep(0.01)
+    # The entry probe shows first; a return probe follows within milliseconds.
+    time.sleep(float(os.environ.get("PROBE_SETTLE_S", "0.2")))
+
+
+def copies(lib, n):
+    f = lib.cudaMemcpyAsync
+    dst = ctypes.c_void_p(0x7E0000000000)  # device pointers, never dereferenced
+    src = ctypes.c_void_p(0x7E0000100000)
+    zero = ctypes.c_size_t(0)
+    kind = ctypes.c_int(DtoD)
+    for _ in range(n):
+        f(dst, src, zero, kind, None)
+
+
+def launches(lib, kernel, n):
+    f = lib.cudaLaunchKernel
+    grid, block = dim3(1, 1, 1), dim3(32, 1, 1)
+    zero = ctypes.c_size_t(0)
+    for _ in range(n):
+        f(kernel, grid, block, None, zero, None)
+
+
+def main() -> int:
+    if len(sys.argv) < 3 or sys.argv[1] not in FUNCTIONS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    what = sys.argv[1]
+    iterations = int(sys.argv[2])
+    wait = "--wait" in sys.argv[3:]
+    probed = "--probed" in sys.argv[3:]
+
+    lib = ctypes.CDLL(os.environ["CUDART"])
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    kernel = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    if what == "copy":
+        loop = lambda n: copies(lib, n)  # noqa: E731
+    else:
+        loop = lambda n: launches(lib, kernel, n)  # noqa: E731
+
+    if wait:
+        print(f"ready {os.getpid()}", flush=True)
+        if not sys.stdin.readline():
+            return 1  # the driver went away
+    if probed:
+        wait_for_probe(lib, FUNCTIONS[what])
+
+    loop(min(iterations // 10, 10_000))  # warm-up
+
+    per_chunk = max(iterations // CHUNKS, 1)
+    samples = []
+    for _ in range(CHUNKS):
+        start = time.perf_counter_ns()
+        loop(per_chunk)
+        samples.append((time.perf_counter_ns() - start) / per_chunk)
+
+    print(f"ns_per_iter {statistics.median(samples):.1f}", flush=True)
+    if wait:
+        sys.stdin.read()  # until the driver closes stdin
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
