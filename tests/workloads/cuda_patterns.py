@@ -128,9 +128,15 @@ def per_thread_stream(lib, n):
 def two_d(lib):
     buf = ctypes.create_string_buffer(4096)
     stream = ctypes.c_void_p(0x5A0)
-    for _ in range(3):
-        # dst, dpitch, src, spitch, width, height, kind (on the stack), stream (on the stack)
+    for i in range(16):
+        buf[0:8] = i.to_bytes(8, "little")
+        # dst, dpitch, src, spitch, width, height, kind (on the stack), stream
+        # (on the stack): the sync pairs with the copy only if the stream read
+        # from the stack is right.
         lib.cudaMemcpy2DAsync(DEV, size(256), buf, size(256), size(200), size(10), HtoD, stream)  # @copy2d_async
+        lib.cudaStreamSynchronize(stream)  # @copy2d_sync
+    lib.cudaMemcpy2DAsync(DEV, size(256), buf, size(256), size(200), size(10), HtoD, stream)  # @copy2d_other
+    lib.cudaStreamSynchronize(ctypes.c_void_p(0x5B0))  # @other_stream_sync
     for _ in range(2):
         lib.cudaMemcpy2D(buf, size(128), DEV, size(128), size(100), size(5), DtoH)  # @copy2d
     lib.cudaMemcpy2DAsync_ptsz(DEV, size(64), buf, size(64), size(64), size(4), HtoD, None)  # @copy2d_ptsz

@@ -257,7 +257,10 @@ fn real_libcudart_calls_sites_and_findings() {
     expect("cudaMemcpyAsync_ptsz", "ptsz_copy", Some("HtoD"), 40, 40 * 2048);
     expect("cudaStreamSynchronize_ptsz", "ptsz_sync", None, 40, 0);
     expect("cudaMemcpy_ptds", "ptds_copy", Some("DtoD"), 5, 5 * 1024);
-    expect("cudaMemcpy2DAsync", "copy2d_async", Some("HtoD"), 3, 3 * 2000);
+    expect("cudaMemcpy2DAsync", "copy2d_async", Some("HtoD"), 16, 16 * 2000);
+    expect("cudaStreamSynchronize", "copy2d_sync", None, 16, 0);
+    expect("cudaMemcpy2DAsync", "copy2d_other", Some("HtoD"), 1, 2000);
+    expect("cudaStreamSynchronize", "other_stream_sync", None, 1, 0);
     expect("cudaMemcpy2D", "copy2d", Some("DtoH"), 2, 2 * 500);
     expect("cudaMemcpy2DAsync_ptsz", "copy2d_ptsz", Some("HtoD"), 1, 256);
     expect("cudaMemcpy2D_ptds", "copy2d_ptds", Some("DtoD"), 1, 64);
@@ -273,7 +276,7 @@ fn real_libcudart_calls_sites_and_findings() {
     expect("cudaEventSynchronize", "event_sync", None, 2, 0);
     // Nothing else: every call has its marker's line.
     let total: u64 = r.calls.iter().map(|c| c.count).sum();
-    assert_eq!(total, 200 + 200 + 100 + 100 + 64 + 20 + 3 + 40 + 40 + 5 + 3 + 2 + 1 + 1 + 3 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 2);
+    assert_eq!(total, 200 + 200 + 100 + 100 + 64 + 20 + 3 + 40 + 40 + 5 + 16 + 16 + 1 + 1 + 2 + 1 + 1 + 3 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 2);
 
     // Launches: by kernel (symbolized, demangled) and site.
     let launch = |kernel: &str, marker: &str| {
@@ -295,10 +298,13 @@ fn real_libcudart_calls_sites_and_findings() {
     assert_eq!(t.findings_at("const_copy"), ["repeated_upload"]);
     assert_eq!(t.findings_at("pageable_copy"), ["pageable_copy"]);
     assert_eq!(t.findings_at("ptsz_copy"), ["small_htod_copies", "sync_after_copy"]);
-    for quiet in ["large_copy", "large_async", "large_sync", "copy2d_async", "default_copy", "malloc"] {
+    // 16 copies on stream 0x5a0 (read from the stack), each followed by a
+    // sync of that stream.
+    assert_eq!(t.findings_at("copy2d_async"), ["sync_after_copy"]);
+    for quiet in ["large_copy", "large_async", "large_sync", "copy2d_other", "default_copy", "malloc"] {
         assert!(t.findings_at(quiet).is_empty(), "@{quiet}: {:?}", t.findings_at(quiet));
     }
-    assert_eq!(r.findings.len(), 7, "{:#?}", r.findings);
+    assert_eq!(r.findings.len(), 8, "{:#?}", r.findings);
     let f = r.findings.iter().find(|f| f.kind == "tiny_dtoh_sync").unwrap();
     assert_eq!((f.count, f.bytes), (100, 400));
     let f = r.findings.iter().find(|f| f.kind == "repeated_upload").unwrap();
