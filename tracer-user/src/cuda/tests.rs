@@ -90,15 +90,24 @@ fn markers(source: &Path) -> BTreeMap<String, u32> {
 }
 
 /// A private copy of `lib` named `name` (its own inode: probes of other
-/// tests running at the same time on the original do not show in it).
-fn private_copy(lib: &Path, test: &str, name: &str) -> PathBuf {
+/// tests running at the same time on the original do not show in it),
+/// removed with the returned guard.
+fn private_copy(lib: &Path, test: &str, name: &str) -> (PathBuf, RemoveOnDrop) {
     let dir = std::env::temp_dir().join(format!("infertrace-cuda-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::copy(lib, &tmp).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
-    path
+    (path, RemoveOnDrop(dir))
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 struct Traced {
@@ -221,7 +230,7 @@ fn trace_command(mut cmd: Command, source: &Path, python_expected: bool) -> Trac
 fn real_libcudart_calls_sites_and_findings() {
     let test = "real_libcudart_calls_sites_and_findings";
     let Some(libs) = prerequisites(test) else { return };
-    let lib = private_copy(&libs.real, test, "libcudart.so.12");
+    let (lib, _dir) = private_copy(&libs.real, test, "libcudart.so.12");
     let t = trace("patterns", &lib, &libs.kernels, &[]);
     eprintln!("{}", t.describe());
     let r = &t.report;
@@ -374,7 +383,7 @@ fn library_loaded_after_attach() {
     let test = "library_loaded_after_attach";
     let Some(libs) = prerequisites(test) else { return };
     // A renamed copy, as auditwheel vendors it into wheels.
-    let lib = private_copy(&libs.real, test, "libcudart-5f1a2b3c.so.12");
+    let (lib, _dir) = private_copy(&libs.real, test, "libcudart-5f1a2b3c.so.12");
     let t = trace("late", &lib, &libs.kernels, &[("LATE_S", "1.0")]);
     assert!(t.notes.is_empty(), "libcudart was not mapped at the first scan: {:?}", t.notes);
     let c = t.call("cudaMemcpyAsync", "small_copy");
@@ -406,7 +415,7 @@ fn native_call_site() {
 fn exited_threads_leave_the_kernel_maps() {
     let test = "exited_threads_leave_the_kernel_maps";
     let Some(libs) = prerequisites(test) else { return };
-    let lib = private_copy(&libs.real, test, "libcudart.so.12");
+    let (lib, _dir) = private_copy(&libs.real, test, "libcudart.so.12");
     let t = trace("threads", &lib, &libs.kernels, &[]);
     // The workers' entries were moved out while the main thread waited.
     assert!(t.leftover_tids.iter().all(|tid| *tid == t.pid), "{:?} (pid {})", t.leftover_tids, t.pid);
