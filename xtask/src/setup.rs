@@ -32,14 +32,15 @@ const PREFIX_DIR: &str = ".local/share/infertrace";
 
 pub fn setup() -> Result<()> {
     let started = Instant::now();
-    step("1/4", "nightly toolchain with rust-src", rust_src)?;
+    step("1/5", "nightly toolchain with rust-src", rust_src)?;
     step(
-        "2/4",
+        "2/5",
         "bpf-linker (built against the nightly's LLVM)",
         bpf_linker,
     )?;
-    step("3/4", "Debian packages", apt_packages)?;
-    step("4/4", "py-spy (Python fixtures)", py_spy)?;
+    step("3/5", "Debian packages", apt_packages)?;
+    step("4/5", "py-spy (Python fixtures)", py_spy)?;
+    step("5/5", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -317,7 +318,7 @@ fn py_spy() -> Result<String> {
     };
     if run(&mut pip()).is_err() {
         // Debian's system Python is "externally managed" (PEP 668).
-        println!("setup [4/4] pip refused; retrying with --break-system-packages");
+        println!("setup [4/5] pip refused; retrying with --break-system-packages");
         run(pip().arg("--break-system-packages"))?;
     }
     if util::which("pyenv").is_some() {
@@ -326,4 +327,23 @@ fn py_spy() -> Result<String> {
     }
     let v = py_spy_version().context("pip succeeded but py-spy is not importable metadata-wise")?;
     Ok(format!("installed py-spy {v}"))
+}
+
+/// NVIDIA's real libcudart.so.12 (nvidia-cuda-runtime-cu12 wheel) into
+/// target/cuda-real, for the CUDA probe tests; idempotent.
+fn real_cudart() -> Result<String> {
+    let root = crate::util::workspace_root();
+    let lib = root.join("target/cuda-real/libcudart.so.12");
+    if lib.exists() {
+        return Ok(ALREADY.to_owned());
+    }
+    let status = Command::new("sh")
+        .arg(root.join("tests/cudasim/fetch-cudart.sh"))
+        .current_dir(&root)
+        .status()
+        .context("running tests/cudasim/fetch-cudart.sh")?;
+    if !status.success() || !lib.exists() {
+        bail!("tests/cudasim/fetch-cudart.sh failed ({status}); it needs `python3 -m pip` and PyPI");
+    }
+    Ok(format!("fetched into {}", lib.display()))
 }
