@@ -214,6 +214,8 @@ fn load_object(btf: &Btf, tracefs: Option<&Path>, opts: &RecordOptions) -> Resul
         .override_global("NR_EXIT_GROUP", &arch.nr_exit_group, true)
         .override_global("NR_FUTEX", &arch.nr_futex, true)
         .override_global("PT_REGS_ARG0_OFFSET", &arch.regs_arg0_offset, true)
+        .override_global("CUDA_REGS_SP_OFFSET", &arch.regs_sp_offset, true)
+        .override_global("CUDA_REGS_LR_OFFSET", &arch.regs_lr_offset, true)
         .override_global("SLOW_SYSCALL_NS", &slow_ns, true)
         .override_global("NR_CLONE", &nr_clone, true)
         .override_global("NR_FORK", &nr_fork, true)
@@ -322,6 +324,8 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticks: u64 = 0;
+    // (pid, tick): processes whose mappings to snapshot again.
+    let mut reobserve: Vec<(u32, u64)> = Vec::new();
     let reason = loop {
         tokio::select! {
             _ = sigint.recv() => break StopReason::Signal,
@@ -347,7 +351,21 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                     }
                     cuda.poll(&mut ebpf)?;
                 }
+                // Snapshot the mappings of new images again once the
+                // dynamic loader has mapped their libraries.
+                for ev in &events {
+                    if let Lifecycle::Forked { pid, .. } | Lifecycle::Execed { pid, .. } = ev {
+                        reobserve.push((*pid, ticks + 2));
+                    }
+                }
                 apply_lifecycle(&mut states, events, &mut symbolizer);
+                reobserve.retain(|&(pid, due)| {
+                    if due > ticks {
+                        return true;
+                    }
+                    symbolizer.observe_process(pid);
+                    false
+                });
                 if let Some(l) = launched.as_mut() {
                     if let Some(code) = l.reap(false) {
                         if let Some(s) = states.get_mut(&l.pid) { s.target.exit_code = Some(code); }
@@ -357,6 +375,10 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                 if ticks % 10 == 0 {
                     accounting.drain(&mut ebpf, true)?;
                     sched.drain(&mut ebpf)?;
+                    // Libraries loaded since (dlopen): keep the snapshots current.
+                    for st in states.values().filter(|s| s.alive) {
+                        symbolizer.observe_process(st.target.pid);
+                    }
                 }
                 status.show(t0.elapsed(), alive, accounting.total_calls());
                 if alive == 0 {

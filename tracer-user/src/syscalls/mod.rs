@@ -52,6 +52,10 @@ pub struct ArchConstants {
     pub regs_nr_offset: u64,
     /// Offset of the first syscall argument.
     pub regs_arg0_offset: u64,
+    /// Offsets of the user stack pointer and of the link register (u64::MAX:
+    /// none, the return address is on the stack) for the CUDA uprobes.
+    pub regs_sp_offset: u64,
+    pub regs_lr_offset: u64,
 }
 
 /// The constants for the host architecture.
@@ -65,6 +69,8 @@ pub fn arch_constants() -> Option<ArchConstants> {
             nr_clone_family: (56, 57, 58, 435),
             regs_nr_offset: 15 * 8,
             regs_arg0_offset: 14 * 8,
+            regs_sp_offset: 19 * 8,
+            regs_lr_offset: u64::MAX,
         }),
         // pt_regs: regs[31], sp, pc, pstate, orig_x0, syscallno ...
         "aarch64" => Some(ArchConstants {
@@ -74,6 +80,8 @@ pub fn arch_constants() -> Option<ArchConstants> {
             nr_clone_family: (220, u32::MAX, u32::MAX, 435),
             regs_nr_offset: 31 * 8 + 4 * 8,
             regs_arg0_offset: 0,
+            regs_sp_offset: 31 * 8,
+            regs_lr_offset: 30 * 8,
         }),
         _ => None,
     }
