@@ -31,11 +31,11 @@ is closed.
 """
 import ctypes
 import os
-import statistics
 import sys
 import time
 
-CHUNKS = 20
+import benchlib
+
 DtoD = 3
 FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel"}
 
@@ -94,25 +94,12 @@ def main() -> int:
         loop = lambda n: launches(lib, kernel, n)  # noqa: E731
 
     if wait:
-        print(f"ready {os.getpid()}", flush=True)
-        if not sys.stdin.readline():
+        if not benchlib.handshake():
             return 1  # the driver went away
     if probed:
         wait_for_probe(lib, FUNCTIONS[what])
 
-    loop(min(iterations // 10, 10_000))  # warm-up
-
-    per_chunk = max(iterations // CHUNKS, 1)
-    samples = []
-    for _ in range(CHUNKS):
-        start = time.perf_counter_ns()
-        loop(per_chunk)
-        samples.append((time.perf_counter_ns() - start) / per_chunk)
-
-    print(f"ns_per_iter {statistics.median(samples):.1f}", flush=True)
-    if wait:
-        sys.stdin.read()  # until the driver closes stdin
-    return 0
+    return benchlib.time_chunks(loop, iterations, min(iterations // 10, 10_000), wait)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,10 @@ Same protocol as syscall_loop.py: with --wait it prints `ready PID`, waits for
 a line on stdin, runs the timed loop, prints `ns_per_iter VALUE`, and stays
 alive until stdin is closed.
 """
-import os
-import statistics
 import sys
-import time
 
-CHUNKS = 20
+import benchlib
+
 FIB_N = 15
 
 
@@ -46,23 +44,10 @@ def main() -> int:
     wait = "--wait" in sys.argv[2:]
 
     if wait:
-        print(f"ready {os.getpid()}", flush=True)
-        if not sys.stdin.readline():
+        if not benchlib.handshake():
             return 1  # the driver went away
 
-    run(max(iterations // 100, 10))  # warm-up
-
-    per_chunk = max(iterations // CHUNKS, 1)
-    samples = []
-    for _ in range(CHUNKS):
-        start = time.perf_counter_ns()
-        run(per_chunk)
-        samples.append((time.perf_counter_ns() - start) / per_chunk)
-
-    print(f"ns_per_iter {statistics.median(samples):.1f}", flush=True)
-    if wait:
-        sys.stdin.read()  # until the driver closes stdin
-    return 0
+    return benchlib.time_chunks(run, iterations, max(iterations // 100, 10), wait)
 
 
 if __name__ == "__main__":
