@@ -8,7 +8,7 @@ DELAY_SECONDS. Prints `reader tid TID line LINE` on stderr (LINE: the line of
 the os.read call).
 
 The workload first idles STARTUP_S: infertrace finds a launched interpreter
-and publishes its thread states within ~100 ms of its start (docs/python.md);
+and publishes its thread states within ~25 ms of its initialization (docs/python.md);
 an interval that begins before that carries native frames only.
 """
 import os

@@ -33,6 +33,10 @@ use crate::{
 
 pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
 
+/// How often the Python thread maps are refreshed and starting interpreters
+/// retried (docs/python.md).
+const PYTHON_REFRESH: Duration = Duration::from_millis(25);
+
 const TRUNCATED_COUNTER: &str = tracer_common::counters::NAMES[tracer_common::counters::PY_STACKS_TRUNCATED as usize];
 
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +326,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
 
     let status = StatusLine::new(opts.quiet);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut py_tick = tokio::time::interval(PYTHON_REFRESH);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticks: u64 = 0;
     // (pid, tick): processes whose mappings to snapshot again.
@@ -331,6 +336,9 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
             _ = sigint.recv() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
+            // New Python threads get their thread state into the kernel map
+            // quickly: until then their samples carry native frames only.
+            _ = py_tick.tick(), if opts.python => python.refresh_all(&mut ebpf)?,
             _ = tick.tick() => {
                 ticks += 1;
                 let events = follower.poll();
@@ -498,9 +506,8 @@ fn sweep_targets(ebpf: &mut Ebpf, states: &mut BTreeMap<u32, TargetState>) -> Re
     Ok(alive)
 }
 
-/// Python processes: examine new and exec'd ones, and refresh the thread
-/// maps every tick (a thread started since the last tick has no Python
-/// stack until then); resolve new stacks every `resolve` tick.
+/// Python processes: examine new and exec'd ones; resolve new stacks every
+/// `resolve` tick (the thread maps are refreshed every `PYTHON_REFRESH`).
 fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifecycle], resolve: bool) -> Result<(), RecordError> {
     for ev in events {
         match ev {
@@ -509,7 +516,6 @@ fn python_lifecycle(ebpf: &mut Ebpf, python: &mut PythonTargets, events: &[Lifec
             Lifecycle::Exited { pid } => python.exited(ebpf, *pid)?,
         }
     }
-    python.refresh_all(ebpf)?;
     if resolve {
         python.resolve_new(ebpf)?;
     }
