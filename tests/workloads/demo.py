@@ -9,11 +9,16 @@ seconds and exercises every kind of time infertrace attributes:
 - syscalls: each response is written with os.write to /dev/null;
 - off-CPU waits: time.sleep between requests (batching delay);
 - errors: a cache lookup opens a file that does not exist (ENOENT);
-- process creation: one helper subprocess (`true`) is forked and exec'd.
+- process creation: one helper subprocess (`true`) is forked and exec'd;
+- GPU input copies, when $CUDART names a libcudart (`cargo xtask demo` passes
+  tests/cudasim's timing SIMULATOR, not CUDA): every request copies its
+  input batch host-to-device from pageable memory and synchronizes right
+  after, the `.to('cuda')` pattern infertrace's detector names.
 
 Everything is fixed (sizes, counts, seeds), so two runs make the same
 syscalls in the same order; only the timings differ.
 """
+import ctypes
 import os
 import shutil
 import subprocess
@@ -80,9 +85,32 @@ def postprocess(y):
     return f"label={best} score={y[best]:.6f}\n".encode()
 
 
-def handle_request(weights, out_fd, request_id):
+BATCH_BYTES = 256 * 1024  # one request's input batch, copied to the "GPU"
+HOST_TO_DEVICE = 1
+
+
+class Gpu:
+    """The CUDA runtime calls PyTorch makes for `batch.to('cuda')`:
+    cudaMemcpyAsync from a pageable buffer, then cudaStreamSynchronize."""
+
+    def __init__(self, path):
+        self.rt = ctypes.CDLL(path)
+        self.device = ctypes.c_void_p()
+        self.rt.cudaMalloc(ctypes.byref(self.device), ctypes.c_size_t(BATCH_BYTES))
+        self.batch = ctypes.create_string_buffer(BATCH_BYTES)  # pageable
+        time.sleep(0.5)  # lets a tracer notice the library loaded just now
+
+    def to_device(self):
+        self.rt.cudaMemcpyAsync(self.device, self.batch, ctypes.c_size_t(BATCH_BYTES),
+                                HOST_TO_DEVICE, None)
+        self.rt.cudaStreamSynchronize(None)
+
+
+def handle_request(weights, out_fd, request_id, gpu=None):
     if lookup_cache(request_id) is not None:
         return 0
+    if gpu is not None:
+        gpu.to_device()
     y = forward(weights, preprocess(request_id))
     response = postprocess(y)
     os.write(out_fd, response)
@@ -101,10 +129,11 @@ def main():
         write_model(model)
         weights = load_model(model)
         out_fd = os.open(os.devnull, os.O_WRONLY)
+        gpu = Gpu(os.environ["CUDART"]) if os.environ.get("CUDART") else None
         sent = 0
         start = time.monotonic()
         for request_id in range(REQUESTS):
-            sent += handle_request(weights, out_fd, request_id)
+            sent += handle_request(weights, out_fd, request_id, gpu)
             if request_id == REQUESTS // 2:
                 spawn_helper()
             time.sleep(SLEEP_S)

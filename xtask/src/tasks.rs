@@ -48,6 +48,13 @@ pub fn demo() -> Result<()> {
     let out_dir = util::target_dir().join("demo");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let recording = out_dir.join("demo.itr");
+    // The GPU part of the demo runs on tests/cudasim, a timing SIMULATOR
+    // with libcudart's soname (no GPU here), built into the demo's own dir.
+    let cudasim = out_dir.join("cudasim");
+    run(std::process::Command::new("sh")
+        .arg(root.join("tests/cudasim/build.sh"))
+        .arg(&cudasim))
+    .context("building the CUDA simulator for the demo (needs gcc)")?;
     let python = util::python3()?;
     println!(
         "demo: infertrace record -o {} -- {} {}",
@@ -57,6 +64,7 @@ pub fn demo() -> Result<()> {
     );
     run(std::process::Command::new(util::infertrace_bin())
         .current_dir(&root)
+        .env("CUDART", cudasim.join("libcudart.so.12"))
         .arg("record")
         .arg("-o")
         .arg(&recording)
