@@ -89,7 +89,12 @@ impl PythonTargets {
         for pid in pids {
             let Some(p) = self.pending.get(&pid) else { continue };
             let limit = if looks_like_python(pid) { STARTUP_RETRY } else { NON_PYTHON_RETRY };
-            if !procfs::is_alive(pid) || p.since.elapsed() > limit {
+            if !procfs::is_alive(pid) {
+                // Gone before it could be read (short-lived children): nothing to say.
+                self.pending.remove(&pid);
+                continue;
+            }
+            if p.since.elapsed() > limit {
                 if let Some(p) = self.pending.remove(&pid) {
                     if let Some(e) = p.last_error {
                         self.notes.push(format!("pid {pid}: {e}; traced natively"));
@@ -116,9 +121,12 @@ impl PythonTargets {
         self.refresh(ebpf, pid)
     }
 
-    /// Notes for processes still pending at the end of the window.
+    /// Notes for processes still pending (and alive) at the end of the window.
     pub fn finish_notes(&mut self) {
         for (pid, p) in self.pending.drain() {
+            if !procfs::is_alive(pid) {
+                continue;
+            }
             if let Some(e) = p.last_error {
                 self.notes.push(format!("pid {pid}: {e}; traced natively"));
             }
