@@ -343,7 +343,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                 ticks += 1;
                 let events = follower.poll();
                 if opts.python {
-                    python_lifecycle(&mut ebpf, &mut python, &events, ticks % 3 == 0)?;
+                    python_lifecycle(&mut ebpf, &mut python, &events, ticks.is_multiple_of(3))?;
                 }
                 if opts.cuda {
                     for ev in &events {
@@ -351,7 +351,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                             notes.extend(cuda.scan(&mut ebpf, *pid)?);
                         }
                     }
-                    if ticks % 3 == 0 {
+                    if ticks.is_multiple_of(3) {
                         // Libraries loaded since (PyTorch loads CUDA lazily).
                         for pid in states.values().filter(|s| s.alive).map(|s| s.target.pid).collect::<Vec<_>>() {
                             notes.extend(cuda.scan(&mut ebpf, pid)?);
@@ -380,7 +380,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                     }
                 }
                 let alive = sweep_targets(&mut ebpf, &mut states)?;
-                if ticks % 10 == 0 {
+                if ticks.is_multiple_of(10) {
                     accounting.drain(&mut ebpf, true)?;
                     sched.drain(&mut ebpf)?;
                     // Libraries loaded since (dlopen): keep the snapshots current.
