@@ -153,12 +153,8 @@ fn sanitize(name: &str) -> String {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::recording::{
-        Frame, HostInfo, Origin, Recording, StackKind, StackRecord, Target, ThreadTimes, FORMAT_VERSION,
-    };
+    use crate::recording::{Frame, Recording, StackKind, StackRecord, ThreadTimes};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
         Frame { function: function.into(), file: None, line: None, kind, module: None }
@@ -183,22 +179,8 @@ pub(crate) mod tests {
         let ksys = frame("ksys_read", FrameKind::Kernel);
         let sched = frame("schedule", FrameKind::Kernel);
         let nanosleep = frame("clock_nanosleep", FrameKind::Native);
+        // The shared sample's target (pid 10, "demo"), no syscalls.
         Recording {
-            format_version: FORMAT_VERSION,
-            tool_version: "test".into(),
-            host: HostInfo { hostname: "h".into(), kernel_release: "6.18".into(), arch: "x86_64".into() },
-            started_unix_ms: 1,
-            duration_ns: 1_000_000_000,
-            argv: vec!["infertrace".into()],
-            targets: vec![Target {
-                pid: 10,
-                ppid: Some(1),
-                comm: "demo".into(),
-                exe: Some("/bin/demo".into()),
-                cmdline: vec!["demo".into()],
-                origin: Origin::Launched,
-                exit_code: Some(0),
-            }],
             syscalls: vec![],
             threads: vec![ThreadTimes {
                 pid: 11,
@@ -244,11 +226,8 @@ pub(crate) mod tests {
                 // Rounds to 0 us: left out.
                 stack(StackKind::OffCpu, None, 10, 1, 400, &[sched, main]),
             ],
-            runqueue_hist: BTreeMap::new(),
             sample_hz: 100,
-            cuda: None,
-            lost: BTreeMap::new(),
-            notes: vec![],
+            ..crate::recording::tests::sample()
         }
     }
 
