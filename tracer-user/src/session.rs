@@ -351,12 +351,8 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
                             notes.extend(cuda.scan(&mut ebpf, *pid)?);
                         }
                     }
-                    if ticks.is_multiple_of(3) {
-                        // Libraries loaded since (PyTorch loads CUDA lazily).
-                        for pid in states.values().filter(|s| s.alive).map(|s| s.target.pid).collect::<Vec<_>>() {
-                            notes.extend(cuda.scan(&mut ebpf, pid)?);
-                        }
-                    }
+                    // Also re-scans the known targets whose maps changed
+                    // (PyTorch loads CUDA lazily, with dlopen).
                     cuda.poll(&mut ebpf)?;
                 }
                 // Snapshot the mappings of new images again once the
