@@ -63,6 +63,25 @@ pub struct ThreadState {
     pub stack_ns: u64,
     pub stack_nr: u32,
     pub _pad2: u32,
+    /// The kernel's own count of the thread's CPU time
+    /// (`task_struct.se.sum_exec_runtime`) at its last switch-out or
+    /// creation; `EXEC_UNKNOWN` when unreadable. Repairs intervals whose
+    /// switch-in the tracepoint never reported (see `docs/wall-time.md`).
+    pub exec_ns: u64,
+}
+
+/// `ThreadState::exec_ns` when the kernel's CPU-time counter is unreadable.
+pub const EXEC_UNKNOWN: u64 = u64::MAX;
+
+/// Splits `elapsed` ns spent in a state whose end we saw but whose
+/// switch-in we missed: the thread ran `exec_delta` of it (capped), the rest
+/// stays in the state. Returns (on-CPU ns, rest ns).
+pub fn split_missed_switch_in(elapsed: u64, exec_then: u64, exec_now: u64) -> (u64, u64) {
+    if exec_then == EXEC_UNKNOWN || exec_now == EXEC_UNKNOWN || exec_now < exec_then {
+        return (0, elapsed);
+    }
+    let ran = (exec_now - exec_then).min(elapsed);
+    (ran, elapsed - ran)
 }
 
 /// Key of the `OFFCPU_STACKS` map (value: ns).
@@ -113,9 +132,21 @@ mod tests {
 
     #[test]
     fn sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16 + 8);
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
         assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
+    }
+
+    #[test]
+    fn missed_switch_in_split() {
+        // Ran 30 of the 100 ns: 30 on CPU, 70 left in the state.
+        assert_eq!(split_missed_switch_in(100, 1_000, 1_030), (30, 70));
+        // The counter can run ahead of the timestamps by a little: capped.
+        assert_eq!(split_missed_switch_in(100, 1_000, 1_200), (100, 0));
+        // Unknown or going backwards (a reused tid): nothing is moved.
+        assert_eq!(split_missed_switch_in(100, EXEC_UNKNOWN, 1_200), (0, 100));
+        assert_eq!(split_missed_switch_in(100, 1_000, EXEC_UNKNOWN), (0, 100));
+        assert_eq!(split_missed_switch_in(100, 2_000, 1_000), (0, 100));
     }
 }

@@ -49,6 +49,10 @@ static OFFCPU_STACK_INTERVAL_NS: u64 = 1_000_000;
 static TASK_PID_OFFSET: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_TGID_OFFSET: u64 = 0;
+/// Offset of `se.sum_exec_runtime` in `struct task_struct`, from BTF
+/// (0: unknown, the repair of missed switch-ins is off).
+#[unsafe(no_mangle)]
+static TASK_EXEC_OFFSET: u64 = 0;
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
 /// `TASK_RUNNING` as `prev_state`: the thread was preempted.
@@ -68,9 +72,19 @@ fn task_ids(task: u64) -> Option<(u32, u32)> {
     Some((tgid as u32, tid as u32))
 }
 
+/// The kernel's CPU-time counter of a task (`EXEC_UNKNOWN` if unreadable).
+#[inline(always)]
+fn task_exec_ns(task: u64) -> u64 {
+    let off = global(&TASK_EXEC_OFFSET);
+    if off == 0 {
+        return EXEC_UNKNOWN;
+    }
+    unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(EXEC_UNKNOWN)
+}
+
 /// The thread's state entry, created in `state` since `since` when missing.
 #[inline(always)]
-fn thread(tgid: u32, tid: u32, state: u32, since: u64) -> Option<*mut ThreadState> {
+fn thread(tgid: u32, tid: u32, state: u32, since: u64, exec: u64) -> Option<*mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(&tid) {
         return Some(p);
     }
@@ -83,6 +97,7 @@ fn thread(tgid: u32, tid: u32, state: u32, since: u64) -> Option<*mut ThreadStat
         first_ns: since,
         user_stack: NO_STACK,
         kernel_stack: NO_STACK,
+        exec_ns: exec,
         ..Default::default()
     };
     if THREADS.insert(&tid, &fresh, 0).is_err() {
@@ -143,28 +158,40 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let prev_tgid = (pid_tgid >> 32) as u32;
     if prev_tid != 0 && is_target(prev_tgid) {
-        switch_out(&ctx, prev_tgid, prev_tid, now);
+        let prev: u64 = ctx.arg(1);
+        switch_out(&ctx, prev_tgid, prev_tid, now, task_exec_ns(prev));
     }
     let next: u64 = ctx.arg(2);
     if let Some((tgid, tid)) = task_ids(next) {
         if tid != 0 && is_target(tgid) {
-            switch_in(tgid, tid, now);
+            switch_in(tgid, tid, now, next);
         }
     }
     0
 }
 
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64) {
-    let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns()) else { return };
+fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u64) {
+    let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns(), EXEC_UNKNOWN) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
         STATE_RUNNING => t.on_cpu_ns += elapsed,
-        STATE_RUNNABLE => add_runqueue(t, elapsed),
-        STATE_OFF_CPU => add_off_cpu(t, elapsed),
+        // Switched out while we thought it waited: its switch-in was never
+        // reported (the kernel skips the tracepoint in some contexts). The
+        // kernel's CPU-time counter says how long it actually ran.
+        STATE_RUNNABLE | STATE_OFF_CPU => {
+            let (ran, rest) = split_missed_switch_in(elapsed, t.exec_ns, exec);
+            t.on_cpu_ns += ran;
+            if t.state == STATE_RUNNABLE && t.reason != REASON_GIL {
+                add_runqueue(t, rest);
+            } else {
+                add_off_cpu(t, rest);
+            }
+        }
         _ => {}
     }
+    t.exec_ns = exec;
     if let Ok(comm) = bpf_get_current_comm() {
         t.comm = comm;
     }
@@ -203,8 +230,8 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn switch_in(tgid: u32, tid: u32, now: u64) {
-    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now) else { return };
+fn switch_in(tgid: u32, tid: u32, now: u64, task: u64) {
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task_exec_ns(task)) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
@@ -230,11 +257,22 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now) else { return };
+    let exec = task_exec_ns(task);
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, exec) else { return };
     let t = unsafe { &mut *t };
     if new && t.state == STATE_DEAD {
         // A reused tid: start over.
-        *t = ThreadState { pid: tgid, tid, state: STATE_RUNNABLE, since_ns: now, first_ns: now, user_stack: NO_STACK, kernel_stack: NO_STACK, ..Default::default() };
+        *t = ThreadState {
+            pid: tgid,
+            tid,
+            state: STATE_RUNNABLE,
+            since_ns: now,
+            first_ns: now,
+            user_stack: NO_STACK,
+            kernel_stack: NO_STACK,
+            exec_ns: exec,
+            ..Default::default()
+        };
         return;
     }
     if t.state == STATE_OFF_CPU {

@@ -83,6 +83,13 @@ pub fn thread_state(pid: u32, tid: u32) -> Option<char> {
     s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()).and_then(|st| st.chars().next())
 }
 
+/// CPU time of one thread as the scheduler counts it
+/// (`se.sum_exec_runtime`, first field of /proc/PID/task/TID/schedstat).
+pub fn thread_exec_ns(pid: u32, tid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 /// Name of one thread.
 pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_owned())

@@ -15,8 +15,8 @@ use aya::{
 };
 use tracer_common::{
     sched::{
-        OffCpuKey, RunqKey, SampleKey, ThreadState, NO_STACK, REASONS, REASON_IO, REASON_LOCK, REASON_OTHER,
-        REASON_GIL, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
+        split_missed_switch_in, OffCpuKey, RunqKey, SampleKey, ThreadState, NO_STACK, REASONS, REASON_IO, REASON_LOCK, REASON_OTHER,
+        REASON_GIL, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, EXEC_UNKNOWN, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
     },
     syscalls::HIST_BUCKETS,
 };
@@ -163,6 +163,7 @@ impl SchedAccounting {
                 first_ns: now,
                 user_stack: NO_STACK,
                 kernel_stack: NO_STACK,
+                exec_ns: procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN),
                 ..Default::default()
             };
             if let Some(c) = procfs::thread_comm(pid, tid) {
@@ -232,7 +233,16 @@ impl SchedAccounting {
         let mut threads = Vec::new();
         for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid)) {
             let end = if t.state == STATE_DEAD && t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
-            let open = end.saturating_sub(t.since_ns);
+            let mut open = end.saturating_sub(t.since_ns);
+            if t.state == STATE_RUNNABLE || t.state == STATE_OFF_CPU {
+                // Still waiting at the end, or running since a switch-in the
+                // tracepoint never reported: the scheduler's CPU-time counter
+                // (read just after the window) tells.
+                let now_exec = procfs::thread_exec_ns(t.pid, t.tid).unwrap_or(EXEC_UNKNOWN);
+                let (ran, rest) = split_missed_switch_in(open, t.exec_ns, now_exec);
+                t.on_cpu_ns += ran;
+                open = rest;
+            }
             match t.state {
                 STATE_RUNNING => t.on_cpu_ns += open,
                 STATE_RUNNABLE if t.reason != REASON_GIL => {

@@ -207,12 +207,18 @@ fn load_object(btf: &Btf, tracefs: Option<&Path>, opts: &RecordOptions) -> Resul
             .map_err(|e| RecordError::BadBtf { path: btf_file.clone(), detail: e.to_string() })
     };
     let (task_pid, task_tgid) = (task_off("pid")?, task_off("tgid")?);
+    // Optional: without it, missed switch-ins are not repaired.
+    let task_exec: u64 = match (offsets.member_offset("task_struct", "se"), offsets.member_offset("sched_entity", "sum_exec_runtime")) {
+        (Ok(se), Ok(sum)) => u64::from(se) + u64::from(sum),
+        _ => 0,
+    };
     let offcpu_stacks = (sched.enabled && sched.offcpu_stacks) as u32;
     let mut loader = EbpfLoader::new();
     loader
         .btf(Some(btf))
         .override_global("TASK_PID_OFFSET", &task_pid, true)
         .override_global("TASK_TGID_OFFSET", &task_tgid, true)
+        .override_global("TASK_EXEC_OFFSET", &task_exec, true)
         .override_global("OFFCPU_STACKS_ENABLED", &offcpu_stacks, true)
         .override_global("NR_EXIT", &arch.nr_exit, true)
         .override_global("NR_EXIT_GROUP", &arch.nr_exit_group, true)
