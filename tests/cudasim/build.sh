@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds the CUDA test stand-ins into DIR (default: target/cudasim under the
-# workspace): DIR/libcudart.so.12, the timing simulator (cudasim.c, soname
-# libcudart.so.12; NOT CUDA), DIR/libfakekernels.so (kernels.c) and, when
+# workspace): DIR/libcuda.so.1, the timing simulator of the driver
+# (cudadrvsim.c, soname libcuda.so.1; NOT CUDA), DIR/libcudart.so.12, the
+# runtime stand-in over it (cudasim.c, soname libcudart.so.12; NOT CUDA),
+# DIR/libfakekernels.so (kernels.c) and, when
 # fetch-cudart.sh has run, DIR/native_app (native_app.c, linked to the real
 # libcudart.so.12 of target/cuda-real). Rebuilds
 # only what is older than its source. Needs gcc.
@@ -14,11 +16,14 @@ build() { # out src extra...
     out=$1 src=$2
     shift 2
     if [ ! -e "$dir/$out" ] || [ "$here/$src" -nt "$dir/$out" ]; then
-        gcc -O2 -g -Wall -shared -fPIC "$@" -o "$dir/.$out.$$" "$here/$src" -lpthread
+        gcc -O2 -g -Wall -shared -fPIC -o "$dir/.$out.$$" "$here/$src" "$@" -lpthread
         mv "$dir/.$out.$$" "$dir/$out"
     fi
 }
-build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12
+build libcuda.so.1 cudadrvsim.c -Wl,-soname,libcuda.so.1
+# The runtime stand-in calls the driver stand-in next to it.
+if [ "$dir/libcuda.so.1" -nt "$dir/libcudart.so.12" ]; then rm -f "$dir/libcudart.so.12"; fi
+build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12 "-Wl,-rpath,\$ORIGIN" "$dir/libcuda.so.1"
 build libfakekernels.so kernels.c
 # A native program linked to the real libcudart, when it is there (fetch-cudart.sh).
 real=$here/../../target/cuda-real

@@ -2,140 +2,67 @@
  * cudasim: a TIMING SIMULATOR standing in for libcudart.so.12 in the tests of
  * infertrace. It is NOT CUDA and uses no GPU: it exports the CUDA runtime
  * functions infertrace probes, with their real signatures, under the soname
- * libcudart.so.12, and makes them take time like a GPU behind a PCIe link
- * would, so that durations, pinned-vs-pageable behaviour and stream
- * synchronization can be tested on machines without a GPU. It prints
- * nothing. docs/cuda.md describes the model; the real libcudart.so.12 (from
- * the nvidia-cuda-runtime-cu12 wheel) is used for everything else.
- *
- * Model (simulated GPU with one copy engine per stream):
- *   - H2D / D2H from pinned host memory (cudaHostAlloc, cudaMallocHost,
- *     cudaHostRegister): 12 GB/s, asynchronous on a stream (cudaMemcpyAsync
- *     returns at once; the stream is busy until the copy ends).
- *   - H2D / D2H from pageable memory: 3 GB/s, and the call blocks until the
- *     stream is idle and the copy is done (as the real driver's staging does).
- *   - D2D: 500 GB/s, asynchronous. H2H: 10 GB/s, blocking.
- *   - cudaLaunchKernel: each kernel keeps its stream busy for 20 us.
- *   - cudaMemcpy / cudaMemcpy2D: the async form on stream 0, then a sync.
- *   - cudaStreamSynchronize sleeps until the stream is idle;
- *     cudaDeviceSynchronize until every stream is.
- *   - cudaMalloc hands out fake device addresses (never dereferenced);
- *     cudaHostAlloc/cudaMallocHost return real, page-aligned host memory.
- * Build: gcc -O2 -shared -fPIC -Wl,-soname,libcudart.so.12 -o libcudart.so.12 cudasim.c -lpthread
+ * libcudart.so.12. Like the real runtime over the real driver, it is a thin
+ * layer over the driver stand-in (cudadrvsim.c, libcuda.so.1, found next to
+ * it through its $ORIGIN run path), which holds the timing model: durations,
+ * pinned-vs-pageable behaviour and stream synchronization can be tested on
+ * machines without a GPU. It prints nothing. docs/cuda.md describes the
+ * model; the real libcudart.so.12 (from the nvidia-cuda-runtime-cu12 wheel)
+ * is used for everything else.
+ * Build: gcc -O2 -shared -fPIC -Wl,-soname,libcudart.so.12 -Wl,-rpath,'$ORIGIN' -o libcudart.so.12 cudasim.c libcuda.so.1
  */
-#define _GNU_SOURCE
-#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
 typedef int cudaError_t;
 typedef void *cudaStream_t;
 typedef void *cudaEvent_t;
 typedef struct { unsigned x, y, z; } dim3;
+typedef unsigned long long CUdeviceptr;
 
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum { HtoH = 0, HtoD = 1, DtoH = 2, DtoD = 3, Default = 4 };
 
-#define PINNED_BPS 12e9
-#define PAGEABLE_BPS 3e9
-#define DTOD_BPS 500e9
-#define HTOH_BPS 10e9
-#define LAUNCH_NS 20000.0
-#define STREAMS 64
-#define MAX_PINNED 1024
-#define DEVICE_BASE 0x7e0000000000ull
+/* The driver stand-in (cudadrvsim.c). */
+int cuMemcpy(CUdeviceptr, CUdeviceptr, size_t);
+int cuMemcpyAsync(CUdeviceptr, CUdeviceptr, size_t, void *);
+int cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+int cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+int cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
+int cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, void *);
+int cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, void *);
+int cuMemcpyDtoDAsync_v2(CUdeviceptr, CUdeviceptr, size_t, void *);
+int cuStreamSynchronize(void *);
+int cuCtxSynchronize(void);
+int cuEventSynchronize(void *);
+int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+                   void **);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+int cuMemFree_v2(CUdeviceptr);
+int cuMemHostAlloc(void **, size_t, unsigned);
+int cuMemFreeHost(void *);
+int cuMemHostRegister_v2(void *, size_t, unsigned);
+int cuMemHostUnregister(void *);
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static double busy_until[STREAMS]; /* ns, CLOCK_MONOTONIC */
-static struct { uintptr_t start, end; } pinned[MAX_PINNED];
-static uint64_t next_device = DEVICE_BASE;
+#define D(p) ((CUdeviceptr)(uintptr_t)(p))
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static void sleep_until(double t) {
-    for (;;) {
-        double left = t - now_ns();
-        if (left <= 0) return;
-        struct timespec ts = {(time_t)(left / 1e9), (long)((uint64_t)left % 1000000000ull)};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static int slot(cudaStream_t s) { return (int)(((uintptr_t)s >> 4) % STREAMS); }
-
-static int is_pinned(const void *p) {
-    uintptr_t a = (uintptr_t)p;
-    int hit = 0;
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAX_PINNED && !hit; i++)
-        hit = pinned[i].end != 0 && a >= pinned[i].start && a < pinned[i].end;
-    pthread_mutex_unlock(&mu);
-    return hit;
-}
-
-static void add_pinned(void *p, size_t n) {
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAX_PINNED; i++)
-        if (pinned[i].end == 0) {
-            pinned[i].start = (uintptr_t)p;
-            pinned[i].end = (uintptr_t)p + n;
-            break;
-        }
-    pthread_mutex_unlock(&mu);
-}
-
-static int remove_pinned(void *p) {
-    int found = 0;
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAX_PINNED; i++)
-        if (pinned[i].end != 0 && pinned[i].start == (uintptr_t)p) {
-            pinned[i].start = pinned[i].end = 0;
-            found = 1;
-            break;
-        }
-    pthread_mutex_unlock(&mu);
-    return found;
-}
-
-/* Queues `ns` of work on stream `s`; returns when it ends. */
-static double enqueue(cudaStream_t s, double ns) {
-    pthread_mutex_lock(&mu);
-    double start = busy_until[slot(s)] > now_ns() ? busy_until[slot(s)] : now_ns();
-    double end = start + ns;
-    busy_until[slot(s)] = end;
-    pthread_mutex_unlock(&mu);
-    return end;
-}
-
+/* A copy of `kind` (HtoH and Default go through the unified cuMemcpy). */
 static cudaError_t copy(void *dst, const void *src, size_t n, int kind, cudaStream_t s, int blocking) {
     if (kind < HtoH || kind > Default) return cudaErrorInvalidValue;
-    if (kind == Default) {
-        int dst_dev = (uintptr_t)dst >= DEVICE_BASE, src_dev = (uintptr_t)src >= DEVICE_BASE;
-        kind = dst_dev ? (src_dev ? DtoD : HtoD) : (src_dev ? DtoH : HtoH);
-    }
-    double end;
-    if (kind == DtoD) {
-        end = enqueue(s, n / DTOD_BPS * 1e9);
-    } else if (kind == HtoH) {
-        end = enqueue(s, n / HTOH_BPS * 1e9);
-        blocking = 1;
-    } else {
-        const void *host = kind == HtoD ? src : dst;
-        if (is_pinned(host)) {
-            end = enqueue(s, n / PINNED_BPS * 1e9);
-        } else {
-            end = enqueue(s, n / PAGEABLE_BPS * 1e9);
-            blocking = 1;
+    if (blocking) {
+        switch (kind) {
+        case HtoD: return cuMemcpyHtoD_v2(D(dst), src, n);
+        case DtoH: return cuMemcpyDtoH_v2(dst, D(src), n);
+        case DtoD: return cuMemcpyDtoD_v2(D(dst), D(src), n);
+        default: return cuMemcpy(D(dst), D(src), n);
         }
     }
-    if (blocking) sleep_until(end);
-    return cudaSuccess;
+    switch (kind) {
+    case HtoD: return cuMemcpyHtoDAsync_v2(D(dst), src, n, s);
+    case DtoH: return cuMemcpyDtoHAsync_v2(dst, D(src), n, s);
+    case DtoD: return cuMemcpyDtoDAsync_v2(D(dst), D(src), n, s);
+    default: return cuMemcpyAsync(D(dst), D(src), n, s);
+    }
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind) { return copy(dst, src, n, kind, 0, 1); }
@@ -165,33 +92,15 @@ cudaError_t cudaMemcpy2DAsync_ptsz(void *dst, size_t dp, const void *src, size_t
     return copy(dst, src, w * h, kind, s, 0);
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    pthread_mutex_lock(&mu);
-    double t = busy_until[slot(s)];
-    pthread_mutex_unlock(&mu);
-    sleep_until(t);
-    return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cudaStreamSynchronize(s); }
-cudaError_t cudaDeviceSynchronize(void) {
-    double t = 0;
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < STREAMS; i++)
-        if (busy_until[i] > t) t = busy_until[i];
-    pthread_mutex_unlock(&mu);
-    sleep_until(t);
-    return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    (void)e;
-    return cudaDeviceSynchronize();
-}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cuStreamSynchronize(s); }
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cuStreamSynchronize(s); }
+cudaError_t cudaDeviceSynchronize(void) { return cuCtxSynchronize(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cuEventSynchronize(e); }
 
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s) {
-    (void)grid, (void)block, (void)args, (void)shmem;
     if (!func) return cudaErrorInvalidValue;
-    enqueue(s, LAUNCH_NS);
-    return cudaSuccess;
+    return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem, s, args,
+                          NULL);
 }
 cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s) {
     return cudaLaunchKernel(func, grid, block, args, shmem, s);
@@ -199,35 +108,14 @@ cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void 
 
 cudaError_t cudaMalloc(void **p, size_t n) {
     if (!p) return cudaErrorInvalidValue;
-    pthread_mutex_lock(&mu);
-    *p = (void *)(uintptr_t)next_device;
-    next_device += (n + 511) & ~(size_t)511;
-    if (n == 0) next_device += 512;
-    pthread_mutex_unlock(&mu);
-    return cudaSuccess;
+    CUdeviceptr d = 0;
+    int rc = cuMemAlloc_v2(&d, n);
+    *p = (void *)(uintptr_t)d;
+    return rc;
 }
-cudaError_t cudaFree(void *p) {
-    (void)p;
-    return cudaSuccess;
-}
-
-cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
-    (void)flags;
-    if (!p) return cudaErrorInvalidValue;
-    if (posix_memalign(p, 4096, n ? n : 1)) return cudaErrorMemoryAllocation;
-    memset(*p, 0, n);
-    add_pinned(*p, n);
-    return cudaSuccess;
-}
-cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
-cudaError_t cudaFreeHost(void *p) {
-    if (!remove_pinned(p)) return cudaErrorInvalidValue;
-    free(p);
-    return cudaSuccess;
-}
-cudaError_t cudaHostRegister(void *p, size_t n, unsigned flags) {
-    (void)flags;
-    add_pinned(p, n);
-    return cudaSuccess;
-}
-cudaError_t cudaHostUnregister(void *p) { return remove_pinned(p) ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaFree(void *p) { return cuMemFree_v2(D(p)); }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) { return cuMemHostAlloc(p, n, flags); }
+cudaError_t cudaMallocHost(void **p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+cudaError_t cudaFreeHost(void *p) { return cuMemFreeHost(p); }
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned flags) { return cuMemHostRegister_v2(p, n, flags); }
+cudaError_t cudaHostUnregister(void *p) { return cuMemHostUnregister(p); }

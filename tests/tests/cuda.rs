@@ -303,6 +303,69 @@ fn simulator_durations_pinned_memory_and_leaks() {
     assert_eq!((u(&leak["count"]), u(&leak["bytes"])), (40, 40 << 20));
 }
 
+/// The driver API (libcuda) called directly is traced with its own names
+/// and kinds; runtime calls, which enter the driver inside (as the real
+/// libcudart does), are counted once, as runtime calls. Runs on
+/// tests/cudasim's stand-ins (libcuda.so.1 under libcudart.so.12; NOT CUDA).
+#[test]
+fn driver_api_counted_once() {
+    let test = "driver_api_counted_once";
+    let Some(env) = prerequisites(test) else { return };
+    let dir = TempDir::new("cuda-driver");
+    let driver = env.sim.with_file_name("libcuda.so.1");
+    let t = record(
+        &env,
+        &dir,
+        &env.sim,
+        &[("CUDA_DRIVER", driver.to_str().unwrap()), ("END_SLEEP_S", "0.2")],
+        &launch_args(&env, "driver"),
+    );
+    let cuda = t.cuda();
+    let libs: Vec<&str> = cuda["libraries"].as_array().unwrap().iter().filter_map(|l| l["path"].as_str()).collect();
+    assert!(libs.iter().any(|p| p.ends_with("/libcuda.so.1")), "{libs:?}");
+    // (api, marker, kind, calls, bytes); the stand-in succeeds.
+    let expected: &[(&str, &str, Option<&str>, u64, u64)] = &[
+        ("cuMemAlloc_v2", "drv_alloc", None, 1, 1 << 20),
+        ("cuMemcpyHtoDAsync_v2", "drv_h2d_async", Some("HtoD"), 30, 30 * 4096),
+        ("cuStreamSynchronize", "drv_sync", None, 30, 0),
+        ("cuMemcpyDtoH_v2", "drv_item", Some("DtoH"), 25, 100),
+        ("cuMemcpyHtoD_v2", "drv_h2d", Some("HtoD"), 3, 192),
+        ("cuMemcpyAsync", "drv_unified", Some("Default"), 1, 512),
+        ("cuCtxSynchronize", "drv_ctx_sync", None, 1, 0),
+        ("cudaMemcpyAsync", "rt_h2d", Some("HtoD"), 20, 20 * 4096),
+        ("cudaStreamSynchronize", "rt_sync", None, 20, 0),
+        ("cudaMalloc", "rt_malloc", None, 1, 1 << 16),
+        ("cudaFree", "rt_free", None, 1, 0),
+        ("cuMemFree_v2", "drv_free", None, 1, 0),
+    ];
+    for &(api, marker, kind, count, bytes) in expected {
+        let c = t.call(api, marker);
+        assert_eq!(c["kind"].as_str(), kind, "{api} @{marker}: {c}");
+        assert_eq!((u(&c["count"]), u(&c["bytes"]), u(&c["errors"])), (count, bytes, 0), "{api} @{marker}: {c}");
+    }
+    // Nothing else: the driver calls inside runtime calls are not counted.
+    let total: u64 = t.calls().iter().map(|c| u(&c["count"])).sum();
+    assert_eq!(total, expected.iter().map(|e| e.3).sum::<u64>(), "calls counted twice? {:#?}", t.calls());
+
+    let launches = cuda["launches"].as_array().expect("launches");
+    let at = |marker: &str| -> Vec<&Value> {
+        let line = t.line(marker);
+        launches.iter().filter(|l| l["site"]["line"] == line).collect()
+    };
+    let (drv, ex, rt) = (at("drv_launch"), at("drv_launch_ex"), at("rt_launch"));
+    assert_eq!((drv.len(), ex.len(), rt.len()), (1, 1, 1), "{launches:#?}");
+    assert_eq!((&drv[0]["api"], u(&drv[0]["count"])), (&Value::from("cuLaunchKernel"), 12));
+    assert_eq!((&ex[0]["api"], u(&ex[0]["count"])), (&Value::from("cuLaunchKernelEx"), 7));
+    assert_eq!((&rt[0]["api"], u(&rt[0]["count"])), (&Value::from("cudaLaunchKernel"), 9));
+    // A driver launch names a CUfunction handle; the runtime's, the host stub.
+    assert!(drv[0]["kernel"].as_str().unwrap().starts_with("CUfunction 0x"), "{}", drv[0]);
+    assert_eq!(rt[0]["kernel"], "vector_add_kernel");
+    assert_eq!(launches.iter().map(|l| u(&l["count"])).sum::<u64>(), 28, "{launches:#?}");
+
+    // The detector sees driver copies as what they are.
+    assert_eq!(t.findings_at("drv_h2d_async"), ["sync_after_copy"]);
+}
+
 #[test]
 fn dlopen_after_attach_renamed_library() {
     let test = "dlopen_after_attach_renamed_library";

@@ -10,6 +10,9 @@ Usage: cuda_patterns.py MODE, MODE one of
   sim       timing: pinned vs pageable copies, leaks (meant for cudasim)
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
+  driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
+            driver stand-in, libcuda.so.1), then runtime calls that go
+            through the driver (to be counted once, as runtime calls)
 
 Lines the tests look for carry a `# @name` marker. Before calling anything
 the workload waits until the uprobes are in place (the first byte of every
@@ -246,6 +249,72 @@ def threads():
     small_batches(lib, 10)
 
 
+class CUlaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+DRIVER_ALL = [
+    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemcpyAsync",
+]
+
+
+def driver():
+    """The driver API directly, then runtime calls that go through it."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    drv.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t]
+    drv.cuMemFree_v2.argtypes = [ctypes.c_ulonglong]
+    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoD_v2"):
+        getattr(drv, name).argtypes = [ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_size_t] + (
+            [ctypes.c_void_p] if "Async" in name else []
+        )
+    drv.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_size_t]
+    drv.cuMemcpyAsync.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    drv.cuLaunchKernelEx.argtypes = [ctypes.POINTER(CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, ALL)
+    wait_for_probes(drv, DRIVER_ALL)
+    dev = ctypes.c_ulonglong()
+    drv.cuMemAlloc_v2(ctypes.byref(dev), 1 << 20)  # @drv_alloc
+    buf = ctypes.create_string_buffer(4096)
+    for i in range(30):
+        buf[0:8] = i.to_bytes(8, "little")
+        drv.cuMemcpyHtoDAsync_v2(dev.value, buf, 4096, None)  # @drv_h2d_async
+        drv.cuStreamSynchronize(None)  # @drv_sync
+    out = ctypes.create_string_buffer(8)
+    for _ in range(25):
+        drv.cuMemcpyDtoH_v2(out, dev.value, 4)  # @drv_item
+    for _ in range(3):
+        drv.cuMemcpyHtoD_v2(dev.value, buf, 64)  # @drv_h2d
+    drv.cuMemcpyAsync(dev.value, dev.value + 4096, 512, None)  # @drv_unified
+    drv.cuCtxSynchronize()  # @drv_ctx_sync
+    for _ in range(12):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @drv_launch
+    cfg = CUlaunchConfig(1, 1, 1, 32, 1, 1, 0, None, None, 0)
+    for _ in range(7):
+        drv.cuLaunchKernelEx(ctypes.byref(cfg), vec, None, None)  # @drv_launch_ex
+    # The runtime over the driver: each call enters the driver inside.
+    rdev = ctypes.c_void_p(dev.value)
+    for _ in range(20):
+        rt.cudaMemcpyAsync(rdev, buf, size(4096), HtoD, None)  # @rt_h2d
+        rt.cudaStreamSynchronize(None)  # @rt_sync
+    for _ in range(9):
+        rt.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @rt_launch
+    tmp = ctypes.c_void_p()
+    rt.cudaMalloc(ctypes.byref(tmp), 1 << 16)  # @rt_malloc
+    rt.cudaFree(tmp)  # @rt_free
+    drv.cuMemFree_v2(dev.value)  # @drv_free
+
+
 def late():
     """libcudart is loaded with dlopen well after start (as PyTorch does)."""
     time.sleep(float(os.environ.get("LATE_S", "1.0")))
@@ -254,7 +323,7 @@ def late():
     small_batches(lib, 50)
 
 
-{"patterns": patterns, "sim": sim, "late": late, "threads": threads}[MODE]()
+{"patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver}[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.
 time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

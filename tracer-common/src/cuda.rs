@@ -1,4 +1,5 @@
-//! CUDA runtime tracing: uprobes on libcudart. Calls are aggregated in the
+//! CUDA runtime tracing: uprobes on libcudart (and on libcuda, the driver
+//! API, whose calls made from inside a runtime call are not counted twice). Calls are aggregated in the
 //! kernel per (pid, api, copy kind, call site); kernel launches are counted
 //! per (pid, kernel function, call site), entry only; copies, syncs and
 //! memory management calls also go out as per-call events (ring buffer),
@@ -7,6 +8,7 @@
 /// Which CUDA runtime function a probe sits on. It is the uprobe's attach
 /// cookie, so one program serves every function of the same shape.
 pub mod api {
+    // CUDA runtime (libcudart).
     pub const MEMCPY: u32 = 0;
     pub const MEMCPY_PTDS: u32 = 1;
     pub const MEMCPY_ASYNC: u32 = 2;
@@ -28,7 +30,42 @@ pub mod api {
     pub const HOST_REGISTER: u32 = 18;
     pub const FREE_HOST: u32 = 19;
     pub const HOST_UNREGISTER: u32 = 20;
-    pub const COUNT: u32 = 21;
+    // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
+    // the direction is in the name.
+    pub const CU_MEMCPY: u32 = 21;
+    pub const CU_MEMCPY_ASYNC: u32 = 22;
+    pub const CU_MEMCPY_HTOD: u32 = 23;
+    pub const CU_MEMCPY_DTOH: u32 = 24;
+    pub const CU_MEMCPY_DTOD: u32 = 25;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 26;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 27;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 28;
+    pub const CU_MEMCPY_PTDS: u32 = 29;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 30;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 31;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 32;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 33;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 34;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 35;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 36;
+    pub const CU_STREAM_SYNC: u32 = 37;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 38;
+    pub const CU_CTX_SYNC: u32 = 39;
+    pub const CU_EVENT_SYNC: u32 = 40;
+    pub const CU_LAUNCH: u32 = 41;
+    pub const CU_LAUNCH_PTSZ: u32 = 42;
+    pub const CU_LAUNCH_EX: u32 = 43;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 44;
+    pub const CU_MEM_ALLOC: u32 = 45;
+    pub const CU_MEM_FREE: u32 = 46;
+    pub const CU_MEM_HOST_ALLOC: u32 = 47;
+    pub const CU_MEM_ALLOC_HOST: u32 = 48;
+    pub const CU_MEM_HOST_REGISTER: u32 = 49;
+    pub const CU_MEM_FREE_HOST: u32 = 50;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 51;
+    pub const COUNT: u32 = 52;
+    /// First driver API id.
+    pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
     /// Symbol names, indexed by api id.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -53,35 +90,121 @@ pub mod api {
         "cudaHostRegister",
         "cudaFreeHost",
         "cudaHostUnregister",
+        "cuMemcpy",
+        "cuMemcpyAsync",
+        "cuMemcpyHtoD_v2",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyDtoD_v2",
+        "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpyDtoDAsync_v2",
+        "cuMemcpy_ptds",
+        "cuMemcpyAsync_ptsz",
+        "cuMemcpyHtoD_v2_ptds",
+        "cuMemcpyDtoH_v2_ptds",
+        "cuMemcpyDtoD_v2_ptds",
+        "cuMemcpyHtoDAsync_v2_ptsz",
+        "cuMemcpyDtoHAsync_v2_ptsz",
+        "cuMemcpyDtoDAsync_v2_ptsz",
+        "cuStreamSynchronize",
+        "cuStreamSynchronize_ptsz",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuLaunchKernel",
+        "cuLaunchKernel_ptsz",
+        "cuLaunchKernelEx",
+        "cuLaunchKernelEx_ptsz",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemHostAlloc",
+        "cuMemAllocHost_v2",
+        "cuMemHostRegister_v2",
+        "cuMemFreeHost",
+        "cuMemHostUnregister",
     ];
 
-    /// A `cudaMemcpy*` variant.
+    /// The runtime function with the same behaviour as `api` (driver
+    /// functions map to their runtime twin; runtime ids map to themselves).
+    /// Everything that reasons about calls (async or not, sync, frees...)
+    /// goes through this.
+    #[inline(always)]
+    pub fn canonical(api: u32) -> u32 {
+        match api {
+            CU_MEMCPY | CU_MEMCPY_HTOD | CU_MEMCPY_DTOH | CU_MEMCPY_DTOD => MEMCPY,
+            CU_MEMCPY_PTDS | CU_MEMCPY_HTOD_PTDS | CU_MEMCPY_DTOH_PTDS | CU_MEMCPY_DTOD_PTDS => MEMCPY_PTDS,
+            CU_MEMCPY_ASYNC | CU_MEMCPY_HTOD_ASYNC | CU_MEMCPY_DTOH_ASYNC | CU_MEMCPY_DTOD_ASYNC => MEMCPY_ASYNC,
+            CU_MEMCPY_ASYNC_PTSZ | CU_MEMCPY_HTOD_ASYNC_PTSZ | CU_MEMCPY_DTOH_ASYNC_PTSZ | CU_MEMCPY_DTOD_ASYNC_PTSZ => {
+                MEMCPY_ASYNC_PTSZ
+            }
+            CU_STREAM_SYNC => STREAM_SYNC,
+            CU_STREAM_SYNC_PTSZ => STREAM_SYNC_PTSZ,
+            CU_CTX_SYNC => DEVICE_SYNC,
+            CU_EVENT_SYNC => EVENT_SYNC,
+            CU_LAUNCH | CU_LAUNCH_EX => LAUNCH,
+            CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ => LAUNCH_PTSZ,
+            CU_MEM_ALLOC => MALLOC,
+            CU_MEM_FREE => FREE,
+            CU_MEM_HOST_ALLOC => HOST_ALLOC,
+            CU_MEM_ALLOC_HOST => MALLOC_HOST,
+            CU_MEM_HOST_REGISTER => HOST_REGISTER,
+            CU_MEM_FREE_HOST => FREE_HOST,
+            CU_MEM_HOST_UNREGISTER => HOST_UNREGISTER,
+            other => other,
+        }
+    }
+
+    /// A driver API function (libcuda).
+    #[inline(always)]
+    pub fn is_driver(api: u32) -> bool {
+        (FIRST_DRIVER..COUNT).contains(&api)
+    }
+
+    /// The copy direction a driver copy function implies by its name
+    /// (`KIND_*`); `KIND_DEFAULT` for the unified `cuMemcpy[Async]`.
+    #[inline(always)]
+    pub fn driver_copy_kind(api: u32) -> u32 {
+        match api {
+            CU_MEMCPY_HTOD | CU_MEMCPY_HTOD_ASYNC | CU_MEMCPY_HTOD_PTDS | CU_MEMCPY_HTOD_ASYNC_PTSZ => super::KIND_HTOD,
+            CU_MEMCPY_DTOH | CU_MEMCPY_DTOH_ASYNC | CU_MEMCPY_DTOH_PTDS | CU_MEMCPY_DTOH_ASYNC_PTSZ => super::KIND_DTOH,
+            CU_MEMCPY_DTOD | CU_MEMCPY_DTOD_ASYNC | CU_MEMCPY_DTOD_PTDS | CU_MEMCPY_DTOD_ASYNC_PTSZ => super::KIND_DTOD,
+            _ => super::KIND_DEFAULT,
+        }
+    }
+
+    /// A `cudaMemcpy*` variant or a driver copy.
     #[inline(always)]
     pub fn is_copy(api: u32) -> bool {
-        api <= MEMCPY2D_ASYNC_PTSZ
+        canonical(api) <= MEMCPY2D_ASYNC_PTSZ
     }
 
     /// A copy with a stream argument (returns before the copy ends when
     /// the host side is pinned).
     #[inline(always)]
     pub fn is_async_copy(api: u32) -> bool {
-        matches!(api, MEMCPY_ASYNC | MEMCPY_ASYNC_PTSZ | MEMCPY2D_ASYNC | MEMCPY2D_ASYNC_PTSZ)
+        matches!(canonical(api), MEMCPY_ASYNC | MEMCPY_ASYNC_PTSZ | MEMCPY2D_ASYNC | MEMCPY2D_ASYNC_PTSZ)
     }
 
     /// A synchronization call (stream, device or event).
     #[inline(always)]
     pub fn is_sync(api: u32) -> bool {
-        matches!(api, STREAM_SYNC | STREAM_SYNC_PTSZ | DEVICE_SYNC | EVENT_SYNC)
+        matches!(canonical(api), STREAM_SYNC | STREAM_SYNC_PTSZ | DEVICE_SYNC | EVENT_SYNC)
     }
 
     /// Returns a pointer through its first argument (`void **`).
     #[inline(always)]
     pub fn returns_pointer(api: u32) -> bool {
-        matches!(api, MALLOC | HOST_ALLOC | MALLOC_HOST)
+        matches!(canonical(api), MALLOC | HOST_ALLOC | MALLOC_HOST)
     }
 
+    /// Frees or unregisters the pointer in its first argument.
+    #[inline(always)]
+    pub fn releases_pointer(api: u32) -> bool {
+        matches!(canonical(api), FREE | FREE_HOST | HOST_UNREGISTER)
+    }
+
+    #[inline(always)]
     pub fn is_launch(api: u32) -> bool {
-        matches!(api, LAUNCH | LAUNCH_PTSZ)
+        matches!(canonical(api), LAUNCH | LAUNCH_PTSZ)
     }
 }
 
@@ -228,5 +351,27 @@ mod tests {
         assert!(api::is_copy(api::MEMCPY2D_ASYNC_PTSZ) && !api::is_copy(api::STREAM_SYNC));
         assert!(api::is_async_copy(api::MEMCPY_ASYNC_PTSZ) && !api::is_async_copy(api::MEMCPY_PTDS));
         assert!(api::is_sync(api::EVENT_SYNC) && !api::is_sync(api::LAUNCH));
+    }
+
+    #[test]
+    fn driver_twins() {
+        for id in api::FIRST_DRIVER..api::COUNT {
+            let name = api::NAMES[id as usize];
+            assert!(name.starts_with("cu") && !name.starts_with("cuda"), "{name}");
+            assert!(api::is_driver(id) && !api::is_driver(api::canonical(id)), "{name} has no runtime twin");
+            // The twin's per-thread-stream flavour matches the name's.
+            let twin = api::NAMES[api::canonical(id) as usize];
+            assert_eq!(name.ends_with("_ptsz") || name.ends_with("_ptds"), twin.ends_with("_ptsz") || twin.ends_with("_ptds"), "{name} -> {twin}");
+            assert_eq!(name.contains("Async"), twin.contains("Async"), "{name} -> {twin}");
+        }
+        assert!(api::is_copy(api::CU_MEMCPY_HTOD_ASYNC_PTSZ) && api::is_async_copy(api::CU_MEMCPY_DTOD_ASYNC));
+        assert!(!api::is_async_copy(api::CU_MEMCPY_HTOD));
+        assert!(api::is_sync(api::CU_CTX_SYNC) && api::is_launch(api::CU_LAUNCH_EX));
+        assert!(api::returns_pointer(api::CU_MEM_ALLOC) && api::releases_pointer(api::CU_MEM_FREE_HOST));
+        assert_eq!(api::driver_copy_kind(api::CU_MEMCPY_DTOH_PTDS), KIND_DTOH);
+        assert_eq!(api::driver_copy_kind(api::CU_MEMCPY), KIND_DEFAULT);
+        for id in 0..api::FIRST_DRIVER {
+            assert_eq!(api::canonical(id), id);
+        }
     }
 }

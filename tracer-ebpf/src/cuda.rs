@@ -7,8 +7,18 @@
 //!   height, kind[, stream])` (kind and stream on the stack on x86_64)
 //! - `cuda_generic_enter`: one pointer/handle and one size argument (syncs,
 //!   allocations, frees, host registration)
-//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)`, entry only, counted here
+//! - `cuda_drv_copy_enter`: driver copies `cuMemcpy*(dst, src, bytes[, stream])`
+//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)` and `cuLaunchKernel*(f,
+//!   ...)`; `cuda_launch_ex`: `cuLaunchKernelEx*(config, f, ...)`; entry
+//!   only, counted here
 //! - `cuda_return`: the uretprobe of everything but launches.
+//!
+//! Driver calls made from inside a runtime call (libcudart calls libcuda)
+//! are not counted twice: a copy, sync or memory call entered while another
+//! probed call is in flight deeper in the same thread's stack only bumps a
+//! nesting depth; a launch that follows another launch on the same thread,
+//! deeper in the stack and within `LAUNCH_NEST_NS`, is the outer launch's
+//! own (launches have no return probe to nest with).
 //!
 //! Entry keeps the arguments and the stacks in a per-thread slot; return
 //! aggregates count, bytes, time and errors per (pid, tid, api, kind, site) and
@@ -21,7 +31,7 @@ use aya_ebpf::{
         generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, RingBuf},
+    maps::{Array, HashMap, RingBuf},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -40,6 +50,20 @@ pub static CUDA_LAUNCHES: HashMap<LaunchKey, u64> = HashMap::with_max_entries(16
 
 #[map]
 pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries(32768, 0);
+
+/// Per thread: the last counted launch's (entry time, stack pointer, 1 if
+/// a driver function), kept only while a driver library is probed
+/// (`CUDA_DRIVER_ON`).
+#[map]
+pub static CUDA_LAUNCH_MARK: HashMap<u32, [u64; 3]> = HashMap::with_max_entries(32768, 0);
+
+/// `[0]` != 0 once some libcuda is probed (set by userspace).
+#[map]
+pub static CUDA_DRIVER_ON: Array<u32> = Array::with_max_entries(1, 0);
+
+/// A driver launch this soon after a runtime launch on the same thread (and
+/// deeper in its stack) is that runtime launch going through the driver.
+const LAUNCH_NEST_NS: u64 = 1_000_000;
 
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
@@ -147,8 +171,12 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         // SAFETY: map value owned by this thread.
         unsafe {
             if (*slot).active != 0 {
-                if sp < (*slot).sp {
-                    // Called from inside the call in flight.
+                // Called from inside the call in flight: deeper in the stack,
+                // or a driver function the runtime call tail-called (same
+                // stack pointer; the runtime call has not returned, or its
+                // return probe would have freed the slot).
+                let tail = sp == (*slot).sp && api::is_driver(api) && !api::is_driver((*slot).api);
+                if sp < (*slot).sp || tail {
                     (*slot).depth += 1;
                     return;
                 }
@@ -221,9 +249,9 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     let arg0: u64 = ctx.arg(0).unwrap_or(0);
     let arg1: u64 = ctx.arg(1).unwrap_or(0);
     if api::is_sync(a) {
-        let handle = if a == api::DEVICE_SYNC { 0 } else { arg0 };
+        let handle = if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 };
         begin(&ctx, a, KIND_NONE, 0, 0, 0, handle);
-    } else if a == api::FREE || a == api::FREE_HOST || a == api::HOST_UNREGISTER {
+    } else if api::releases_pointer(a) {
         begin(&ctx, a, KIND_NONE, 0, arg0, 0, 0);
     } else {
         begin(&ctx, a, KIND_NONE, arg1, arg0, 0, 0);
@@ -231,15 +259,87 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`: counted per
-/// (pid, func, site), entry only. The user stack is taken only when there
-/// is no Python stack.
+/// Driver copies: `cuMemcpyHtoD_v2(dst, src, bytes)`,
+/// `cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)`, `cuMemcpy(dst, src,
+/// bytes)` (unified addressing: kind `Default`), ...
+#[uprobe]
+pub fn cuda_drv_copy_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let dst: u64 = ctx.arg(0).unwrap_or(0);
+    let src: u64 = ctx.arg(1).unwrap_or(0);
+    let count: u64 = ctx.arg(2).unwrap_or(0);
+    let stream: u64 = if api::is_async_copy(a) { ctx.arg(3).unwrap_or(0) } else { 0 };
+    begin(&ctx, a, api::driver_copy_kind(a), count, dst, src, stream);
+    0
+}
+
+#[inline(always)]
+fn driver_on() -> bool {
+    CUDA_DRIVER_ON.get(0).is_some_and(|v| *v != 0)
+}
+
+/// Whether a launch is the inner half of another probed launch (see the
+/// module doc): a runtime launch going through the driver, or a driver
+/// launch through another (`cuLaunchKernelEx` through `cuLaunchKernel`).
+/// Every launch counted leaves the mark the next one is tested against.
+#[inline(always)]
+fn nested_launch(ctx: &ProbeContext, a: u32, tid: u32) -> bool {
+    if !driver_on() {
+        return false;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let sp = user_sp(ctx);
+    let driver = api::is_driver(a) as u64;
+    if let Some(mark) = CUDA_LAUNCH_MARK.get_ptr_mut(&tid) {
+        // SAFETY: map value owned by this thread.
+        unsafe {
+            let [at, outer_sp, outer_driver] = *mark;
+            // Deeper in the stack; or, from the runtime into the driver,
+            // at the same depth (the runtime launch tail-called it). Two
+            // launches of one kind from one place are siblings.
+            let inside = sp < outer_sp || (sp == outer_sp && driver == 1 && outer_driver == 0);
+            if at != 0 && inside && now.saturating_sub(at) < LAUNCH_NEST_NS {
+                (*mark)[0] = 0; // one inner launch per outer launch
+                return true;
+            }
+        }
+    }
+    let _ = CUDA_LAUNCH_MARK.insert(&tid, &[now, sp, driver], 0);
+    false
+}
+
+/// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`,
+/// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+/// extra)`: the kernel is the first argument.
 #[uprobe]
 pub fn cuda_launch(ctx: ProbeContext) -> u32 {
+    let func: u64 = ctx.arg(0).unwrap_or(0);
+    launch(&ctx, func);
+    0
+}
+
+/// `cuLaunchKernelEx(config, f, params, extra)`: the kernel is the second
+/// argument (a program of its own: the verifier rejects an argument
+/// register chosen at run time).
+#[uprobe]
+pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
+    let func: u64 = ctx.arg(1).unwrap_or(0);
+    launch(&ctx, func);
+    0
+}
+
+/// Counts a launch per (pid, func, site), entry only. The user stack is
+/// taken only when there is no Python stack.
+#[inline(always)]
+fn launch(ctx: &ProbeContext, func: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
-        return 0;
+        return;
+    }
+    let a = cookie(ctx);
+    if nested_launch(ctx, a, pid_tgid as u32) {
+        return;
     }
     let py_stack = crate::python::capture(tgid, pid_tgid as u32, crate::python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
@@ -247,14 +347,7 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
     } else {
         -1
     };
-    let key = LaunchKey {
-        pid: tgid,
-        tid: pid_tgid as u32,
-        api: cookie(&ctx),
-        user_stack,
-        func: ctx.arg(0).unwrap_or(0),
-        py_stack,
-    };
+    let key = LaunchKey { pid: tgid, tid: pid_tgid as u32, api: a, user_stack, func, py_stack };
     // Per-thread keys: this thread is the only writer.
     match CUDA_LAUNCHES.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += 1 },
@@ -264,7 +357,6 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
             }
         }
     }
-    0
 }
 
 #[uretprobe]
@@ -301,13 +393,7 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         py_stack: call.py_stack,
         caller: call.caller,
     };
-    let bytes = if call.api == api::FREE || call.api == api::FREE_HOST || call.api == api::HOST_UNREGISTER
-        || api::is_sync(call.api)
-    {
-        0
-    } else {
-        call.bytes
-    };
+    let bytes = if api::releases_pointer(call.api) || api::is_sync(call.api) { 0 } else { call.bytes };
     account(&key, bytes, ns, rc != 0);
     if global(&CUDA_EVENTS_ENABLED) == 0 {
         return 0;

@@ -100,6 +100,16 @@ pub fn is_cudart_name(basename: &str) -> bool {
     }
 }
 
+/// `libcuda.so`, `libcuda.so.1`, `libcuda.so.535.104.05`: the driver API
+/// (the NVIDIA driver's user-space library).
+pub fn is_driver_name(basename: &str) -> bool {
+    match basename.strip_prefix("libcuda.so") {
+        Some("") => true,
+        Some(v) => v.starts_with('.') && v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
 /// A mapped file that may hold the CUDA runtime: one per distinct file in
 /// a process.
 #[derive(Clone, Debug)]
@@ -111,12 +121,12 @@ pub struct Candidate {
     pub is_exe: bool,
 }
 
-/// The files of `maps` worth examining: every `libcudart` by name, and the
-/// executable (`exe_path`, as the process sees it).
+/// The files of `maps` worth examining: every `libcudart` and `libcuda` by
+/// name, and the executable (`exe_path`, as the process sees it).
 pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
-        let by_name = is_cudart_name(m.basename());
+        let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename());
         let is_exe = exe_path.is_some_and(|e| e == m.path);
         if !by_name && !is_exe {
             continue;
@@ -239,6 +249,12 @@ mod tests {
             "libcuda.so.1",
         ] {
             assert!(!is_cudart_name(bad), "{bad}");
+        }
+        for ok in ["libcuda.so", "libcuda.so.1", "libcuda.so.535.104.05"] {
+            assert!(is_driver_name(ok), "{ok}");
+        }
+        for bad in ["libcudart.so.12", "libcuda.so.1.bak", "libcudadebugger.so.1", "libcuda.so."] {
+            assert!(!is_driver_name(bad), "{bad}");
         }
     }
 

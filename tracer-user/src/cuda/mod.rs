@@ -184,10 +184,24 @@ pub fn api_name(api: u32) -> String {
 /// Polls (~250 ms each) between moves of dead threads' entries out of the kernel.
 const RETIRE_EVERY_POLLS: u64 = 40;
 
-const PROGRAMS: [&str; 5] = ["cuda_copy_enter", "cuda_copy2d_enter", "cuda_generic_enter", "cuda_launch", "cuda_return"];
+const PROGRAMS: [&str; 7] = [
+    "cuda_copy_enter",
+    "cuda_copy2d_enter",
+    "cuda_drv_copy_enter",
+    "cuda_generic_enter",
+    "cuda_launch",
+    "cuda_launch_ex",
+    "cuda_return",
+];
 
 fn entry_program(id: u32) -> &'static str {
-    match id {
+    if api::is_driver(id) && api::is_copy(id) {
+        return "cuda_drv_copy_enter";
+    }
+    if id == api::CU_LAUNCH_EX || id == api::CU_LAUNCH_EX_PTSZ {
+        return "cuda_launch_ex";
+    }
+    match api::canonical(id) {
         api::MEMCPY | api::MEMCPY_PTDS | api::MEMCPY_ASYNC | api::MEMCPY_ASYNC_PTSZ => "cuda_copy_enter",
         api::MEMCPY2D | api::MEMCPY2D_PTDS | api::MEMCPY2D_ASYNC | api::MEMCPY2D_ASYNC_PTSZ => "cuda_copy2d_enter",
         api::LAUNCH | api::LAUNCH_PTSZ => "cuda_launch",
@@ -374,8 +388,17 @@ impl CudaTracer {
         if functions.is_empty() {
             return Ok(None);
         }
+        let driver = functions.iter().any(|f| f.starts_with("cu") && !f.starts_with("cuda"));
+        if driver {
+            // Runtime launches now leave a mark for the driver launch probe.
+            let map = ebpf.map_mut("CUDA_DRIVER_ON").ok_or(ProbeError::MissingMap("CUDA_DRIVER_ON"))?;
+            let mut on: aya::maps::Array<&mut MapData, u32> =
+                aya::maps::Array::try_from(map).map_err(|e| ProbeError::map("CUDA_DRIVER_ON", e))?;
+            on.set(0, 1, 0).map_err(|e| ProbeError::map("CUDA_DRIVER_ON", e))?;
+        }
         notes.push(format!(
-            "pid {pid}: CUDA runtime {shown}{}: {} functions probed",
+            "pid {pid}: CUDA {} {shown}{}: {} functions probed",
+            if driver { "driver" } else { "runtime" },
             if cand.is_exe { " (linked statically)" } else { "" },
             functions.len()
         ));
@@ -458,6 +481,11 @@ impl CudaTracer {
         for t in &dead {
             let _ = map.remove(t);
         }
+        let mut marks: BpfHashMap<_, u32, [u64; 3]> = probe::hash_map(ebpf, "CUDA_LAUNCH_MARK")?;
+        let gone_marks: Vec<u32> = marks.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
+        for t in &gone_marks {
+            let _ = marks.remove(t);
+        }
         self.replay.forget_threads(&dead);
         Ok(())
     }
@@ -483,6 +511,7 @@ impl CudaTracer {
         let mut wanted: Vec<(u32, u64)> = map
             .keys()
             .filter_map(Result::ok)
+            .filter(|k| !api::is_driver(k.api))
             .map(|k| (k.pid, k.func))
             .filter(|k| !self.kernel_names.contains_key(k))
             .collect();
@@ -578,9 +607,14 @@ impl CudaTracer {
         for (k, n) in &launches {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
             let site = sites.resolve(raw, resolver, &mut self.symbolizer);
-            let name = match self.kernel_names.get(&(k.pid, k.func)) {
-                Some(n) => n.clone(),
-                None => self.symbolize_function(k.pid, k.func),
+            let name = if api::is_driver(k.api) {
+                // A driver launch passes a CUfunction handle, not code.
+                format!("CUfunction {:#x}", k.func)
+            } else {
+                match self.kernel_names.get(&(k.pid, k.func)) {
+                    Some(n) => n.clone(),
+                    None => self.symbolize_function(k.pid, k.func),
+                }
             };
             *by_kernel.entry((k.pid, name, site, k.api)).or_default() += n;
         }

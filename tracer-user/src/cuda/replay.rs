@@ -256,7 +256,7 @@ impl Replay {
         s.count += 1;
         s.ns += e.dur_ns;
         let Some(last) = self.last_copy.remove(&e.tid) else { return };
-        let covers = match e.api {
+        let covers = match api::canonical(e.api) {
             api::DEVICE_SYNC => true,
             api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => e.stream == last.stream,
             _ => false,
@@ -271,7 +271,7 @@ impl Replay {
     }
 
     fn memory(&mut self, site: RawSite, e: &CudaEvent) {
-        match e.api {
+        match api::canonical(e.api) {
             api::MALLOC => {
                 let a = self.allocs.entry(site).or_default();
                 a.allocs += 1;

@@ -1,0 +1,261 @@
+/*
+ * cudadrvsim: a TIMING SIMULATOR standing in for the CUDA driver library
+ * (libcuda.so.1) in the tests of infertrace. It is NOT CUDA and uses no GPU:
+ * it exports the driver API functions infertrace probes, with their real
+ * signatures, under the soname libcuda.so.1, and makes them take time like a
+ * GPU behind a PCIe link would. tests/cudasim/cudasim.c (the runtime
+ * stand-in, libcudart.so.12) is a thin layer over it, as the real libcudart
+ * is over the real libcuda, so runtime calls reach these functions from
+ * inside the runtime's: the tests check that such calls are counted once.
+ * It prints nothing. docs/cuda.md describes the model.
+ *
+ * Model (simulated GPU with one copy engine per stream):
+ *   - H2D / D2H from pinned host memory (cuMemHostAlloc, cuMemAllocHost,
+ *     cuMemHostRegister): 12 GB/s, asynchronous on a stream (the *Async
+ *     forms return at once; the stream is busy until the copy ends).
+ *   - H2D / D2H from pageable memory: 3 GB/s, and the call blocks until the
+ *     stream is idle and the copy is done (as the real driver's staging does).
+ *   - D2D: 500 GB/s, asynchronous. H2H: 10 GB/s, blocking.
+ *   - cuLaunchKernel[Ex]: each kernel keeps its stream busy for 20 us.
+ *   - The synchronous copies: the async form on stream 0, then a sync.
+ *   - cuStreamSynchronize sleeps until the stream is idle;
+ *     cuCtxSynchronize until every stream is.
+ *   - cuMemAlloc hands out fake device addresses (never dereferenced);
+ *     cuMemHostAlloc/cuMemAllocHost return real, page-aligned host memory.
+ * Build: gcc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 cudadrvsim.c -lpthread
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUfunction;
+typedef unsigned long long CUdeviceptr;
+
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2 };
+enum { HtoH = 0, HtoD = 1, DtoH = 2, DtoD = 3, Default = 4 };
+
+#define PINNED_BPS 12e9
+#define PAGEABLE_BPS 3e9
+#define DTOD_BPS 500e9
+#define HTOH_BPS 10e9
+#define LAUNCH_NS 20000.0
+#define STREAMS 64
+#define MAX_PINNED 1024
+#define DEVICE_BASE 0x7e0000000000ull
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static double busy_until[STREAMS]; /* ns, CLOCK_MONOTONIC */
+static struct { uintptr_t start, end; } pinned[MAX_PINNED];
+static uint64_t next_device = DEVICE_BASE;
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static void sleep_until(double t) {
+    for (;;) {
+        double left = t - now_ns();
+        if (left <= 0) return;
+        struct timespec ts = {(time_t)(left / 1e9), (long)((uint64_t)left % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int slot(CUstream s) { return (int)(((uintptr_t)s >> 4) % STREAMS); }
+
+static int is_pinned(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_PINNED && !hit; i++)
+        hit = pinned[i].end != 0 && a >= pinned[i].start && a < pinned[i].end;
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+
+static void add_pinned(void *p, size_t n) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned[i].end == 0) {
+            pinned[i].start = (uintptr_t)p;
+            pinned[i].end = (uintptr_t)p + n;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+}
+
+static int remove_pinned(void *p) {
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned[i].end != 0 && pinned[i].start == (uintptr_t)p) {
+            pinned[i].start = pinned[i].end = 0;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+/* Queues `ns` of work on stream `s`; returns when it ends. */
+static double enqueue(CUstream s, double ns) {
+    pthread_mutex_lock(&mu);
+    double start = busy_until[slot(s)] > now_ns() ? busy_until[slot(s)] : now_ns();
+    double end = start + ns;
+    busy_until[slot(s)] = end;
+    pthread_mutex_unlock(&mu);
+    return end;
+}
+
+static CUresult copy(void *dst, const void *src, size_t n, int kind, CUstream s, int blocking) {
+    if (kind < HtoH || kind > Default) return CUDA_ERROR_INVALID_VALUE;
+    if (kind == Default) {
+        int dst_dev = (uintptr_t)dst >= DEVICE_BASE, src_dev = (uintptr_t)src >= DEVICE_BASE;
+        kind = dst_dev ? (src_dev ? DtoD : HtoD) : (src_dev ? DtoH : HtoH);
+    }
+    double end;
+    if (kind == DtoD) {
+        end = enqueue(s, n / DTOD_BPS * 1e9);
+    } else if (kind == HtoH) {
+        end = enqueue(s, n / HTOH_BPS * 1e9);
+        blocking = 1;
+    } else {
+        const void *host = kind == HtoD ? src : dst;
+        if (is_pinned(host)) {
+            end = enqueue(s, n / PINNED_BPS * 1e9);
+        } else {
+            end = enqueue(s, n / PAGEABLE_BPS * 1e9);
+            blocking = 1;
+        }
+    }
+    if (blocking) sleep_until(end);
+    return CUDA_SUCCESS;
+}
+
+
+#define P(x) ((void *)(uintptr_t)(x))
+
+/* Synchronous copies. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(P(dst), P(src), n, Default, 0, 1); }
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { return cuMemcpy(dst, src, n); }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { return copy(P(dst), src, n, HtoD, 0, 1); }
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) { return cuMemcpyHtoD_v2(dst, src, n); }
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { return copy(dst, P(src), n, DtoH, 0, 1); }
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) { return cuMemcpyDtoH_v2(dst, src, n); }
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(P(dst), P(src), n, DtoD, 0, 1); }
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { return cuMemcpyDtoD_v2(dst, src, n); }
+
+/* Asynchronous copies. */
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return copy(P(dst), P(src), n, Default, s, 0);
+}
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { return cuMemcpyAsync(dst, src, n, s); }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return copy(P(dst), src, n, HtoD, s, 0);
+}
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return cuMemcpyHtoDAsync_v2(dst, src, n, s);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) { return copy(dst, P(src), n, DtoH, s, 0); }
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    return cuMemcpyDtoHAsync_v2(dst, src, n, s);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return copy(P(dst), P(src), n, DtoD, s, 0);
+}
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return cuMemcpyDtoDAsync_v2(dst, src, n, s);
+}
+
+/* Synchronization. */
+CUresult cuStreamSynchronize(CUstream s) {
+    pthread_mutex_lock(&mu);
+    double t = busy_until[slot(s)];
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+CUresult cuCtxSynchronize(void) {
+    double t = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < STREAMS; i++)
+        if (busy_until[i] > t) t = busy_until[i];
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    (void)e;
+    return cuCtxSynchronize();
+}
+
+/* Launches. The runtime stand-in passes its kernel's host stub as `f`. */
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, CUstream s, void **params, void **extra) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    if (!f) return CUDA_ERROR_INVALID_VALUE;
+    enqueue(s, LAUNCH_NS);
+    return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shmem, CUstream s, void **params, void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                          c->sharedMemBytes, c->hStream, params, extra);
+}
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+/* Memory. */
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *p = next_device;
+    next_device += (n + 511) & ~(size_t)511;
+    if (n == 0) next_device += 512;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    (void)p;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (posix_memalign(p, 4096, n ? n : 1)) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(*p, 0, n);
+    add_pinned(*p, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAllocHost_v2(void **p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+CUresult cuMemFreeHost(void *p) {
+    if (!remove_pinned(p)) return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+    (void)flags;
+    add_pinned(p, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemHostUnregister(void *p) { return remove_pinned(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
