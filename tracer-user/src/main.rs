@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{doctor, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -81,9 +81,13 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not look for CPython in the targets (native stacks only).
         #[arg(long)]
         no_python: bool,
-        /// Do not probe the CUDA runtime (libcudart) in the targets.
+        /// Do not probe the CUDA runtime (libcudart) in the targets (and do not sample the GPUs).
         #[arg(long)]
         no_cuda: bool,
+        /// GPU utilization, memory and PCIe samples per second through NVML, 1 to 10 (when NVML is present).
+        #[arg(long, default_value_t = nvml::DEFAULT_HZ, value_name = "HZ", allow_negative_numbers = true,
+              value_parser = clap::value_parser!(u32).range(i64::from(nvml::MIN_HZ)..=i64::from(nvml::MAX_HZ)))]
+        gpu_sample_hz: u32,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -189,13 +193,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, command } => {
+        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, gpu_sample_hz, command } => {
             if frequency > 10_000 {
                 bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
             }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, command, duration, output, quiet };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, gpu_sample_hz, command, duration, output, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -18,6 +18,7 @@ use crate::{
     btf_offsets::BtfOffsets,
     clock,
     cuda::CudaTracer,
+    nvml,
     sched::{SchedAccounting, SchedOptions},
     pystacks::PythonTargets,
     stacks::StackResolver,
@@ -92,6 +93,8 @@ pub struct RecordOptions {
     pub python: bool,
     /// Probe the CUDA runtime (libcudart) in the targets.
     pub cuda: bool,
+    /// NVML GPU samples per second while `cuda` is on (crate::nvml, 1-10).
+    pub gpu_sample_hz: u32,
     pub command: Vec<String>,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
@@ -293,6 +296,8 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let mut cuda = CudaTracer::new();
     let window_start = clock::monotonic_ns();
     set_window_start(&mut ebpf, window_start)?;
+    // NVML in a thread of its own: loading it can take seconds.
+    let gpu_sampler = opts.cuda.then(|| nvml::Sampler::start(nvml::SamplerOptions::new(opts.gpu_sample_hz, window_start)));
     let mut states: BTreeMap<u32, TargetState> = BTreeMap::new();
     for &pid in &opts.pids {
         process::add_target(&mut ebpf, pid, target_flags::EXPLICIT)?;
@@ -398,6 +403,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
         }
     };
     let window_end = clock::monotonic_ns();
+    let gpu_sampling = gpu_sampler.map(|s| s.finish(window_end));
     status.clear();
     apply_lifecycle(&mut states, follower.poll(), &mut symbolizer);
     let live_pids: Vec<u32> = states.values().filter(|s| s.alive && procfs::is_alive(s.target.pid)).map(|s| s.target.pid).collect();
@@ -409,11 +415,14 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let sched = sched.finish(&mut ebpf, window_end, &all_pids, &syscalls, &mut resolver)?;
     let mut stacks = sched.stacks;
     stacks.extend(syscalls::slow_syscall_stacks(&mut ebpf, std::env::consts::ARCH, &all_pids, &mut resolver)?);
-    let cuda_report = if cuda.active() {
+    let mut cuda_report = if cuda.active() {
         Some(cuda.finish(&mut ebpf, &mut resolver, window_end.saturating_sub(window_start))?)
     } else {
         None
     };
+    if let Some(g) = gpu_sampling {
+        g.merge_into(&mut cuda_report, &mut notes, window_end.saturating_sub(window_start));
+    }
     drop(resolver);
     python.finish_notes();
     notes.append(&mut python.notes);

@@ -109,13 +109,34 @@ pub struct CudaLaunch {
     pub api: String,
 }
 
-/// A GPU utilization sample (NVML). Not collected yet: always empty.
+/// One NVML reading of one GPU (`crate::nvml`): whole-device figures, all
+/// processes on the GPU, not only the targets.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct GpuSample {
+    /// When it was taken, ns since the window start (CLOCK_MONOTONIC).
     pub ts_ns: u64,
+    /// NVML device index (nvmlDeviceGetHandleByIndex; not CUDA_VISIBLE_DEVICES order).
     pub gpu: u32,
+    /// Share of the last NVML sample period in which a kernel ran (nvmlDeviceGetUtilizationRates.gpu).
     pub util_percent: f64,
+    /// Device memory in use (nvmlDeviceGetMemoryInfo).
     pub mem_used_bytes: u64,
+    /// Share of the period in which device memory was read or written (.memory).
+    #[serde(default)]
+    pub mem_util_percent: f64,
+    #[serde(default)]
+    pub mem_total_bytes: u64,
+    /// PCIe throughput, device -> host / host -> device (nvmlDeviceGetPcieThroughput,
+    /// KB/s x 1024); null when the GPU or the library does not report it.
+    #[serde(default)]
+    pub pcie_tx_bytes_per_s: Option<u64>,
+    #[serde(default)]
+    pub pcie_rx_bytes_per_s: Option<u64>,
+    /// Name and UUID of the GPU, on its first sample only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// Something the detector flagged, with what to do about it.
@@ -668,7 +689,12 @@ impl CudaTracer {
     }
 }
 
+/// The NVML line of the report: what this recording's GPU sampler found
+/// (`crate::nvml`), else (no sampler ran) whether libnvidia-ml.so.1 is present.
 fn nvml_note() -> String {
+    if let Some(status) = crate::nvml::sampler_status() {
+        return status;
+    }
     // SAFETY: dlopen/dlclose with a valid C string; RTLD_NOLOAD never runs
     // the library's constructors.
     let name = c"libnvidia-ml.so.1";
@@ -681,9 +707,9 @@ fn nvml_note() -> String {
             .iter()
             .any(|d| PathBuf::from(d).join("libnvidia-ml.so.1").exists());
     if present {
-        "NVML present, but GPU utilization sampling is not implemented yet: no gpu_samples".into()
+        "NVML present (libnvidia-ml.so.1), but no GPU sampler ran: no gpu_samples".into()
     } else {
-        "NVML not available (libnvidia-ml.so.1 not found): no GPU utilization samples".into()
+        crate::nvml::NvmlUnavailable::NotFound(crate::nvml::DEFAULT_LIB.into()).notice()
     }
 }
 
