@@ -16,7 +16,8 @@
  *   - H2D / D2H from pageable memory: 3 GB/s, and the call blocks until the
  *     stream is idle and the copy is done (as the real driver's staging does).
  *   - D2D: 500 GB/s, asynchronous. H2H: 10 GB/s, blocking.
- *   - cuLaunchKernel[Ex]: each kernel keeps its stream busy for 20 us.
+ *   - cuLaunchKernel[Ex]: each kernel keeps its stream busy for 100 us (longer than issuing it
+ *     takes under a tracer's uprobes, so that work queues up as on a GPU).
  *   - The synchronous copies: the async form on stream 0, then a sync.
  *   - cuStreamSynchronize sleeps until the stream is idle;
  *     cuCtxSynchronize until every stream is.
@@ -44,7 +45,7 @@ enum { HtoH = 0, HtoD = 1, DtoH = 2, DtoD = 3, Default = 4 };
 #define PAGEABLE_BPS 3e9
 #define DTOD_BPS 500e9
 #define HTOH_BPS 10e9
-#define LAUNCH_NS 20000.0
+#define LAUNCH_NS 100000.0
 #define STREAMS 64
 #define MAX_PINNED 1024
 #define DEVICE_BASE 0x7e0000000000ull

@@ -106,7 +106,13 @@ pub fn require(test: &str, needs: &[Need]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let what = missing.join(", ");
+    skip(test, &missing.join(", "));
+    false
+}
+
+/// A prerequisite of `test` is missing: panics under `CI=true` (a CI run
+/// must not pass by skipping), else prints `SKIPPED <test>: <what>`.
+pub fn skip(test: &str, what: &str) {
     if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
         panic!("{test}: missing prerequisite(s) under CI=true: {what}");
     }
@@ -114,7 +120,6 @@ pub fn require(test: &str, needs: &[Need]) -> bool {
     // output capture cannot hide the skip.
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {what}");
-    false
 }
 
 /// `require!(needs...)`: returns from the calling test when a prerequisite is

@@ -20,18 +20,6 @@ use std::time::Duration;
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
-fn ci() -> bool {
-    std::env::var("CI").map(|v| v == "true").unwrap_or(false)
-}
-
-fn skip(test: &str, what: &str) {
-    if ci() {
-        panic!("{test}: missing prerequisite under CI=true: {what}");
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {what}");
-}
-
 fn script(name: &str) -> Result<PathBuf, String> {
     let o = Command::new("sh")
         .arg(workspace_root().join("tests/cudasim").join(name))

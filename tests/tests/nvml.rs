@@ -24,18 +24,6 @@ const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 const NOT_FOUND: &str = "NVML not available (libnvidia-ml.so.1 not found): no GPU utilization samples";
 
-fn ci() -> bool {
-    std::env::var("CI").map(|v| v == "true").unwrap_or(false)
-}
-
-fn skip(test: &str, what: &str) {
-    if ci() {
-        panic!("{test}: missing prerequisite under CI=true: {what}");
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {what}");
-}
-
 /// Root, the binary, gcc, and the simulator (built when missing or stale):
 /// its directory.
 fn simulator(test: &str) -> Option<PathBuf> {

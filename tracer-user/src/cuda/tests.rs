@@ -354,7 +354,7 @@ fn simulator_durations_pinned_memory_and_leaks() {
     assert!(per_pinned < 500_000, "pinned {per_pinned} ns vs pageable {per_pageable} ns");
     let sync = t.call("cudaStreamSynchronize", "sim_pinned_sync");
     assert!(sync.total_ns / 40 >= 2_700_000, "pinned sync {} ns", sync.total_ns / 40);
-    // .item() after 10 launches of 20 us: a pageable D2H copy waits for
+    // .item() after 10 launches of 100 us: a pageable D2H copy waits for
     // the stream to drain (in the copy), then the sync.
     let item = t.call("cudaMemcpyAsync", "sim_item_copy").total_ns + t.call("cudaStreamSynchronize", "sim_item_sync").total_ns;
     assert!(item / 40 >= 50_000, "item copy + sync {} ns", item / 40);
