@@ -1,7 +1,9 @@
 //! Syscall number -> name tables (empty string: unassigned).
 
-/// Generated from the kernel UAPI headers by scripts/gen-syscall-names.py.
-pub static X86_64: [&str; 451] = [
+/// Generated from the kernel UAPI headers by scripts/gen-syscall-names.py;
+/// 451-469 (Linux 6.5-6.17) and x86_64's 335 (`uretprobe`, 6.11) added by
+/// hand from the kernel's syscall tables.
+pub static X86_64: [&str; 470] = [
     "read",
     "write",
     "open",
@@ -337,7 +339,7 @@ pub static X86_64: [&str; 451] = [
     "statx",
     "io_pgetevents",
     "rseq",
-    "",
+    "uretprobe",
     "",
     "",
     "",
@@ -453,10 +455,31 @@ pub static X86_64: [&str; 451] = [
     "process_mrelease",
     "futex_waitv",
     "set_mempolicy_home_node",
+    "cachestat",
+    "fchmodat2",
+    "map_shadow_stack",
+    "futex_wake",
+    "futex_wait",
+    "futex_requeue",
+    "statmount",
+    "listmount",
+    "lsm_get_self_attr",
+    "lsm_set_self_attr",
+    "lsm_list_modules",
+    "mseal",
+    "setxattrat",
+    "getxattrat",
+    "listxattrat",
+    "removexattrat",
+    "open_tree_attr",
+    "file_getattr",
+    "file_setattr",
 ];
 
-/// Generated from the kernel UAPI headers by scripts/gen-syscall-names.py.
-pub static AARCH64: [&str; 451] = [
+/// Generated from the kernel UAPI headers by scripts/gen-syscall-names.py;
+/// 451-469 (Linux 6.5-6.17) and x86_64's 335 (`uretprobe`, 6.11) added by
+/// hand from the kernel's syscall tables.
+pub static AARCH64: [&str; 470] = [
     "io_setup",
     "io_destroy",
     "io_submit",
@@ -908,4 +931,23 @@ pub static AARCH64: [&str; 451] = [
     "process_mrelease",
     "futex_waitv",
     "set_mempolicy_home_node",
+    "cachestat",
+    "fchmodat2",
+    "map_shadow_stack",
+    "futex_wake",
+    "futex_wait",
+    "futex_requeue",
+    "statmount",
+    "listmount",
+    "lsm_get_self_attr",
+    "lsm_set_self_attr",
+    "lsm_list_modules",
+    "mseal",
+    "setxattrat",
+    "getxattrat",
+    "listxattrat",
+    "removexattrat",
+    "open_tree_attr",
+    "file_getattr",
+    "file_setattr",
 ];
