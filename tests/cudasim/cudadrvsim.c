@@ -176,6 +176,22 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, C
     return cuMemcpyDtoDAsync_v2(dst, src, n, s);
 }
 
+/* Peer copies (one simulated GPU: a device-to-device copy). */
+CUresult cuMemcpyPeer(CUdeviceptr dst, void *dst_ctx, CUdeviceptr src, void *src_ctx, size_t n) {
+    (void)dst_ctx, (void)src_ctx;
+    return copy(P(dst), P(src), n, DtoD, 0, 1);
+}
+CUresult cuMemcpyPeer_ptds(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n) {
+    return cuMemcpyPeer(dst, dc, src, sc, n);
+}
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void *dst_ctx, CUdeviceptr src, void *src_ctx, size_t n, CUstream s) {
+    (void)dst_ctx, (void)src_ctx;
+    return copy(P(dst), P(src), n, DtoD, s, 0);
+}
+CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n, CUstream s) {
+    return cuMemcpyPeerAsync(dst, dc, src, sc, n, s);
+}
+
 /* Synchronization. */
 CUresult cuStreamSynchronize(CUstream s) {
     pthread_mutex_lock(&mu);

@@ -32,6 +32,8 @@ int cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
 int cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, void *);
 int cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, void *);
 int cuMemcpyDtoDAsync_v2(CUdeviceptr, CUdeviceptr, size_t, void *);
+int cuMemcpyPeer(CUdeviceptr, void *, CUdeviceptr, void *, size_t);
+int cuMemcpyPeerAsync(CUdeviceptr, void *, CUdeviceptr, void *, size_t, void *);
 int cuStreamSynchronize(void *);
 int cuCtxSynchronize(void);
 int cuEventSynchronize(void *);
@@ -90,6 +92,15 @@ cudaError_t cudaMemcpy2DAsync_ptsz(void *dst, size_t dp, const void *src, size_t
                                    cudaStream_t s) {
     (void)dp, (void)sp;
     return copy(dst, src, w * h, kind, s, 0);
+}
+
+cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
+    (void)dst_dev, (void)src_dev;
+    return cuMemcpyPeer(D(dst), NULL, D(src), NULL, n);
+}
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n, cudaStream_t s) {
+    (void)dst_dev, (void)src_dev;
+    return cuMemcpyPeerAsync(D(dst), NULL, D(src), NULL, n, s);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cuStreamSynchronize(s); }

@@ -177,7 +177,7 @@ fn real_libcudart_counts_sites_and_findings() {
     let libs = cuda["libraries"].as_array().expect("libraries");
     assert_eq!(libs.len(), 1, "{libs:?}");
     assert_eq!(Path::new(libs[0]["path"].as_str().unwrap()), lib);
-    assert_eq!(libs[0]["functions"].as_array().unwrap().len(), 21);
+    assert_eq!(libs[0]["functions"].as_array().unwrap().len(), 23);
 
     // (api, marker, kind, calls, bytes); every call fails with 35.
     let expected: &[(&str, &str, Option<&str>, u64, u64)] = &[
@@ -201,6 +201,8 @@ fn real_libcudart_counts_sites_and_findings() {
         ("cudaMemcpy2DAsync_ptsz", "copy2d_ptsz", Some("HtoD"), 1, 256),
         ("cudaMemcpy2D_ptds", "copy2d_ptds", Some("DtoD"), 1, 64),
         ("cudaMemcpyAsync", "default_copy", Some("Default"), 3, 3 * 512),
+        ("cudaMemcpyPeer", "peer_copy", Some("DtoD"), 3, 3 << 20),
+        ("cudaMemcpyPeerAsync", "peer_async", Some("DtoD"), 2, 2 * 4096),
         ("cudaMalloc", "malloc", None, 4, 4 << 20),
         ("cudaFree", "free", None, 2, 0),
         ("cudaHostAlloc", "host_alloc", None, 1, 1 << 20),
@@ -319,9 +321,11 @@ fn driver_api_counted_once() {
         ("cuMemcpyDtoH_v2", "drv_item", Some("DtoH"), 25, 100),
         ("cuMemcpyHtoD_v2", "drv_h2d", Some("HtoD"), 3, 192),
         ("cuMemcpyAsync", "drv_unified", Some("Default"), 1, 512),
+        ("cuMemcpyPeerAsync", "drv_peer", Some("DtoD"), 2, 512),
         ("cuCtxSynchronize", "drv_ctx_sync", None, 1, 0),
         ("cudaMemcpyAsync", "rt_h2d", Some("HtoD"), 20, 20 * 4096),
         ("cudaStreamSynchronize", "rt_sync", None, 20, 0),
+        ("cudaMemcpyPeer", "rt_peer", Some("DtoD"), 1, 128),
         ("cudaMalloc", "rt_malloc", None, 1, 1 << 16),
         ("cudaFree", "rt_free", None, 1, 0),
         ("cuMemFree_v2", "drv_free", None, 1, 0),

@@ -73,7 +73,7 @@ ALL = [
     "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize",
     "cudaEventSynchronize", "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc",
     "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaHostRegister", "cudaFreeHost",
-    "cudaHostUnregister",
+    "cudaHostUnregister", "cudaMemcpyPeer", "cudaMemcpyPeerAsync",
 ]
 
 
@@ -148,6 +148,14 @@ def two_d(lib):
         lib.cudaMemcpyAsync(DEV, buf, size(512), Default, None)  # @default_copy
 
 
+def peers(lib):
+    """Copies between two GPUs' memories (device 1 -> device 0)."""
+    for _ in range(3):
+        lib.cudaMemcpyPeer(DEV, 0, DEV2, 1, size(1 << 20))  # @peer_copy
+    for _ in range(2):
+        lib.cudaMemcpyPeerAsync(DEV, 0, DEV2, 1, size(4096), ctypes.c_void_p(0x5C0))  # @peer_async
+
+
 def launches(lib, kernels):
     vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
     mm = ctypes.cast(getattr(kernels, "_Z13matmul_kernelPfS_S_i"), ctypes.c_void_p)
@@ -190,6 +198,7 @@ def patterns():
     one_large(lib)
     per_thread_stream(lib, 40)
     two_d(lib)
+    peers(lib)
     launches(lib, kernels)
     memory(lib)
 
@@ -261,7 +270,7 @@ class CUlaunchConfig(ctypes.Structure):
 DRIVER_ALL = [
     "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
     "cuStreamSynchronize", "cuCtxSynchronize", "cuLaunchKernel", "cuLaunchKernelEx",
-    "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemcpyAsync",
+    "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemcpyAsync", "cuMemcpyPeerAsync",
 ]
 
 
@@ -277,6 +286,8 @@ def driver():
         )
     drv.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_size_t]
     drv.cuMemcpyAsync.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuMemcpyPeerAsync.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
+                                      ctypes.c_size_t, ctypes.c_void_p]
     drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     drv.cuLaunchKernelEx.argtypes = [ctypes.POINTER(CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
@@ -296,6 +307,8 @@ def driver():
     for _ in range(3):
         drv.cuMemcpyHtoD_v2(dev.value, buf, 64)  # @drv_h2d
     drv.cuMemcpyAsync(dev.value, dev.value + 4096, 512, None)  # @drv_unified
+    for _ in range(2):
+        drv.cuMemcpyPeerAsync(dev.value, None, dev.value + 8192, None, 256, None)  # @drv_peer
     drv.cuCtxSynchronize()  # @drv_ctx_sync
     for _ in range(12):
         drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @drv_launch
@@ -309,6 +322,7 @@ def driver():
         rt.cudaStreamSynchronize(None)  # @rt_sync
     for _ in range(9):
         rt.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @rt_launch
+    rt.cudaMemcpyPeer(rdev, 0, ctypes.c_void_p(dev.value + 4096), 1, size(128))  # @rt_peer
     tmp = ctypes.c_void_p()
     rt.cudaMalloc(ctypes.byref(tmp), 1 << 16)  # @rt_malloc
     rt.cudaFree(tmp)  # @rt_free

@@ -8,7 +8,7 @@
 /// Which CUDA runtime function a probe sits on. It is the uprobe's attach
 /// cookie, so one program serves every function of the same shape.
 pub mod api {
-    // CUDA runtime (libcudart).
+    // CUDA runtime (libcudart). The ids are internal (reports carry names).
     pub const MEMCPY: u32 = 0;
     pub const MEMCPY_PTDS: u32 = 1;
     pub const MEMCPY_ASYNC: u32 = 2;
@@ -17,53 +17,59 @@ pub mod api {
     pub const MEMCPY2D_PTDS: u32 = 5;
     pub const MEMCPY2D_ASYNC: u32 = 6;
     pub const MEMCPY2D_ASYNC_PTSZ: u32 = 7;
-    pub const STREAM_SYNC: u32 = 8;
-    pub const STREAM_SYNC_PTSZ: u32 = 9;
-    pub const DEVICE_SYNC: u32 = 10;
-    pub const EVENT_SYNC: u32 = 11;
-    pub const LAUNCH: u32 = 12;
-    pub const LAUNCH_PTSZ: u32 = 13;
-    pub const MALLOC: u32 = 14;
-    pub const FREE: u32 = 15;
-    pub const HOST_ALLOC: u32 = 16;
-    pub const MALLOC_HOST: u32 = 17;
-    pub const HOST_REGISTER: u32 = 18;
-    pub const FREE_HOST: u32 = 19;
-    pub const HOST_UNREGISTER: u32 = 20;
+    pub const MEMCPY_PEER: u32 = 8;
+    pub const MEMCPY_PEER_ASYNC: u32 = 9;
+    pub const STREAM_SYNC: u32 = 10;
+    pub const STREAM_SYNC_PTSZ: u32 = 11;
+    pub const DEVICE_SYNC: u32 = 12;
+    pub const EVENT_SYNC: u32 = 13;
+    pub const LAUNCH: u32 = 14;
+    pub const LAUNCH_PTSZ: u32 = 15;
+    pub const MALLOC: u32 = 16;
+    pub const FREE: u32 = 17;
+    pub const HOST_ALLOC: u32 = 18;
+    pub const MALLOC_HOST: u32 = 19;
+    pub const HOST_REGISTER: u32 = 20;
+    pub const FREE_HOST: u32 = 21;
+    pub const HOST_UNREGISTER: u32 = 22;
     // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
     // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 21;
-    pub const CU_MEMCPY_ASYNC: u32 = 22;
-    pub const CU_MEMCPY_HTOD: u32 = 23;
-    pub const CU_MEMCPY_DTOH: u32 = 24;
-    pub const CU_MEMCPY_DTOD: u32 = 25;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 26;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 27;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 28;
-    pub const CU_MEMCPY_PTDS: u32 = 29;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 30;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 31;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 32;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 33;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 34;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 35;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 36;
-    pub const CU_STREAM_SYNC: u32 = 37;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 38;
-    pub const CU_CTX_SYNC: u32 = 39;
-    pub const CU_EVENT_SYNC: u32 = 40;
-    pub const CU_LAUNCH: u32 = 41;
-    pub const CU_LAUNCH_PTSZ: u32 = 42;
-    pub const CU_LAUNCH_EX: u32 = 43;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 44;
-    pub const CU_MEM_ALLOC: u32 = 45;
-    pub const CU_MEM_FREE: u32 = 46;
-    pub const CU_MEM_HOST_ALLOC: u32 = 47;
-    pub const CU_MEM_ALLOC_HOST: u32 = 48;
-    pub const CU_MEM_HOST_REGISTER: u32 = 49;
-    pub const CU_MEM_FREE_HOST: u32 = 50;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 51;
-    pub const COUNT: u32 = 52;
+    pub const CU_MEMCPY: u32 = 23;
+    pub const CU_MEMCPY_ASYNC: u32 = 24;
+    pub const CU_MEMCPY_HTOD: u32 = 25;
+    pub const CU_MEMCPY_DTOH: u32 = 26;
+    pub const CU_MEMCPY_DTOD: u32 = 27;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 28;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 29;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 30;
+    pub const CU_MEMCPY_PTDS: u32 = 31;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 32;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 33;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 34;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 35;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 36;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 37;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 38;
+    pub const CU_MEMCPY_PEER: u32 = 39;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 40;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 41;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 42;
+    pub const CU_STREAM_SYNC: u32 = 43;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 44;
+    pub const CU_CTX_SYNC: u32 = 45;
+    pub const CU_EVENT_SYNC: u32 = 46;
+    pub const CU_LAUNCH: u32 = 47;
+    pub const CU_LAUNCH_PTSZ: u32 = 48;
+    pub const CU_LAUNCH_EX: u32 = 49;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 50;
+    pub const CU_MEM_ALLOC: u32 = 51;
+    pub const CU_MEM_FREE: u32 = 52;
+    pub const CU_MEM_HOST_ALLOC: u32 = 53;
+    pub const CU_MEM_ALLOC_HOST: u32 = 54;
+    pub const CU_MEM_HOST_REGISTER: u32 = 55;
+    pub const CU_MEM_FREE_HOST: u32 = 56;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 57;
+    pub const COUNT: u32 = 58;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -77,6 +83,8 @@ pub mod api {
         "cudaMemcpy2D_ptds",
         "cudaMemcpy2DAsync",
         "cudaMemcpy2DAsync_ptsz",
+        "cudaMemcpyPeer",
+        "cudaMemcpyPeerAsync",
         "cudaStreamSynchronize",
         "cudaStreamSynchronize_ptsz",
         "cudaDeviceSynchronize",
@@ -106,6 +114,10 @@ pub mod api {
         "cuMemcpyHtoDAsync_v2_ptsz",
         "cuMemcpyDtoHAsync_v2_ptsz",
         "cuMemcpyDtoDAsync_v2_ptsz",
+        "cuMemcpyPeer",
+        "cuMemcpyPeerAsync",
+        "cuMemcpyPeer_ptds",
+        "cuMemcpyPeerAsync_ptsz",
         "cuStreamSynchronize",
         "cuStreamSynchronize_ptsz",
         "cuCtxSynchronize",
@@ -136,6 +148,8 @@ pub mod api {
             CU_MEMCPY_ASYNC_PTSZ | CU_MEMCPY_HTOD_ASYNC_PTSZ | CU_MEMCPY_DTOH_ASYNC_PTSZ | CU_MEMCPY_DTOD_ASYNC_PTSZ => {
                 MEMCPY_ASYNC_PTSZ
             }
+            CU_MEMCPY_PEER | CU_MEMCPY_PEER_PTDS => MEMCPY_PEER,
+            CU_MEMCPY_PEER_ASYNC | CU_MEMCPY_PEER_ASYNC_PTSZ => MEMCPY_PEER_ASYNC,
             CU_STREAM_SYNC => STREAM_SYNC,
             CU_STREAM_SYNC_PTSZ => STREAM_SYNC_PTSZ,
             CU_CTX_SYNC => DEVICE_SYNC,
@@ -167,6 +181,7 @@ pub mod api {
             CU_MEMCPY_HTOD | CU_MEMCPY_HTOD_ASYNC | CU_MEMCPY_HTOD_PTDS | CU_MEMCPY_HTOD_ASYNC_PTSZ => super::KIND_HTOD,
             CU_MEMCPY_DTOH | CU_MEMCPY_DTOH_ASYNC | CU_MEMCPY_DTOH_PTDS | CU_MEMCPY_DTOH_ASYNC_PTSZ => super::KIND_DTOH,
             CU_MEMCPY_DTOD | CU_MEMCPY_DTOD_ASYNC | CU_MEMCPY_DTOD_PTDS | CU_MEMCPY_DTOD_ASYNC_PTSZ => super::KIND_DTOD,
+            CU_MEMCPY_PEER | CU_MEMCPY_PEER_ASYNC | CU_MEMCPY_PEER_PTDS | CU_MEMCPY_PEER_ASYNC_PTSZ => super::KIND_DTOD,
             _ => super::KIND_DEFAULT,
         }
     }
@@ -174,14 +189,21 @@ pub mod api {
     /// A `cudaMemcpy*` variant or a driver copy.
     #[inline(always)]
     pub fn is_copy(api: u32) -> bool {
-        canonical(api) <= MEMCPY2D_ASYNC_PTSZ
+        canonical(api) <= MEMCPY_PEER_ASYNC
+    }
+
+    /// A peer copy (`(dst, dst device, src, src device, bytes[, stream])`):
+    /// device to device, across GPUs.
+    #[inline(always)]
+    pub fn is_peer_copy(api: u32) -> bool {
+        matches!(canonical(api), MEMCPY_PEER | MEMCPY_PEER_ASYNC)
     }
 
     /// A copy with a stream argument (returns before the copy ends when
     /// the host side is pinned).
     #[inline(always)]
     pub fn is_async_copy(api: u32) -> bool {
-        matches!(canonical(api), MEMCPY_ASYNC | MEMCPY_ASYNC_PTSZ | MEMCPY2D_ASYNC | MEMCPY2D_ASYNC_PTSZ)
+        matches!(canonical(api), MEMCPY_ASYNC | MEMCPY_ASYNC_PTSZ | MEMCPY2D_ASYNC | MEMCPY2D_ASYNC_PTSZ | MEMCPY_PEER_ASYNC)
     }
 
     /// A synchronization call (stream, device or event).
@@ -361,10 +383,17 @@ mod tests {
             assert!(api::is_driver(id) && !api::is_driver(api::canonical(id)), "{name} has no runtime twin");
             // The twin's per-thread-stream flavour matches the name's.
             let twin = api::NAMES[api::canonical(id) as usize];
-            assert_eq!(name.ends_with("_ptsz") || name.ends_with("_ptds"), twin.ends_with("_ptsz") || twin.ends_with("_ptds"), "{name} -> {twin}");
+            // (The runtime has no per-thread-stream peer copies.)
+            if !api::is_peer_copy(id) {
+                assert_eq!(name.ends_with("_ptsz") || name.ends_with("_ptds"), twin.ends_with("_ptsz") || twin.ends_with("_ptds"), "{name} -> {twin}");
+            }
             assert_eq!(name.contains("Async"), twin.contains("Async"), "{name} -> {twin}");
         }
         assert!(api::is_copy(api::CU_MEMCPY_HTOD_ASYNC_PTSZ) && api::is_async_copy(api::CU_MEMCPY_DTOD_ASYNC));
+        assert!(api::is_copy(api::MEMCPY_PEER_ASYNC) && api::is_async_copy(api::CU_MEMCPY_PEER_ASYNC_PTSZ));
+        assert!(api::is_peer_copy(api::CU_MEMCPY_PEER_PTDS) && !api::is_async_copy(api::MEMCPY_PEER));
+        assert!(!api::is_copy(api::STREAM_SYNC) && !api::is_peer_copy(api::MEMCPY_ASYNC));
+        assert_eq!(api::driver_copy_kind(api::CU_MEMCPY_PEER), KIND_DTOD);
         assert!(!api::is_async_copy(api::CU_MEMCPY_HTOD));
         assert!(api::is_sync(api::CU_CTX_SYNC) && api::is_launch(api::CU_LAUNCH_EX));
         assert!(api::returns_pointer(api::CU_MEM_ALLOC) && api::releases_pointer(api::CU_MEM_FREE_HOST));

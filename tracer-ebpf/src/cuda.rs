@@ -8,6 +8,8 @@
 //! - `cuda_generic_enter`: one pointer/handle and one size argument (syncs,
 //!   allocations, frees, host registration)
 //! - `cuda_drv_copy_enter`: driver copies `cuMemcpy*(dst, src, bytes[, stream])`
+//! - `cuda_peer_copy_enter`: `cudaMemcpyPeer*` / `cuMemcpyPeer*(dst, dst
+//!   device or context, src, src device or context, bytes[, stream])`
 //! - `cuda_launch`: `cudaLaunchKernel*(func, ...)` and `cuLaunchKernel*(f,
 //!   ...)`; `cuda_launch_ex`: `cuLaunchKernelEx*(config, f, ...)`; entry
 //!   only, counted here
@@ -37,7 +39,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_HTOD, KIND_DEFAULT, KIND_NONE},
+    cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use crate::{count_drop, is_target};
@@ -256,6 +258,21 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     } else {
         begin(&ctx, a, KIND_NONE, arg1, arg0, 0, 0);
     }
+    0
+}
+
+/// Peer copies, runtime and driver alike: `cudaMemcpyPeer(dst, dst_device,
+/// src, src_device, bytes)`, `cudaMemcpyPeerAsync(..., stream)`,
+/// `cuMemcpyPeer(dst, dst_ctx, src, src_ctx, bytes)`, `cuMemcpyPeerAsync(...,
+/// stream)`: device to device.
+#[uprobe]
+pub fn cuda_peer_copy_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let dst: u64 = ctx.arg(0).unwrap_or(0);
+    let src: u64 = ctx.arg(2).unwrap_or(0);
+    let count: u64 = ctx.arg(4).unwrap_or(0);
+    let stream: u64 = if api::is_async_copy(a) { ctx.arg(5).unwrap_or(0) } else { 0 };
+    begin(&ctx, a, KIND_DTOD, count, dst, src, stream);
     0
 }
 

@@ -205,10 +205,11 @@ pub fn api_name(api: u32) -> String {
 /// Polls (~250 ms each) between moves of dead threads' entries out of the kernel.
 const RETIRE_EVERY_POLLS: u64 = 40;
 
-const PROGRAMS: [&str; 7] = [
+const PROGRAMS: [&str; 8] = [
     "cuda_copy_enter",
     "cuda_copy2d_enter",
     "cuda_drv_copy_enter",
+    "cuda_peer_copy_enter",
     "cuda_generic_enter",
     "cuda_launch",
     "cuda_launch_ex",
@@ -216,6 +217,9 @@ const PROGRAMS: [&str; 7] = [
 ];
 
 fn entry_program(id: u32) -> &'static str {
+    if api::is_peer_copy(id) {
+        return "cuda_peer_copy_enter";
+    }
     if api::is_driver(id) && api::is_copy(id) {
         return "cuda_drv_copy_enter";
     }
