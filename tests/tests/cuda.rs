@@ -358,6 +358,27 @@ fn driver_api_counted_once() {
     assert_eq!(t.findings_at("drv_h2d_async"), ["sync_after_copy"]);
 }
 
+/// `--no-cuda-driver`: libcuda is left alone, runtime calls are counted as
+/// before (and launches, which then leave no nesting marks).
+#[test]
+fn no_cuda_driver_probes_the_runtime_only() {
+    let test = "no_cuda_driver_probes_the_runtime_only";
+    let Some(env) = prerequisites(test) else { return };
+    let dir = TempDir::new("cuda-nodriver");
+    let mut args: Vec<OsString> = vec!["--no-cuda-driver".into()];
+    args.extend(launch_args(&env, "sim"));
+    let t = record(&env, &dir, &env.sim, &[("END_SLEEP_S", "0.2")], &args);
+    let libs: Vec<&str> =
+        t.cuda()["libraries"].as_array().unwrap().iter().filter_map(|l| l["path"].as_str()).collect();
+    assert_eq!(libs.len(), 1, "{libs:?}");
+    assert!(libs[0].ends_with("/libcudart.so.12"), "{libs:?}");
+    assert_eq!(u(&t.call("cudaMemcpyAsync", "sim_pinned_copy")["count"]), 40);
+    assert_eq!(u(&t.call("cudaStreamSynchronize", "sim_item_sync")["count"]), 40);
+    assert!(t.calls().iter().all(|c| c["api"].as_str().is_some_and(|a| a.starts_with("cuda"))), "{:#?}", t.calls());
+    let launches = t.cuda()["launches"].as_array().unwrap();
+    assert_eq!(launches.iter().map(|l| u(&l["count"])).sum::<u64>(), 400, "{launches:#?}");
+}
+
 #[test]
 fn dlopen_after_attach_renamed_library() {
     let test = "dlopen_after_attach_renamed_library";

@@ -84,6 +84,10 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not probe the CUDA runtime (libcudart) in the targets (and do not sample the GPUs).
         #[arg(long)]
         no_cuda: bool,
+        /// Probe libcudart only, not the driver API (libcuda): halves the probe cost of runtime calls
+        /// (each enters the driver), but driver calls made directly (cuBLAS, Triton...) go unseen.
+        #[arg(long)]
+        no_cuda_driver: bool,
         /// GPU utilization, memory and PCIe samples per second through NVML, 1 to 10 (when NVML is present).
         #[arg(long, default_value_t = nvml::DEFAULT_HZ, value_name = "HZ", allow_negative_numbers = true,
               value_parser = clap::value_parser!(u32).range(i64::from(nvml::MIN_HZ)..=i64::from(nvml::MAX_HZ)))]
@@ -193,13 +197,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, gpu_sample_hz, command } => {
+        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, command } => {
             if frequency > 10_000 {
                 bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
             }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, gpu_sample_hz, command, duration, output, quiet };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, command, duration, output, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

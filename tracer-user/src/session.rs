@@ -93,6 +93,8 @@ pub struct RecordOptions {
     pub python: bool,
     /// Probe the CUDA runtime (libcudart) in the targets.
     pub cuda: bool,
+    /// Also probe the CUDA driver API (libcuda) when `cuda` is on.
+    pub cuda_driver: bool,
     /// NVML GPU samples per second while `cuda` is on (crate::nvml, 1-10).
     pub gpu_sample_hz: u32,
     pub command: Vec<String>,
@@ -294,6 +296,7 @@ async fn record_inner(opts: &RecordOptions, argv: Vec<String>, btf: &Btf) -> Res
     let mut symbolizer = Symbolizer::new();
     let mut python = PythonTargets::default();
     let mut cuda = CudaTracer::new();
+    cuda.set_driver(opts.cuda_driver);
     let window_start = clock::monotonic_ns();
     set_window_start(&mut ebpf, window_start)?;
     // NVML in a thread of its own: loading it can take seconds.

@@ -18,7 +18,8 @@
 //!   pipes, context-switch heavy; both processes are traced
 //!   (goal: infertrace <= 1.3x); also with --no-offcpu-stacks and
 //!   --no-sched, to show where the cost goes.
-//! - `cuda copy` / `cuda launch` (bench_cuda.py): a 0-byte
+//! - `cuda copy` / `cuda launch` (bench_cuda.py), with libcudart over
+//!   libcuda probed (the default) and with `--no-cuda-driver`: a 0-byte
 //!   `cudaMemcpyAsync` (probed on entry and return) or a `cudaLaunchKernel`
 //!   (probed on entry only) through ctypes, against tests/cudasim's stand-in
 //!   libcudart (built into target/bench/cudasim), where both calls are
@@ -242,6 +243,12 @@ const BENCHES: &[Bench] = &[
             &[
                 mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
                 infertrace_default(50_000, None),
+                mode(
+                    Kind::Infertrace(&["--no-cuda-driver"]),
+                    "infertrace --no-cuda-driver -p",
+                    None,
+                    50_000,
+                ),
             ],
         )
     },
@@ -254,6 +261,12 @@ const BENCHES: &[Bench] = &[
             &[
                 mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
                 infertrace_default(50_000, None),
+                mode(
+                    Kind::Infertrace(&["--no-cuda-driver"]),
+                    "infertrace --no-cuda-driver -p",
+                    None,
+                    50_000,
+                ),
             ],
         )
     },
@@ -463,18 +476,23 @@ pub fn bench(build: bool) -> Result<()> {
         .iter()
         .filter_map(|b| {
             let label = b.cuda_probe?;
-            let traced = rows.iter().find_map(|(rb, m, o)| match o {
-                Outcome::Measured { ns_per_iter, .. }
-                    if std::ptr::eq(*rb, b) && m.kind == Kind::Infertrace(&[]) =>
-                {
-                    Some(*ns_per_iter)
-                }
-                _ => None,
-            });
-            Some(match (traced, baseline(b)) {
-                (Some(t), Some(u)) => format!("{label}: {:.0} ns/call", t - u),
-                _ => format!("{label}: n/a"),
-            })
+            let traced = |kind: Kind| {
+                rows.iter().find_map(|(rb, m, o)| match o {
+                    Outcome::Measured { ns_per_iter, .. } if std::ptr::eq(*rb, b) && m.kind == kind => {
+                        Some(*ns_per_iter)
+                    }
+                    _ => None,
+                })
+            };
+            let cost = |t: Option<f64>| match (t, baseline(b)) {
+                (Some(t), Some(u)) => format!("{:.0} ns/call", t - u),
+                _ => "n/a".to_string(),
+            };
+            Some(format!(
+                "{label}: {} (runtime + driver probed), {} (--no-cuda-driver)",
+                cost(traced(Kind::Infertrace(&[]))),
+                cost(traced(Kind::Infertrace(&["--no-cuda-driver"])))
+            ))
         })
         .collect();
     if !probes.is_empty() {

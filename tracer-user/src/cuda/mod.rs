@@ -270,6 +270,8 @@ pub struct CudaTracer {
     /// (keys are per thread; `tid` is 0 here).
     retired_stats: HashMap<CudaKey, CudaStats>,
     retired_launches: HashMap<LaunchKey, u64>,
+    /// Probe libcuda (the driver API) too.
+    driver: bool,
 }
 
 impl Default for CudaTracer {
@@ -306,7 +308,13 @@ impl CudaTracer {
             polls: 0,
             retired_stats: HashMap::new(),
             retired_launches: HashMap::new(),
+            driver: true,
         }
+    }
+
+    /// Whether to probe the driver API (libcuda) as well as the runtime.
+    pub fn set_driver(&mut self, on: bool) {
+        self.driver = on;
     }
 
     /// Whether some CUDA runtime was probed.
@@ -338,7 +346,11 @@ impl CudaTracer {
             .ok()
             .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
-        for cand in discovery::candidates(&maps, exe.as_deref()) {
+        let driver = self.driver;
+        for cand in discovery::candidates(&maps, exe.as_deref())
+            .into_iter()
+            .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
+        {
             let key = (cand.line.dev.clone(), cand.line.inode);
             let identity = match self.examined.get(&key) {
                 Some(known) => *known,
