@@ -5,7 +5,9 @@
 //!
 //! - `syscall loop` (syscall_loop.py): `os.write(out, os.read(fd, 64))`, two
 //!   syscalls per iteration (goal: infertrace <= 1.4x); also infertrace with
-//!   scheduler tracing off, the syscall tracers (bpftrace, strace, perf
+//!   scheduler tracing off, infertrace tracing an idle process instead (the
+//!   floor: syscall tracepoints on, programs exiting at once), the syscall
+//!   tracers (bpftrace, strace, perf
 //!   trace), the stack profilers and py-spy.
 //! - `cpu loop` (cpu_loop.py): pure-Python arithmetic, no syscalls: what
 //!   99 Hz sampling and scheduler tracing cost a busy interpreter
@@ -131,6 +133,12 @@ const fn workload(name: &'static str, script: &'static str, modes: &'static [Mod
     }
 }
 
+/// Pseudo flags of `Kind::Infertrace`: trace an idle process instead of
+/// the workload, which then pays only for the syscall tracepoints being on
+/// (every syscall of the machine takes the kernel's slow path) and the
+/// programs' early exit: the floor of any syscall tracepoint tracer.
+const ELSEWHERE: &[&str] = &["<elsewhere>"];
+
 /// `infertrace record -p` with its defaults and a goal.
 const fn infertrace_default(iterations: u64, goal: Option<f64>) -> Mode {
     Mode {
@@ -149,6 +157,12 @@ const BENCHES: &[Bench] = &[
             mode(
                 Kind::Infertrace(&["--no-sched"]),
                 "infertrace --no-sched -p",
+                None,
+                500_000,
+            ),
+            mode(
+                Kind::Infertrace(ELSEWHERE),
+                "infertrace on an idle pid (floor)",
                 None,
                 500_000,
             ),
@@ -974,6 +988,8 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
         .collect::<Vec<_>>()
         .join(" || ");
 
+    // `ELSEWHERE`: infertrace traces an idle process, not the workload.
+    let mut bystander: Option<Child> = None;
     let tracer = match mode.kind {
         Kind::Infertrace(flags) => {
             let bin = util::infertrace_bin();
@@ -981,9 +997,15 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
             let _ = fs::remove_file(&recording);
             let mut cmd = boosted(&bin);
             cmd.args(["record", "-q"]);
-            cmd.args(flags);
-            for p in &pids {
-                cmd.args(["-p", &p.to_string()]);
+            if flags == ELSEWHERE {
+                let idle = Command::new("sleep").arg("3600").spawn().context("starting an idle process")?;
+                cmd.args(["-p", &idle.id().to_string()]);
+                bystander = Some(idle);
+            } else {
+                cmd.args(flags);
+                for p in &pids {
+                    cmd.args(["-p", &p.to_string()]);
+                }
             }
             cmd.arg("-o").arg(&recording);
             let mut t = Tracer::spawn(cmd, log)?;
@@ -1103,6 +1125,10 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
     // perf would otherwise end on their own when it exits), then let the
     // workload exit.
     let note = tracer.stop()?;
+    if let Some(mut idle) = bystander {
+        let _ = idle.kill();
+        let _ = idle.wait();
+    }
     let finished = w.finish();
     let ns_per_iter = measured?;
     if let Err(e) = finished {

@@ -28,7 +28,8 @@ commands:
   bench    build, then one table of Python workloads (tests/workloads/)
            untraced and traced, in ns/iteration and x untraced (~2-3 min):
              syscall loop  os.read+os.write: infertrace (goal <= 1.4x),
-                           --no-sched, bpftrace, strace -c, perf trace -s,
+                           --no-sched, on an idle pid (the floor), bpftrace,
+                           strace -c, perf trace -s,
                            perf record -g, bpftrace offcputime, py-spy
              cpu loop      pure-Python arithmetic: infertrace (<= 1.05x),
                            perf record -g, bpftrace offcputime
