@@ -243,7 +243,7 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **par
 }
 
 /* Memory. */
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+static CUresult device_alloc(CUdeviceptr *p, size_t n) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     *p = next_device;
@@ -252,8 +252,26 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return device_alloc(p, n); }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     (void)p;
+    return CUDA_SUCCESS;
+}
+/* The stream-ordered allocator: the same, in stream order (no waiting here). */
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+    (void)s;
+    return device_alloc(p, n);
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
+    (void)s;
+    return device_alloc(p, n);
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    (void)p, (void)s;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    (void)p, (void)s;
     return CUDA_SUCCESS;
 }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {

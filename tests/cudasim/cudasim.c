@@ -41,6 +41,8 @@ int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, uns
                    void **);
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFree_v2(CUdeviceptr);
+int cuMemAllocAsync(CUdeviceptr *, size_t, void *);
+int cuMemFreeAsync(CUdeviceptr, void *);
 int cuMemHostAlloc(void **, size_t, unsigned);
 int cuMemFreeHost(void *);
 int cuMemHostRegister_v2(void *, size_t, unsigned);
@@ -125,6 +127,16 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     return rc;
 }
 cudaError_t cudaFree(void *p) { return cuMemFree_v2(D(p)); }
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+    if (!p) return cudaErrorInvalidValue;
+    CUdeviceptr d = 0;
+    int rc = cuMemAllocAsync(&d, n, s);
+    *p = (void *)(uintptr_t)d;
+    return rc;
+}
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s) { return cudaMallocAsync(p, n, s); }
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return cuMemFreeAsync(D(p), s); }
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) { return cuMemFreeAsync(D(p), s); }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) { return cuMemHostAlloc(p, n, flags); }
 cudaError_t cudaMallocHost(void **p, size_t n) { return cuMemHostAlloc(p, n, 0); }
 cudaError_t cudaFreeHost(void *p) { return cuMemFreeHost(p); }

@@ -177,7 +177,7 @@ fn real_libcudart_counts_sites_and_findings() {
     let libs = cuda["libraries"].as_array().expect("libraries");
     assert_eq!(libs.len(), 1, "{libs:?}");
     assert_eq!(Path::new(libs[0]["path"].as_str().unwrap()), lib);
-    assert_eq!(libs[0]["functions"].as_array().unwrap().len(), 23);
+    assert_eq!(libs[0]["functions"].as_array().unwrap().len(), 27);
 
     // (api, marker, kind, calls, bytes); every call fails with 35.
     let expected: &[(&str, &str, Option<&str>, u64, u64)] = &[
@@ -205,6 +205,8 @@ fn real_libcudart_counts_sites_and_findings() {
         ("cudaMemcpyPeerAsync", "peer_async", Some("DtoD"), 2, 2 * 4096),
         ("cudaMalloc", "malloc", None, 4, 4 << 20),
         ("cudaFree", "free", None, 2, 0),
+        ("cudaMallocAsync", "malloc_async", None, 2, 2 << 20),
+        ("cudaFreeAsync", "free_async", None, 1, 0),
         ("cudaHostAlloc", "host_alloc", None, 1, 1 << 20),
         ("cudaFreeHost", "free_host", None, 1, 0),
         ("cudaMallocHost", "malloc_host", None, 1, 2 << 20),
@@ -326,6 +328,8 @@ fn driver_api_counted_once() {
         ("cudaMemcpyAsync", "rt_h2d", Some("HtoD"), 20, 20 * 4096),
         ("cudaStreamSynchronize", "rt_sync", None, 20, 0),
         ("cudaMemcpyPeer", "rt_peer", Some("DtoD"), 1, 128),
+        ("cudaMallocAsync", "rt_malloc_async", None, 1, 4096),
+        ("cudaFreeAsync", "rt_free_async", None, 1, 0),
         ("cudaMalloc", "rt_malloc", None, 1, 1 << 16),
         ("cudaFree", "rt_free", None, 1, 0),
         ("cuMemFree_v2", "drv_free", None, 1, 0),

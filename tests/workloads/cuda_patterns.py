@@ -43,9 +43,9 @@ def size(n):
 
 def load():
     lib = ctypes.CDLL(os.environ["CUDART"])
-    for name in ("cudaMalloc", "cudaHostAlloc", "cudaMallocHost"):
+    for name in ("cudaMalloc", "cudaHostAlloc", "cudaMallocHost", "cudaMallocAsync"):
         getattr(lib, name).argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t] + (
-            [ctypes.c_uint] if name == "cudaHostAlloc" else []
+            [ctypes.c_uint] if name == "cudaHostAlloc" else [ctypes.c_void_p] if name == "cudaMallocAsync" else []
         )
     return lib
 
@@ -73,7 +73,7 @@ ALL = [
     "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize",
     "cudaEventSynchronize", "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc",
     "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaHostRegister", "cudaFreeHost",
-    "cudaHostUnregister", "cudaMemcpyPeer", "cudaMemcpyPeerAsync",
+    "cudaHostUnregister", "cudaMemcpyPeer", "cudaMemcpyPeerAsync", "cudaMallocAsync", "cudaFreeAsync",
 ]
 
 
@@ -174,6 +174,10 @@ def memory(lib):
         ptrs.append(p.value)
     for q in ptrs[:2]:
         lib.cudaFree(ctypes.c_void_p(q))  # @free
+    stream = ctypes.c_void_p(0x5D0)
+    for _ in range(2):
+        lib.cudaMallocAsync(ctypes.byref(p), 1 << 20, stream)  # @malloc_async
+    lib.cudaFreeAsync(p, stream)  # @free_async
     h = ctypes.c_void_p()
     lib.cudaHostAlloc(ctypes.byref(h), 1 << 20, 0)  # @host_alloc
     lib.cudaFreeHost(h)  # @free_host
@@ -323,6 +327,9 @@ def driver():
     for _ in range(9):
         rt.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @rt_launch
     rt.cudaMemcpyPeer(rdev, 0, ctypes.c_void_p(dev.value + 4096), 1, size(128))  # @rt_peer
+    adev = ctypes.c_void_p()
+    rt.cudaMallocAsync(ctypes.byref(adev), 1 << 12, None)  # @rt_malloc_async
+    rt.cudaFreeAsync(adev, None)  # @rt_free_async
     tmp = ctypes.c_void_p()
     rt.cudaMalloc(ctypes.byref(tmp), 1 << 16)  # @rt_malloc
     rt.cudaFree(tmp)  # @rt_free

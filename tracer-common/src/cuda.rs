@@ -32,44 +32,52 @@ pub mod api {
     pub const HOST_REGISTER: u32 = 20;
     pub const FREE_HOST: u32 = 21;
     pub const HOST_UNREGISTER: u32 = 22;
+    pub const MALLOC_ASYNC: u32 = 23;
+    pub const MALLOC_ASYNC_PTSZ: u32 = 24;
+    pub const FREE_ASYNC: u32 = 25;
+    pub const FREE_ASYNC_PTSZ: u32 = 26;
     // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
     // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 23;
-    pub const CU_MEMCPY_ASYNC: u32 = 24;
-    pub const CU_MEMCPY_HTOD: u32 = 25;
-    pub const CU_MEMCPY_DTOH: u32 = 26;
-    pub const CU_MEMCPY_DTOD: u32 = 27;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 28;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 29;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 30;
-    pub const CU_MEMCPY_PTDS: u32 = 31;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 32;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 33;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 34;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 35;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 36;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 37;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 38;
-    pub const CU_MEMCPY_PEER: u32 = 39;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 40;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 41;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 42;
-    pub const CU_STREAM_SYNC: u32 = 43;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 44;
-    pub const CU_CTX_SYNC: u32 = 45;
-    pub const CU_EVENT_SYNC: u32 = 46;
-    pub const CU_LAUNCH: u32 = 47;
-    pub const CU_LAUNCH_PTSZ: u32 = 48;
-    pub const CU_LAUNCH_EX: u32 = 49;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 50;
-    pub const CU_MEM_ALLOC: u32 = 51;
-    pub const CU_MEM_FREE: u32 = 52;
-    pub const CU_MEM_HOST_ALLOC: u32 = 53;
-    pub const CU_MEM_ALLOC_HOST: u32 = 54;
-    pub const CU_MEM_HOST_REGISTER: u32 = 55;
-    pub const CU_MEM_FREE_HOST: u32 = 56;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 57;
-    pub const COUNT: u32 = 58;
+    pub const CU_MEMCPY: u32 = 27;
+    pub const CU_MEMCPY_ASYNC: u32 = 28;
+    pub const CU_MEMCPY_HTOD: u32 = 29;
+    pub const CU_MEMCPY_DTOH: u32 = 30;
+    pub const CU_MEMCPY_DTOD: u32 = 31;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 32;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 33;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 34;
+    pub const CU_MEMCPY_PTDS: u32 = 35;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 36;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 37;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 38;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 39;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 40;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 41;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 42;
+    pub const CU_MEMCPY_PEER: u32 = 43;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 44;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 45;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 46;
+    pub const CU_STREAM_SYNC: u32 = 47;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 48;
+    pub const CU_CTX_SYNC: u32 = 49;
+    pub const CU_EVENT_SYNC: u32 = 50;
+    pub const CU_LAUNCH: u32 = 51;
+    pub const CU_LAUNCH_PTSZ: u32 = 52;
+    pub const CU_LAUNCH_EX: u32 = 53;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 54;
+    pub const CU_MEM_ALLOC: u32 = 55;
+    pub const CU_MEM_FREE: u32 = 56;
+    pub const CU_MEM_HOST_ALLOC: u32 = 57;
+    pub const CU_MEM_ALLOC_HOST: u32 = 58;
+    pub const CU_MEM_HOST_REGISTER: u32 = 59;
+    pub const CU_MEM_FREE_HOST: u32 = 60;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 61;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 62;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 63;
+    pub const CU_MEM_FREE_ASYNC: u32 = 64;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 65;
+    pub const COUNT: u32 = 66;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -98,6 +106,10 @@ pub mod api {
         "cudaHostRegister",
         "cudaFreeHost",
         "cudaHostUnregister",
+        "cudaMallocAsync",
+        "cudaMallocAsync_ptsz",
+        "cudaFreeAsync",
+        "cudaFreeAsync_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -133,6 +145,10 @@ pub mod api {
         "cuMemHostRegister_v2",
         "cuMemFreeHost",
         "cuMemHostUnregister",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+        "cuMemFreeAsync",
+        "cuMemFreeAsync_ptsz",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -156,8 +172,11 @@ pub mod api {
             CU_EVENT_SYNC => EVENT_SYNC,
             CU_LAUNCH | CU_LAUNCH_EX => LAUNCH,
             CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ => LAUNCH_PTSZ,
-            CU_MEM_ALLOC => MALLOC,
-            CU_MEM_FREE => FREE,
+            CU_MEM_ALLOC | CU_MEM_ALLOC_ASYNC | CU_MEM_ALLOC_ASYNC_PTSZ => MALLOC,
+            CU_MEM_FREE | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ => FREE,
+            // The stream-ordered allocator: allocations and frees all the same.
+            MALLOC_ASYNC | MALLOC_ASYNC_PTSZ => MALLOC,
+            FREE_ASYNC | FREE_ASYNC_PTSZ => FREE,
             CU_MEM_HOST_ALLOC => HOST_ALLOC,
             CU_MEM_ALLOC_HOST => MALLOC_HOST,
             CU_MEM_HOST_REGISTER => HOST_REGISTER,
@@ -383,11 +402,13 @@ mod tests {
             assert!(api::is_driver(id) && !api::is_driver(api::canonical(id)), "{name} has no runtime twin");
             // The twin's per-thread-stream flavour matches the name's.
             let twin = api::NAMES[api::canonical(id) as usize];
-            // (The runtime has no per-thread-stream peer copies.)
-            if !api::is_peer_copy(id) {
+            // (The runtime has no per-thread-stream peer copies; stream-ordered
+            // allocations and frees count as plain ones.)
+            let stream_ordered = !api::is_copy(id) && name.contains("Async");
+            if !api::is_peer_copy(id) && !stream_ordered {
                 assert_eq!(name.ends_with("_ptsz") || name.ends_with("_ptds"), twin.ends_with("_ptsz") || twin.ends_with("_ptds"), "{name} -> {twin}");
+                assert_eq!(name.contains("Async"), twin.contains("Async"), "{name} -> {twin}");
             }
-            assert_eq!(name.contains("Async"), twin.contains("Async"), "{name} -> {twin}");
         }
         assert!(api::is_copy(api::CU_MEMCPY_HTOD_ASYNC_PTSZ) && api::is_async_copy(api::CU_MEMCPY_DTOD_ASYNC));
         assert!(api::is_copy(api::MEMCPY_PEER_ASYNC) && api::is_async_copy(api::CU_MEMCPY_PEER_ASYNC_PTSZ));
@@ -400,7 +421,9 @@ mod tests {
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY_DTOH_PTDS), KIND_DTOH);
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY), KIND_DEFAULT);
         for id in 0..api::FIRST_DRIVER {
-            assert_eq!(api::canonical(id), id);
+            let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id);
+            assert_eq!(api::canonical(id) == id, !stream_ordered, "{}", api::NAMES[id as usize]);
         }
+        assert!(api::returns_pointer(api::MALLOC_ASYNC_PTSZ) && api::releases_pointer(api::CU_MEM_FREE_ASYNC));
     }
 }

@@ -236,7 +236,7 @@ fn real_libcudart_calls_sites_and_findings() {
     let r = &t.report;
     assert_eq!(r.libraries.len(), 1, "{:#?}", r.libraries);
     assert_eq!(Path::new(&r.libraries[0].path), lib);
-    assert_eq!(r.libraries[0].functions.len(), 23, "{:#?}", r.libraries[0]);
+    assert_eq!(r.libraries[0].functions.len(), 27, "{:#?}", r.libraries[0]);
     assert_eq!(r.libraries[0].pids, vec![t.pid]);
     // Without a driver every call fails with cudaErrorInsufficientDriver (35).
     const NO_DRIVER: i32 = 35;
@@ -276,6 +276,8 @@ fn real_libcudart_calls_sites_and_findings() {
     expect("cudaMemcpyAsync", "default_copy", Some("Default"), 3, 3 * 512);
     expect("cudaMemcpyPeer", "peer_copy", Some("DtoD"), 3, 3 << 20);
     expect("cudaMemcpyPeerAsync", "peer_async", Some("DtoD"), 2, 2 * 4096);
+    expect("cudaMallocAsync", "malloc_async", None, 2, 2 << 20);
+    expect("cudaFreeAsync", "free_async", None, 1, 0);
     expect("cudaMalloc", "malloc", None, 4, 4 << 20);
     expect("cudaFree", "free", None, 2, 0);
     expect("cudaHostAlloc", "host_alloc", None, 1, 1 << 20);
@@ -287,7 +289,7 @@ fn real_libcudart_calls_sites_and_findings() {
     expect("cudaEventSynchronize", "event_sync", None, 2, 0);
     // Nothing else: every call has its marker's line.
     let total: u64 = r.calls.iter().map(|c| c.count).sum();
-    assert_eq!(total, 200 + 200 + 100 + 100 + 64 + 20 + 3 + 40 + 40 + 5 + 16 + 16 + 1 + 1 + 2 + 1 + 1 + 3 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 2 + 3 + 2);
+    assert_eq!(total, 200 + 200 + 100 + 100 + 64 + 20 + 3 + 40 + 40 + 5 + 16 + 16 + 1 + 1 + 2 + 1 + 1 + 3 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 2 + 3 + 2 + 2 + 1);
 
     // Launches: by kernel (symbolized, demangled) and site.
     let launch = |kernel: &str, marker: &str| {
