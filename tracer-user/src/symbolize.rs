@@ -395,29 +395,15 @@ struct MapsEntry<'a> {
 
 impl<'a> MapsEntry<'a> {
     fn parse(line: &'a str) -> Option<Self> {
-        let mut rest = line;
-        let mut field = || {
-            let s = rest.trim_start_matches(' ');
-            let end = s.find(' ').unwrap_or(s.len());
-            let (f, r) = s.split_at(end);
-            rest = r;
-            f
-        };
-        let range = field();
-        let perms = field();
-        let offset = field();
-        let dev = field();
-        let inode = field();
-        let path = rest.trim_start_matches(' ');
-        let (start, end) = range.split_once('-')?;
+        let f = crate::procfs::maps_fields(line)?;
         Some(MapsEntry {
-            start: u64::from_str_radix(start, 16).ok()?,
-            end: u64::from_str_radix(end, 16).ok()?,
-            executable: perms.as_bytes().get(2) == Some(&b'x'),
-            offset: u64::from_str_radix(offset, 16).ok()?,
-            dev,
-            inode: inode.parse().ok()?,
-            path,
+            start: f.start,
+            end: f.end,
+            executable: f.executable,
+            offset: f.offset,
+            dev: f.dev,
+            inode: f.inode,
+            path: f.path,
         })
     }
 }

@@ -45,35 +45,21 @@ pub fn parse_maps(text: &str) -> Vec<MapsLine> {
 }
 
 fn parse_line(line: &str) -> Option<MapsLine> {
-    let mut rest = line;
-    let mut field = || {
-        let s = rest.trim_start_matches(' ');
-        let end = s.find(' ').unwrap_or(s.len());
-        let (f, r) = s.split_at(end);
-        rest = r;
-        f
-    };
-    let range = field();
-    let perms = field();
-    let offset = field();
-    let dev = field();
-    let inode: u64 = field().parse().ok()?;
-    let path = rest.trim_start_matches(' ');
-    if inode == 0 || !path.starts_with('/') {
+    let f = crate::procfs::maps_fields(line)?;
+    if f.inode == 0 || !f.path.starts_with('/') {
         return None;
     }
-    let (start, end) = range.split_once('-')?;
-    let (path, deleted) = match path.strip_suffix(" (deleted)") {
+    let (path, deleted) = match f.path.strip_suffix(" (deleted)") {
         Some(p) => (p, true),
-        None => (path, false),
+        None => (f.path, false),
     };
     Some(MapsLine {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        executable: perms.as_bytes().get(2) == Some(&b'x'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev: dev.to_owned(),
-        inode,
+        start: f.start,
+        end: f.end,
+        executable: f.executable,
+        offset: f.offset,
+        dev: f.dev.to_owned(),
+        inode: f.inode,
         path: path.to_owned(),
         deleted,
     })

@@ -46,30 +46,15 @@ pub fn parse_maps(text: &str) -> Vec<MapEntry> {
 }
 
 fn parse_maps_line(line: &str) -> Option<MapEntry> {
-    // start-end perms offset dev inode [path]; the path may contain spaces.
-    let mut rest = line;
-    let mut field = || {
-        let s = rest.trim_start_matches(' ');
-        let end = s.find(' ').unwrap_or(s.len());
-        rest = &s[end..];
-        &s[..end]
-    };
-    let range = field();
-    let perms = field();
-    let offset = field();
-    let _dev = field();
-    let inode = field();
-    let path = rest.trim_start_matches(' ');
-    let (start, end) = range.split_once('-')?;
-    let perms = perms.as_bytes();
+    let f = crate::procfs::maps_fields(line)?;
     Some(MapEntry {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        readable: perms.first() == Some(&b'r'),
-        writable: perms.get(1) == Some(&b'w'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        inode: inode.parse().ok()?,
-        path: (!path.is_empty()).then(|| path.to_string()),
+        start: f.start,
+        end: f.end,
+        readable: f.readable,
+        writable: f.writable,
+        offset: f.offset,
+        inode: f.inode,
+        path: (!f.path.is_empty()).then(|| f.path.to_string()),
     })
 }
 
