@@ -66,7 +66,8 @@ pub enum Need {
     Setpriv,
 }
 
-fn in_path(prog: &str) -> bool {
+/// An executable `prog` on PATH.
+pub fn in_path(prog: &str) -> bool {
     let Some(path) = std::env::var_os("PATH") else {
         return false;
     };
@@ -131,6 +132,72 @@ macro_rules! require {
             return;
         }
     };
+}
+
+// ---------------------------------------------------------------------------
+// Python interpreters
+
+/// A CPython the tests expect on this machine.
+#[derive(Clone, Debug)]
+pub struct PythonExe {
+    /// How failure messages name it (`pyenv 3.12`, `Debian /usr/bin/python3.11`).
+    pub label: String,
+    pub exe: PathBuf,
+    pub minor: u32,
+}
+
+/// `$PYENV_ROOT`, else /root/.pyenv (where `cargo xtask setup`'s machine has it).
+pub fn pyenv_root() -> PathBuf {
+    match std::env::var_os("PYENV_ROOT") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from("/root/.pyenv"),
+    }
+}
+
+/// The newest pyenv build of `major.minor` (its `pythonX.Y`, `pythonX` or
+/// `python`).
+pub fn pyenv_python(major: u32, minor: u32) -> Option<PathBuf> {
+    let dir = pyenv_root().join("versions");
+    let prefix = format!("{major}.{minor}.");
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let micro: u32 = name.strip_prefix(&prefix)?.parse().ok()?;
+            let bin = dir.join(&name).join("bin");
+            let exe = [
+                bin.join(format!("python{major}.{minor}")),
+                bin.join(format!("python{major}")),
+                bin.join("python"),
+            ]
+            .into_iter()
+            .find(|p| p.is_file())?;
+            Some((micro, exe))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+/// The supported CPythons every test of Python attribution runs on: pyenv's
+/// 3.8 .. 3.13 and Debian's statically linked /usr/bin/python3.11. Returns
+/// those present and the labels of those missing.
+pub fn expected_pythons() -> (Vec<PythonExe>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for minor in 8..=13 {
+        match pyenv_python(3, minor) {
+            Some(exe) => found.push(PythonExe { label: format!("pyenv 3.{minor}"), exe, minor }),
+            None => missing.push(format!("pyenv CPython 3.{minor} under {}", pyenv_root().display())),
+        }
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.is_file() {
+        found.push(PythonExe { label: "Debian /usr/bin/python3.11".into(), exe: debian, minor: 11 });
+    } else {
+        missing.push("Debian /usr/bin/python3.11".into());
+    }
+    (found, missing)
 }
 
 // ---------------------------------------------------------------------------

@@ -30,27 +30,14 @@ use serde_json::Value;
 // ---------------------------------------------------------------------------
 // Prerequisites
 
-fn ci() -> bool {
-    std::env::var("CI").map(|v| v == "true").unwrap_or(false)
-}
-
 /// True when nothing is missing; else panics under CI=true or prints
 /// SKIPPED and returns false.
 fn require(test: &str, missing: &[String]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let what = missing.join(", ");
-    if ci() {
-        panic!("{test}: missing prerequisite(s) under CI=true: {what}");
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {what}");
+    infertrace_e2e::skip(test, &missing.join(", "));
     false
-}
-
-fn in_path(prog: &str) -> bool {
-    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file())).unwrap_or(false)
 }
 
 fn base_missing() -> Vec<String> {
@@ -59,62 +46,13 @@ fn base_missing() -> Vec<String> {
     if unsafe { libc::geteuid() } != 0 {
         m.push("root (euid 0)".to_string());
     }
-    if !in_path("py-spy") {
+    if !infertrace_e2e::in_path("py-spy") {
         m.push("py-spy on PATH (pip install py-spy)".to_string());
     }
     m
 }
 
-fn pyenv_root() -> PathBuf {
-    match std::env::var_os("PYENV_ROOT") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from("/root/.pyenv"),
-    }
-}
-
-/// The newest pyenv `major.minor.*` with a `bin/python3` (or `bin/python`).
-fn pyenv_python(major: u32, minor: u32) -> Option<PathBuf> {
-    let dir = pyenv_root().join("versions");
-    let prefix = format!("{major}.{minor}.");
-    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            let micro: u32 = name.strip_prefix(&prefix)?.parse().ok()?;
-            let bin = dir.join(&name).join("bin");
-            let exe = [bin.join(format!("python{major}")), bin.join("python")].into_iter().find(|p| p.is_file())?;
-            Some((micro, exe))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, p)| p)
-}
-
-/// A supported interpreter expected on the machine.
-struct Python {
-    label: String,
-    exe: PathBuf,
-    minor: u32,
-}
-
-/// The supported interpreters present, and the expected ones missing.
-fn supported_pythons() -> (Vec<Python>, Vec<String>) {
-    let mut found = Vec::new();
-    let mut missing = Vec::new();
-    for minor in 8..=13 {
-        match pyenv_python(3, minor) {
-            Some(exe) => found.push(Python { label: format!("pyenv 3.{minor}"), exe, minor }),
-            None => missing.push(format!("pyenv CPython 3.{minor} under {}", pyenv_root().display())),
-        }
-    }
-    let debian = PathBuf::from("/usr/bin/python3.11");
-    if debian.is_file() {
-        found.push(Python { label: "Debian static /usr/bin/python3.11".into(), exe: debian, minor: 11 });
-    } else {
-        missing.push("/usr/bin/python3.11".into());
-    }
-    (found, missing)
-}
+use infertrace_e2e::{expected_pythons as supported_pythons, pyenv_python, PythonExe as Python};
 
 // ---------------------------------------------------------------------------
 // Workload
@@ -268,7 +206,7 @@ fn blocked_stacks_match_py_spy_on_every_interpreter() {
     let test = "blocked_stacks_match_py_spy_on_every_interpreter";
     let (pythons, missing_pythons) = supported_pythons();
     let mut missing = base_missing();
-    if ci() {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
         missing.extend(missing_pythons.iter().cloned());
     } else {
         for m in &missing_pythons {
