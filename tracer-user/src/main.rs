@@ -81,11 +81,11 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not look for CPython in the targets (native stacks only).
         #[arg(long)]
         no_python: bool,
-        /// Do not probe the CUDA runtime (libcudart) in the targets (and do not sample the GPUs).
+        /// Do not probe CUDA (libcudart, libcuda) in the targets, and do not sample the GPUs.
         #[arg(long)]
         no_cuda: bool,
-        /// Probe libcudart only, not the driver API (libcuda): halves the probe cost of runtime calls
-        /// (each enters the driver), but driver calls made directly (cuBLAS, Triton...) go unseen.
+        /// Probe libcudart only, not the driver API (libcuda): runtime calls, which each enter the driver,
+        /// then hit one probe pair instead of two, but driver calls made directly (cuBLAS, Triton...) go unseen.
         #[arg(long)]
         no_cuda_driver: bool,
         /// GPU utilization, memory and PCIe samples per second through NVML, 1 to 10 (when NVML is present).
