@@ -366,7 +366,7 @@ impl SchedAccounting {
                 frames: resolver.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack),
             });
         }
-        out.sort_by(|a, b| (b.samples, b.weight_ns).cmp(&(a.samples, a.weight_ns)));
+        out.sort_by_key(|s| std::cmp::Reverse((s.samples, s.weight_ns)));
         Ok(out)
     }
 }

@@ -95,7 +95,7 @@ fn table(out: &mut String, rows: &[SyscallRow]) {
     out.push('\n');
     for r in rows {
         let pct = if tot.total_ns > 0 { r.total_ns as f64 * 100.0 / tot.total_ns as f64 } else { 0.0 };
-        let per_call = if r.count > 0 { r.total_ns / r.count / 1000 } else { 0 };
+        let per_call = r.total_ns.checked_div(r.count).unwrap_or(0) / 1000;
         let errors = if r.errors > 0 { r.errors.to_string() } else { String::new() };
         let _ = writeln!(
             out,
@@ -111,7 +111,7 @@ fn table(out: &mut String, rows: &[SyscallRow]) {
     out.push_str(rule);
     out.push('\n');
     let errors = if tot.errors > 0 { tot.errors.to_string() } else { String::new() };
-    let per_call = if tot.count > 0 { tot.total_ns / tot.count / 1000 } else { 0 };
+    let per_call = tot.total_ns.checked_div(tot.count).unwrap_or(0) / 1000;
     let _ = writeln!(out, "{:>6.2} {:>11.6} {:>11} {:>9} {:>9} total", 100.0, tot.total_ns as f64 / 1e9, per_call, tot.count, errors);
     let failing: Vec<String> = rows
         .iter()
@@ -138,8 +138,7 @@ pub fn histogram_rows(out: &mut String, hist: &[u64]) {
     let last = hist.iter().rposition(|&c| c > 0);
     let (Some(first), Some(last)) = (first, last) else { return };
     let peak = hist.iter().copied().max().unwrap_or(1).max(1);
-    for i in first..=last {
-        let c = hist[i];
+    for (i, &c) in hist.iter().enumerate().take(last + 1).skip(first) {
         let lo = if i == 0 { 0 } else { 1u64 << i };
         let hi = 1u64 << (i + 1);
         let bar = "@".repeat(((c * BAR_WIDTH).div_ceil(peak)) as usize);

@@ -195,15 +195,18 @@ fn frame_text(f: &Frame) -> String {
 }
 
 /// Stacks merged across threads of a process (same frames).
+/// (pid, function names) -> (weight, frames of the first stack seen).
+type MergedStacks<'a> = BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])>;
+
 fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
-    let mut m: BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])> = BTreeMap::new();
+    let mut m: MergedStacks<'a> = BTreeMap::new();
     for s in rec.stacks.iter().filter(|s| s.kind == kind && s.reason == reason) {
         let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
         e.0 += weight(s);
     }
     let mut v: Vec<(u32, u64, &[Frame])> = m.into_iter().map(|((pid, _), (w, f))| (pid, w, f)).collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
 }
 

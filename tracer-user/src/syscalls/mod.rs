@@ -295,7 +295,7 @@ pub fn slow_syscall_stacks(
             frames: resolver.frames(k.pid, k.user_stack, -1, k.py_stack),
         })
         .collect();
-    out.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
+    out.sort_by_key(|s| std::cmp::Reverse(s.weight_ns));
     Ok(out)
 }
 
