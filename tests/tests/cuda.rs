@@ -356,7 +356,11 @@ fn driver_api_counted_once() {
     // A driver launch names a CUfunction handle; the runtime's, the host stub.
     assert!(drv[0]["kernel"].as_str().unwrap().starts_with("CUfunction 0x"), "{}", drv[0]);
     assert_eq!(rt[0]["kernel"], "vector_add_kernel");
-    assert_eq!(launches.iter().map(|l| u(&l["count"])).sum::<u64>(), 28, "{launches:#?}");
+    let (mixed_rt, mixed_drv) = (at("mixed_rt"), at("mixed_drv"));
+    assert_eq!((mixed_rt.len(), mixed_drv.len()), (1, 1), "{launches:#?}");
+    assert_eq!((&mixed_rt[0]["api"], u(&mixed_rt[0]["count"])), (&Value::from("cudaLaunchKernel"), 6));
+    assert_eq!((&mixed_drv[0]["api"], u(&mixed_drv[0]["count"])), (&Value::from("cuLaunchKernel"), 6));
+    assert_eq!(launches.iter().map(|l| u(&l["count"])).sum::<u64>(), 28 + 12, "{launches:#?}");
 
     // The detector sees driver copies as what they are.
     assert_eq!(t.findings_at("drv_h2d_async"), ["sync_after_copy"]);

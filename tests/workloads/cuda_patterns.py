@@ -326,6 +326,11 @@ def driver():
         rt.cudaStreamSynchronize(None)  # @rt_sync
     for _ in range(9):
         rt.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @rt_launch
+    # Runtime and direct driver launches back to back from one Python frame
+    # (same C stack depth, microseconds apart): each is counted once.
+    for _ in range(6):
+        rt.cudaLaunchKernel(vec, dim3(1, 1, 1), dim3(32, 1, 1), None, size(0), None)  # @mixed_rt
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @mixed_drv
     rt.cudaMemcpyPeer(rdev, 0, ctypes.c_void_p(dev.value + 4096), 1, size(128))  # @rt_peer
     adev = ctypes.c_void_p()
     rt.cudaMallocAsync(ctypes.byref(adev), 1 << 12, None)  # @rt_malloc_async

@@ -192,6 +192,11 @@ pub mod api {
         (FIRST_DRIVER..COUNT).contains(&api)
     }
 
+    /// A driver API function's name (`cu...`, not `cuda...`).
+    pub fn is_driver_name(name: &str) -> bool {
+        name.starts_with("cu") && !name.starts_with("cuda")
+    }
+
     /// The copy direction a driver copy function implies by its name
     /// (`KIND_*`); `KIND_DEFAULT` for the unified `cuMemcpy[Async]`.
     #[inline(always)]

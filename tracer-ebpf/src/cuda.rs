@@ -18,9 +18,9 @@
 //! Driver calls made from inside a runtime call (libcudart calls libcuda)
 //! are not counted twice: a copy, sync or memory call entered while another
 //! probed call is in flight deeper in the same thread's stack only bumps a
-//! nesting depth; a launch that follows another launch on the same thread,
-//! deeper in the stack and within `LAUNCH_NEST_NS`, is the outer launch's
-//! own (launches have no return probe to nest with).
+//! nesting depth. Launches have no return probe to nest with: a driver
+//! launch that returns into a probed CUDA library's code is that library's
+//! own (see `nested_launch`).
 //!
 //! Entry keeps the arguments and the stacks in a per-thread slot; return
 //! aggregates count, bytes, time and errors per (pid, tid, api, kind, site) and
@@ -33,7 +33,7 @@ use aya_ebpf::{
         generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, RingBuf},
+    maps::{HashMap, RingBuf},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -53,19 +53,10 @@ pub static CUDA_LAUNCHES: HashMap<LaunchKey, u64> = HashMap::with_max_entries(16
 #[map]
 pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries(32768, 0);
 
-/// Per thread: the last counted launch's (entry time, stack pointer, 1 if
-/// a driver function), kept only while a driver library is probed
-/// (`CUDA_DRIVER_ON`).
+/// Per process: the code ranges `[start, end)` of its probed runtime
+/// (`[0..2]`) and driver (`[2..4]`) libraries, set by userspace.
 #[map]
-pub static CUDA_LAUNCH_MARK: HashMap<u32, [u64; 3]> = HashMap::with_max_entries(32768, 0);
-
-/// `[0]` != 0 once some libcuda is probed (set by userspace).
-#[map]
-pub static CUDA_DRIVER_ON: Array<u32> = Array::with_max_entries(1, 0);
-
-/// A driver launch this soon after a runtime launch on the same thread (and
-/// deeper in its stack) is that runtime launch going through the driver.
-const LAUNCH_NEST_NS: u64 = 1_000_000;
+pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 0);
 
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
@@ -290,39 +281,18 @@ pub fn cuda_drv_copy_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// Whether a driver launch is a probed call's own: it returns into the code
+/// of this process's probed runtime or driver library (`CUDA_TEXT`), as a
+/// runtime launch calling the driver, or `cuLaunchKernelEx` calling
+/// `cuLaunchKernel`, does. A direct launch returns into the caller's code.
 #[inline(always)]
-fn driver_on() -> bool {
-    CUDA_DRIVER_ON.get(0).is_some_and(|v| *v != 0)
-}
-
-/// Whether a launch is the inner half of another probed launch (see the
-/// module doc): a runtime launch going through the driver, or a driver
-/// launch through another (`cuLaunchKernelEx` through `cuLaunchKernel`).
-/// Every launch counted leaves the mark the next one is tested against.
-#[inline(always)]
-fn nested_launch(ctx: &ProbeContext, a: u32, tid: u32) -> bool {
-    if !driver_on() {
+fn nested_launch(ctx: &ProbeContext, a: u32, tgid: u32) -> bool {
+    if !api::is_driver(a) {
         return false;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
-    let sp = user_sp(ctx);
-    let driver = api::is_driver(a) as u64;
-    if let Some(mark) = CUDA_LAUNCH_MARK.get_ptr_mut(&tid) {
-        // SAFETY: map value owned by this thread.
-        unsafe {
-            let [at, outer_sp, outer_driver] = *mark;
-            // Deeper in the stack; or, from the runtime into the driver,
-            // at the same depth (the runtime launch tail-called it). Two
-            // launches of one kind from one place are siblings.
-            let inside = sp < outer_sp || (sp == outer_sp && driver == 1 && outer_driver == 0);
-            if at != 0 && inside && now.saturating_sub(at) < LAUNCH_NEST_NS {
-                (*mark)[0] = 0; // one inner launch per outer launch
-                return true;
-            }
-        }
-    }
-    let _ = CUDA_LAUNCH_MARK.insert(&tid, &[now, sp, driver], 0);
-    false
+    let Some(r) = (unsafe { CUDA_TEXT.get(&tgid) }) else { return false };
+    let ret = return_address(ctx);
+    (r[0] <= ret && ret < r[1]) || (r[2] <= ret && ret < r[3])
 }
 
 /// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`,
@@ -355,7 +325,7 @@ fn launch(ctx: &ProbeContext, func: u64) {
         return;
     }
     let a = cookie(ctx);
-    if nested_launch(ctx, a, pid_tgid as u32) {
+    if nested_launch(ctx, a, tgid) {
         return;
     }
     let py_stack = crate::python::capture(tgid, pid_tgid as u32, crate::python::SCRATCH_UPROBE);

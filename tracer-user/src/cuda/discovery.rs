@@ -125,6 +125,16 @@ pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     out
 }
 
+/// The span of `file`'s executable mappings in `maps` (same device and
+/// inode): where its code runs in that process.
+pub fn text_range(maps: &[MapsLine], file: &MapsLine) -> Option<(u64, u64)> {
+    let exec = maps.iter().filter(|m| m.executable && m.dev == file.dev && m.inode == file.inode);
+    exec.fold(None, |acc, m| match acc {
+        None => Some((m.start, m.end)),
+        Some((s, e)) => Some((s.min(m.start), e.max(m.end))),
+    })
+}
+
 /// A candidate file, opened.
 #[derive(Debug)]
 pub struct OpenedLib {
@@ -260,6 +270,20 @@ mod tests {
         assert!(m[1].deleted && m[1].path == "/tmp/x/libcudart-1a2b.so.12");
         let c = candidates(&m, Some("/usr/bin/python3.11"));
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn text_ranges() {
+        let m = parse_maps(
+            "7f00-7f10 r--p 00000000 fd:01 42 /lib/libcuda.so.1\n\
+             7f10-7f30 r-xp 00010000 fd:01 42 /lib/libcuda.so.1\n\
+             7f30-7f40 r-xp 00000000 fd:01 43 /lib/other.so\n\
+             7f50-7f60 r-xp 00040000 fd:01 42 /lib/libcuda.so.1\n",
+        );
+        assert_eq!(text_range(&m, &m[0]), Some((0x7f10, 0x7f60)));
+        assert_eq!(text_range(&m, &m[2]), Some((0x7f30, 0x7f40)));
+        let none = parse_maps("7f00-7f10 r--p 00000000 fd:01 44 /lib/data.bin\n");
+        assert_eq!(text_range(&none, &none[0]), None);
     }
 
     #[test]

@@ -346,6 +346,8 @@ impl CudaTracer {
             .ok()
             .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
+        // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
+        let mut text: [Option<(u64, u64)>; 2] = [None, None];
         let driver = self.driver;
         for cand in discovery::candidates(&maps, exe.as_deref())
             .into_iter()
@@ -364,7 +366,28 @@ impl CudaTracer {
                 if let Some(a) = self.attached.get_mut(&id) {
                     a.pids.insert(pid);
                     uses = true;
+                    // Where its code is in this process: a driver launch
+                    // returning into it is a probed call's own.
+                    // (For a runtime linked into the executable that is the
+                    // whole program's code: a driver launch the program
+                    // itself makes is then taken for the runtime's.)
+                    let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
+                    if let Some(r) = discovery::text_range(&maps, &cand.line) {
+                        text[slot] = Some(r);
+                    }
                 }
+            }
+        }
+        if text.iter().any(Option::is_some) {
+            let flat = [
+                text[0].map_or(0, |r| r.0),
+                text[0].map_or(0, |r| r.1),
+                text[1].map_or(0, |r| r.0),
+                text[1].map_or(0, |r| r.1),
+            ];
+            let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, "CUDA_TEXT")?;
+            if let Err(e) = map.insert(pid, flat, 0) {
+                notes.push(format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
             }
         }
         if uses {
@@ -425,14 +448,7 @@ impl CudaTracer {
         if functions.is_empty() {
             return Ok(None);
         }
-        let driver = functions.iter().any(|f| f.starts_with("cu") && !f.starts_with("cuda"));
-        if driver {
-            // Runtime launches now leave a mark for the driver launch probe.
-            let map = ebpf.map_mut("CUDA_DRIVER_ON").ok_or(ProbeError::MissingMap("CUDA_DRIVER_ON"))?;
-            let mut on: aya::maps::Array<&mut MapData, u32> =
-                aya::maps::Array::try_from(map).map_err(|e| ProbeError::map("CUDA_DRIVER_ON", e))?;
-            on.set(0, 1, 0).map_err(|e| ProbeError::map("CUDA_DRIVER_ON", e))?;
-        }
+        let driver = functions.iter().any(|f| api::is_driver_name(f));
         notes.push(format!(
             "pid {pid}: CUDA {} {shown}{}: {} functions probed",
             if driver { "driver" } else { "runtime" },
@@ -518,10 +534,10 @@ impl CudaTracer {
         for t in &dead {
             let _ = map.remove(t);
         }
-        let mut marks: BpfHashMap<_, u32, [u64; 3]> = probe::hash_map(ebpf, "CUDA_LAUNCH_MARK")?;
-        let gone_marks: Vec<u32> = marks.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
-        for t in &gone_marks {
-            let _ = marks.remove(t);
+        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, "CUDA_TEXT")?;
+        let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
+        for p in &gone_pids {
+            let _ = text.remove(p);
         }
         self.replay.forget_threads(&dead);
         Ok(())
