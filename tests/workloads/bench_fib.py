@@ -36,19 +36,5 @@ def run(iterations: int) -> int:
     return acc
 
 
-def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    iterations = int(sys.argv[1])
-    wait = "--wait" in sys.argv[2:]
-
-    if wait:
-        if not benchlib.handshake():
-            return 1  # the driver went away
-
-    return benchlib.time_chunks(run, iterations, max(iterations // 100, 10), wait)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.main(__doc__, run, lambda n: max(n // 100, 10)))

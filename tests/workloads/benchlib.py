@@ -34,3 +34,17 @@ def time_chunks(body, iterations, warmup, wait):
     if wait:
         sys.stdin.read()  # until the driver closes stdin
     return 0
+
+
+def main(doc, body, warmup_of):
+    """`SCRIPT ITERATIONS [--wait]` for a workload that is just `body(n)`:
+    the handshake when asked, then `time_chunks` with a warm-up of
+    `warmup_of(iterations)` iterations. Returns the exit status."""
+    if len(sys.argv) < 2:
+        print(doc, file=sys.stderr)
+        return 2
+    iterations = int(sys.argv[1])
+    wait = "--wait" in sys.argv[2:]
+    if wait and not handshake():
+        return 1  # the driver went away
+    return time_chunks(body, iterations, warmup_of(iterations), wait)

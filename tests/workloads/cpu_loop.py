@@ -32,19 +32,5 @@ def spin(iterations: int) -> int:
     return acc
 
 
-def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    iterations = int(sys.argv[1])
-    wait = "--wait" in sys.argv[2:]
-
-    if wait:
-        if not benchlib.handshake():
-            return 1  # the driver went away
-
-    return benchlib.time_chunks(spin, iterations, min(iterations // 10, 100_000), wait)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.main(__doc__, spin, lambda n: min(n // 10, 100_000)))
