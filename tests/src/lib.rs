@@ -456,6 +456,13 @@ where
 /// checking its invariants and that `out` was written.
 #[track_caller]
 pub fn record_launch(out: &Path, cmd: &[&OsStr]) -> (Run, Report) {
+    record_launch_with(out, &[], cmd)
+}
+
+/// `record_launch` with extra `record` options (`--no-sched`, `-F 0`, ...)
+/// before the command.
+#[track_caller]
+pub fn record_launch_with(out: &Path, options: &[&str], cmd: &[&OsStr]) -> (Run, Report) {
     let mut args: Vec<&OsStr> = vec![
         "record".as_ref(),
         "-q".as_ref(),
@@ -463,8 +470,9 @@ pub fn record_launch(out: &Path, cmd: &[&OsStr]) -> (Run, Report) {
         "json".as_ref(),
         "-o".as_ref(),
         out.as_os_str(),
-        "--".as_ref(),
     ];
+    args.extend(options.iter().map(|o| OsStr::new(*o)));
+    args.push("--".as_ref());
     args.extend_from_slice(cmd);
     let r = run_infertrace(&args);
     r.assert_ok();

@@ -32,23 +32,9 @@ fn walltime_bin() -> PathBuf {
 fn record_walltime(dir: &TempDir, extra: &[&str], args: &[&str]) -> (Run, Report, PathBuf) {
     let w = walltime_bin();
     let out = dir.join("rec.itr");
-    let mut cmd: Vec<&OsStr> = vec![
-        "record".as_ref(),
-        "-q".as_ref(),
-        "--format".as_ref(),
-        "json".as_ref(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ];
-    cmd.extend(extra.iter().map(|a| OsStr::new(*a)));
-    cmd.push("--".as_ref());
-    cmd.push(w.as_os_str());
+    let mut cmd: Vec<&OsStr> = vec![w.as_os_str()];
     cmd.extend(args.iter().map(|a| OsStr::new(*a)));
-    let r = run_infertrace(&cmd);
-    r.assert_ok();
-    assert!(out.is_file(), "recording not written\n{}", r.describe());
-    let rep = r.json();
-    rep.check_invariants();
+    let (r, rep) = record_launch_with(&out, extra, &cmd);
     (r, rep, out)
 }
 
