@@ -275,9 +275,11 @@ impl SchedAccounting {
             }
             let off = t.off_cpu_ns;
             let sys_total = syscall_time.get(&t.tid).copied().unwrap_or(0);
-            let comm = match comm_of(&t.comm) {
-                c if c.is_empty() => procfs::thread_comm(t.pid, t.tid).unwrap_or_default(),
-                c => c,
+            // A live thread's current name; the kernel's copy (from its last
+            // switch-out) for the others.
+            let comm = match procfs::thread_comm(t.pid, t.tid) {
+                Some(c) if t.state != STATE_DEAD => c,
+                _ => comm_of(&t.comm),
             };
             threads.push(ThreadTimes {
                 pid: t.pid,
