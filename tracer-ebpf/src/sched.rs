@@ -82,12 +82,15 @@ fn task_exec_ns(task: u64) -> u64 {
     unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(EXEC_UNKNOWN)
 }
 
-/// The thread's state entry, created in `state` since `since` when missing.
+/// The thread's state entry, created in `state` since `since` when missing
+/// (`task`: its task_struct, for the CPU-time counter; 0 when unknown).
 #[inline(always)]
-fn thread(tgid: u32, tid: u32, state: u32, since: u64, exec: u64) -> Option<*mut ThreadState> {
+fn thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> Option<*mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(&tid) {
         return Some(p);
     }
+    // Read only for a new entry: an existing one has its value from its last switch-out.
+    let exec = if task == 0 { EXEC_UNKNOWN } else { task_exec_ns(task) };
     let fresh = ThreadState {
         pid: tgid,
         tid,
@@ -172,7 +175,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u64) {
-    let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns(), EXEC_UNKNOWN) else { return };
+    let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns(), 0) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
@@ -231,7 +234,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
 
 #[inline(always)]
 fn switch_in(tgid: u32, tid: u32, now: u64, task: u64) {
-    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task_exec_ns(task)) else { return };
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
@@ -257,8 +260,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let exec = task_exec_ns(task);
-    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, exec) else { return };
+    let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
     if new && t.state == STATE_DEAD {
         // A reused tid: start over.
@@ -270,7 +272,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
             first_ns: now,
             user_stack: NO_STACK,
             kernel_stack: NO_STACK,
-            exec_ns: exec,
+            exec_ns: task_exec_ns(task),
             ..Default::default()
         };
         return;
