@@ -14,10 +14,7 @@ use std::{
     collections::BTreeSet,
     ffi::OsString,
     panic::{self, AssertUnwindSafe},
-    sync::{
-        mpsc::{self, RecvTimeoutError},
-        Mutex,
-    },
+    sync::mpsc::{self, RecvTimeoutError},
     thread,
     time::{Duration, Instant},
 };
@@ -99,14 +96,11 @@ pub struct GpuSampling {
 impl GpuSampling {
     /// Puts the samples and notes into the recording: into the CUDA report
     /// (made for them when no CUDA runtime was probed), else the notes into
-    /// the recording's notes. The status line appears once.
+    /// the recording's notes. The status line is the only NVML line.
     pub fn merge_into(self, cuda: &mut Option<CudaReport>, notes: &mut Vec<String>, window_ns: u64) {
         match cuda {
             Some(report) => {
-                // CudaTracer::finish already put the status there (`nvml_note`).
-                if !report.notes.contains(&self.status) {
-                    report.notes.push(self.status);
-                }
+                report.notes.push(self.status);
                 report.notes.extend(self.notes);
                 report.gpu_samples = self.samples;
             }
@@ -121,19 +115,6 @@ impl GpuSampling {
             }
         }
     }
-}
-
-/// The status line of the last sampler of this process that finished.
-static STATUS: Mutex<Option<String>> = Mutex::new(None);
-
-/// The status line of this recording's sampler, once it finished (None when
-/// no sampler ran in this process).
-pub fn sampler_status() -> Option<String> {
-    STATUS.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
-fn set_status(s: &str) {
-    *STATUS.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.to_owned());
 }
 
 #[derive(Clone, Debug)]
@@ -203,9 +184,7 @@ impl Sampler {
                 Err(NvmlUnavailable::Panicked("the sampling thread ended without a result".into()))
             }
         };
-        let sampling = assemble(self.opts.hz, window_end_ns.saturating_sub(self.opts.window_start_ns), outcome);
-        set_status(&sampling.status);
-        sampling
+        assemble(self.opts.hz, window_end_ns.saturating_sub(self.opts.window_start_ns), outcome)
     }
 }
 
@@ -545,12 +524,12 @@ mod tests {
     #[test]
     fn merges_once() {
         let g = GpuSampling { samples: vec![sample(1, 0)], status: "NVML: s".into(), notes: vec!["n".into()] };
-        // A CUDA report that already carries the status (CudaTracer::finish).
-        let mut cuda = Some(CudaReport { notes: vec!["NVML: s".into()], ..Default::default() });
+        // A CUDA report with notes of its own: the status and notes follow them.
+        let mut cuda = Some(CudaReport { notes: vec!["cuda".into()], ..Default::default() });
         let mut notes = Vec::new();
         g.clone().merge_into(&mut cuda, &mut notes, 10);
         let r = cuda.as_ref().expect("report");
-        assert_eq!(r.notes, vec!["NVML: s".to_owned(), "n".to_owned()]);
+        assert_eq!(r.notes, vec!["cuda".to_owned(), "NVML: s".to_owned(), "n".to_owned()]);
         assert_eq!(r.gpu_samples.len(), 1);
         assert!(notes.is_empty());
         // No CUDA runtime probed: a report for the samples.
@@ -576,6 +555,5 @@ mod tests {
         let g = s.finish(clock::monotonic_ns());
         assert!(g.samples.is_empty() && g.notes.is_empty(), "{g:?}");
         assert_eq!(g.status, format!("NVML not available ({} not found): no GPU utilization samples", lib.display()));
-        assert_eq!(sampler_status().as_deref(), Some(g.status.as_str()));
     }
 }

@@ -16,10 +16,7 @@ pub mod replay;
 #[cfg(test)]
 mod tests;
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
-    path::PathBuf,
-};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
@@ -716,32 +713,7 @@ impl CudaTracer {
         if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
             report.notes.push("no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown".into());
         }
-        report.notes.push(nvml_note());
         Ok(report)
-    }
-}
-
-/// The NVML line of the report: what this recording's GPU sampler found
-/// (`crate::nvml`), else (no sampler ran) whether libnvidia-ml.so.1 is present.
-fn nvml_note() -> String {
-    if let Some(status) = crate::nvml::sampler_status() {
-        return status;
-    }
-    // SAFETY: dlopen/dlclose with a valid C string; RTLD_NOLOAD never runs
-    // the library's constructors.
-    let name = c"libnvidia-ml.so.1";
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-    if !h.is_null() {
-        unsafe { libc::dlclose(h) };
-    }
-    let present = !h.is_null()
-        || ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu"]
-            .iter()
-            .any(|d| PathBuf::from(d).join("libnvidia-ml.so.1").exists());
-    if present {
-        "NVML present (libnvidia-ml.so.1), but no GPU sampler ran: no gpu_samples".into()
-    } else {
-        crate::nvml::NvmlUnavailable::NotFound(crate::nvml::DEFAULT_LIB.into()).notice()
     }
 }
 
