@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates tracer-user/src/syscalls/names_table.rs from the UAPI headers
+"""Regenerates tracer-user/src/system/syscall_names.rs from the UAPI headers
 (linux-libc-dev): x86_64 asm/unistd_64.h and asm-generic/unistd.h (aarch64)."""
 import re, sys
 
@@ -42,7 +42,7 @@ def emit(const, table):
 
 x86 = add_newer(parse('/usr/include/x86_64-linux-gnu/asm/unistd_64.h'), {335: 'uretprobe'})
 arm = add_newer(parse('/usr/include/asm-generic/unistd.h'))
-dest = sys.argv[1] if len(sys.argv) > 1 else 'tracer-user/src/syscalls/names_table.rs'
+dest = sys.argv[1] if len(sys.argv) > 1 else 'tracer-user/src/system/syscall_names.rs'
 with open(dest, 'w') as f:
     f.write("//! Syscall number -> name tables (empty string: unassigned).\n\n")
     f.write(emit("X86_64", x86) + "\n" + emit("AARCH64", arm))

@@ -19,6 +19,7 @@ pub mod sched;
 pub mod session;
 pub mod stacks;
 pub mod symbolize;
+pub mod system;
 pub mod syscalls;
 pub mod targets;
 pub mod tracefs;

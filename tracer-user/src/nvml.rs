@@ -27,7 +27,7 @@ use nvml_wrapper::{
 
 use crate::{
     clock,
-    cuda::{CudaReport, GpuSample},
+    recording::cuda::{CudaReport, GpuSample},
 };
 
 /// The library nvml-wrapper loads (found through the dynamic loader's path).

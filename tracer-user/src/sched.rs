@@ -26,7 +26,7 @@ use crate::{
     procfs,
     recording::{OffCpuReason, OffCpuTimes, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
     stacks::StackResolver,
-    syscalls::syscall_name,
+    system::syscall_name,
 };
 
 /// Syscalls whose blocking counts as I/O, lock, poll or sleep time; every

@@ -194,7 +194,7 @@ impl TargetState {
 fn load_object(btf: &Btf, tracefs: Option<&Path>, opts: &RecordOptions) -> Result<Ebpf, RecordError> {
     let sched = &opts.sched;
     let slow_ns = opts.slow_syscall.map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let arch = syscalls::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
+    let arch = crate::system::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
     let (nr_clone, nr_fork, nr_vfork, nr_clone3) = arch.nr_clone_family;
     let (pid_off, flags_off) = match tracefs {
         Some(t) => (

@@ -39,10 +39,8 @@ use blazesym::{
     MaybeDefault,
 };
 
+pub use crate::recording::UNKNOWN;
 use crate::recording::{Frame, FrameKind};
-
-/// Function name of a frame that could not be resolved.
-pub const UNKNOWN: &str = "[unknown]";
 
 /// Upper bound on symlinks followed while resolving one path (as the kernel).
 const MAX_SYMLINKS: usize = 40;

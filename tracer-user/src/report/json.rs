@@ -22,10 +22,10 @@ struct JsonTarget<'a> {
 /// are top-level).
 #[derive(Serialize)]
 struct JsonCuda<'a> {
-    calls: &'a [crate::cuda::CudaCall],
-    launches: &'a [crate::cuda::CudaLaunch],
-    gpu_samples: &'a [crate::cuda::GpuSample],
-    libraries: &'a [crate::cuda::CudaLibrary],
+    calls: &'a [crate::recording::cuda::CudaCall],
+    launches: &'a [crate::recording::cuda::CudaLaunch],
+    gpu_samples: &'a [crate::recording::cuda::GpuSample],
+    libraries: &'a [crate::recording::cuda::CudaLibrary],
     notes: &'a [String],
 }
 
@@ -45,7 +45,7 @@ struct JsonReport<'a> {
     runqueue_hist_log2_ns: &'a BTreeMap<u32, Vec<u64>>,
     sample_hz: u64,
     cuda: Option<JsonCuda<'a>>,
-    findings: &'a [crate::cuda::Finding],
+    findings: &'a [crate::recording::cuda::Finding],
     lost_events: u64,
     lost_detail: &'a BTreeMap<String, u64>,
     notes: &'a [String],

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::{
     recording::{Recording, Target},
-    syscalls::{errno_name, syscall_name},
+    system::{errno_name, syscall_name},
 };
 
 /// Version of the JSON report schema (docs/report-schema.md). Additive

@@ -3,6 +3,9 @@
 //! Layout (documented in docs/recording-format.md):
 //! 8-byte magic `ITRACE\r\n`, u32 LE format version, u32 LE encoding
 //! (1 = gzip-compressed JSON), then the encoded [`Recording`].
+//!
+//! This is the recording model: serde types only, shared by the collectors
+//! that fill it and the reports that render it. It imports no collector.
 
 use std::{
     collections::BTreeMap,
@@ -13,6 +16,11 @@ use std::{
 
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
+
+pub mod cuda;
+
+/// Function name of a frame that could not be resolved.
+pub const UNKNOWN: &str = "[unknown]";
 
 pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
 pub const FORMAT_VERSION: u32 = 1;
@@ -211,7 +219,7 @@ pub struct Recording {
     pub sample_hz: u64,
     /// CUDA runtime activity and findings (None: no CUDA runtime probed).
     #[serde(default)]
-    pub cuda: Option<crate::cuda::CudaReport>,
+    pub cuda: Option<cuda::CudaReport>,
     /// Events the kernel side could not keep, by cause.
     pub lost: BTreeMap<String, u64>,
     /// Things the user should know about this recording (degraded features...).

@@ -1,0 +1,170 @@
+//! The CUDA part of a recording: calls, launches, GPU samples, findings and
+//! the libraries probed (serde types; filled by `crate::cuda`, rendered by
+//! `crate::report`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tracer_common::cuda::{api, KIND_NONE};
+
+use super::{Frame, UNKNOWN};
+
+/// Where a call came from: the leaf Python frame, or the first native
+/// frame outside libcudart.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Site {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Site {
+    pub fn unknown() -> Self {
+        Site { function: UNKNOWN.to_owned(), file: None, line: None }
+    }
+
+    pub fn of_frame(f: &Frame) -> Self {
+        Site { function: f.function.clone(), file: f.file.clone(), line: f.line }
+    }
+
+    /// `function (file:line)`, or what of it is known.
+    pub fn display(&self) -> String {
+        match (&self.file, self.line) {
+            (Some(f), Some(l)) => format!("{} ({}:{})", self.function, f, l),
+            (Some(f), None) => format!("{} ({})", self.function, f),
+            _ => self.function.clone(),
+        }
+    }
+}
+
+/// One CUDA runtime API called from one site with one copy kind.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaCall {
+    pub pid: u32,
+    pub api: String,
+    /// `HtoD`, `DtoH`, `DtoD`, `HtoH`, `Default` (as passed) for copies, else null.
+    pub kind: Option<String>,
+    pub count: u64,
+    /// Copied (copies) or allocated/registered (memory calls) bytes.
+    pub bytes: u64,
+    pub total_ns: u64,
+    /// Calls that did not return `cudaSuccess`.
+    pub errors: u64,
+    pub site: Site,
+    /// Return code -> calls (from the per-call events; may miss some when
+    /// events were lost).
+    #[serde(default)]
+    pub return_codes: BTreeMap<i32, u64>,
+    /// Copies whose host side was in pinned memory / in pageable memory
+    /// (from the per-call events; H2D, D2H, H2H only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pageable: Option<u64>,
+}
+
+/// Launches of one kernel from one site.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaLaunch {
+    pub pid: u32,
+    /// The kernel's host stub, symbolized and demangled; else its address in hex.
+    pub kernel: String,
+    pub count: u64,
+    pub site: Site,
+    /// `cudaLaunchKernel` or `cudaLaunchKernel_ptsz`.
+    pub api: String,
+}
+
+/// One NVML reading of one GPU (`crate::nvml`): whole-device figures, all
+/// processes on the GPU, not only the targets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    /// When it was taken, ns since the window start (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+    /// NVML device index (nvmlDeviceGetHandleByIndex; not CUDA_VISIBLE_DEVICES order).
+    pub gpu: u32,
+    /// Share of the last NVML sample period in which a kernel ran (nvmlDeviceGetUtilizationRates.gpu).
+    pub util_percent: f64,
+    /// Device memory in use (nvmlDeviceGetMemoryInfo).
+    pub mem_used_bytes: u64,
+    /// Share of the period in which device memory was read or written (.memory).
+    #[serde(default)]
+    pub mem_util_percent: f64,
+    #[serde(default)]
+    pub mem_total_bytes: u64,
+    /// PCIe throughput, device -> host / host -> device (nvmlDeviceGetPcieThroughput,
+    /// KB/s x 1024); null when the GPU or the library does not report it.
+    #[serde(default)]
+    pub pcie_tx_bytes_per_s: Option<u64>,
+    #[serde(default)]
+    pub pcie_rx_bytes_per_s: Option<u64>,
+    /// Name and UUID of the GPU, on its first sample only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+/// Something the detector flagged, with what to do about it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Finding {
+    /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
+    /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
+    /// `device_memory_leak`.
+    pub kind: String,
+    /// `high`, `medium` or `low`.
+    pub severity: String,
+    pub pid: u32,
+    pub site: Site,
+    /// Occurrences of the pattern (copies, copy+sync pairs, allocations).
+    pub count: u64,
+    pub bytes: u64,
+    /// Time the pattern cost (copies and the syncs that waited for them).
+    pub time_ns: u64,
+    pub message: String,
+    pub advice: String,
+}
+
+/// A libcudart (or an executable with cudart inside) that was probed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaLibrary {
+    /// The path as the first process seen mapping it named it.
+    pub path: String,
+    /// Functions probed in it.
+    pub functions: Vec<String>,
+    /// Targets seen mapping it.
+    pub pids: Vec<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct CudaReport {
+    pub calls: Vec<CudaCall>,
+    pub launches: Vec<CudaLaunch>,
+    pub gpu_samples: Vec<GpuSample>,
+    pub findings: Vec<Finding>,
+    #[serde(default)]
+    pub libraries: Vec<CudaLibrary>,
+    /// Length of the tracing window (for shares of wall time).
+    #[serde(default)]
+    pub window_ns: u64,
+    /// One-line notices (libraries probed later, probes that failed, NVML...).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+pub fn kind_name(kind: u32) -> Option<&'static str> {
+    match kind {
+        0 => Some("HtoH"),
+        1 => Some("HtoD"),
+        2 => Some("DtoH"),
+        3 => Some("DtoD"),
+        4 => Some("Default"),
+        KIND_NONE => None,
+        _ => Some("Invalid"),
+    }
+}
+
+pub fn api_name(api: u32) -> String {
+    api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
+}
+
