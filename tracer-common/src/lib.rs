@@ -48,6 +48,12 @@ pub mod counters {
         "python_stacks_lost",
         "cuda_lost",
     ];
+
+    /// Whether counter `idx` counts lost events (the others count events
+    /// that were kept but reported, like truncated stacks).
+    pub const fn is_loss(idx: u32) -> bool {
+        idx != PY_STACKS_TRUNCATED
+    }
 }
 
 /// Flags stored as the value of the `TARGETS` map.

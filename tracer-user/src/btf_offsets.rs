@@ -1,9 +1,11 @@
 //! Struct member offsets from the kernel's BTF (/sys/kernel/btf/vmlinux).
 //! The kernel programs are not CO-RE relocated, so the few kernel struct
 //! fields they read (e.g. `task_struct.pid`) get their offsets from here at
-//! load time.
+//! load time. [`KernelBtf`] reads the file once per recording and keeps
+//! both views of it: aya's (for loading `tp_btf` programs) and ours (aya's
+//! `Btf` does not expose struct member offsets).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfOffsetError {
@@ -99,6 +101,23 @@ impl BtfOffsets {
         } else {
             Err(BtfOffsetError::NoStruct(strukt.to_owned()))
         }
+    }
+}
+
+/// The kernel's BTF, read once: aya's parse and the member-offset index.
+pub struct KernelBtf {
+    pub path: PathBuf,
+    pub btf: aya::Btf,
+    pub offsets: BtfOffsets,
+}
+
+impl KernelBtf {
+    /// Reads and parses `path`; the error is one line.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let data = std::fs::read(path).map_err(|e| e.to_string())?;
+        let btf = aya::Btf::parse(&data, aya::Endianness::default()).map_err(|e| e.to_string())?;
+        let offsets = BtfOffsets::parse(data).map_err(|e| e.to_string())?;
+        Ok(KernelBtf { path: path.to_owned(), btf, offsets })
     }
 }
 

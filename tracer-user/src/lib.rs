@@ -1,12 +1,18 @@
 //! infertrace: eBPF tracer that tells where the time of a Python / GPU
 //! inference service goes. This library holds everything but argument
-//! parsing: probe families (`syscalls`, `process`), the recording format,
-//! report renderers and the `doctor` checks.
+//! parsing: the collector lifecycle (`collect`), the probe families
+//! (`process`, `syscalls`, `sched`, `cpu_samples`, `pystacks`, `cuda`,
+//! `nvml`; listed in `families`), the recording session (`session`), the
+//! recording model (`recording`), the report renderers (`report`) and the
+//! `doctor` checks. docs/architecture.md has the data flow.
 
 pub mod btf_offsets;
 pub mod clock;
+pub mod collect;
+pub mod cpu_samples;
 pub mod cuda;
 pub mod doctor;
+pub mod families;
 pub mod nvml;
 pub mod probe;
 pub mod process;

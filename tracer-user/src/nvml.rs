@@ -27,7 +27,12 @@ use nvml_wrapper::{
 
 use crate::{
     clock,
-    recording::cuda::{CudaReport, GpuSample},
+    collect::{Collector, Context, FamilyTable, Sink, Topic},
+    probe::ProbeError,
+    recording::{
+        cuda::{CudaReport, GpuSample},
+        Recording,
+    },
 };
 
 /// The library nvml-wrapper loads (found through the dynamic loader's path).
@@ -94,26 +99,51 @@ pub struct GpuSampling {
 }
 
 impl GpuSampling {
-    /// Puts the samples and notes into the recording: into the CUDA report
-    /// (made for them when no CUDA runtime was probed), else the notes into
-    /// the recording's notes. The status line is the only NVML line.
-    pub fn merge_into(self, cuda: &mut Option<CudaReport>, notes: &mut Vec<String>, window_ns: u64) {
-        match cuda {
-            Some(report) => {
-                report.notes.push(self.status);
-                report.notes.extend(self.notes);
-                report.gpu_samples = self.samples;
-            }
+    /// Puts the samples into the recording's CUDA report (made for them
+    /// when no CUDA library was probed), the status line and notes into the
+    /// sink (which puts them beside the CUDA report, or in the recording's
+    /// notes when there is none). The status line is the only NVML line.
+    pub fn merge_into(self, rec: &mut Recording, sink: &mut Sink, window_ns: u64) {
+        match rec.cuda.as_mut() {
+            Some(report) => report.gpu_samples = self.samples,
             None if !self.samples.is_empty() => {
-                let mut all = vec![self.status];
-                all.extend(self.notes);
-                *cuda = Some(CudaReport { gpu_samples: self.samples, window_ns, notes: all, ..Default::default() });
+                rec.cuda = Some(CudaReport { gpu_samples: self.samples, window_ns, ..Default::default() });
             }
-            None => {
-                notes.push(self.status);
-                notes.extend(self.notes);
-            }
+            None => {}
         }
+        sink.note_on(Topic::Gpu, self.status);
+        for n in self.notes {
+            sink.note_on(Topic::Gpu, n);
+        }
+    }
+}
+
+/// The NVML collector: a sampler thread for the whole window, its samples
+/// merged at the end (NVML has no kernel programs).
+#[derive(Default)]
+pub struct NvmlCollector {
+    sampler: Option<Sampler>,
+}
+
+pub static TABLE: FamilyTable = FamilyTable { family: "nvml", programs: &[], globals: &[] };
+
+impl Collector for NvmlCollector {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    /// Starts the sampler thread (loading NVML can take seconds).
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.sampler = Some(Sampler::start(SamplerOptions::new(cx.opts.gpu_sample_hz, cx.window_start)));
+        Ok(())
+    }
+
+    /// The samples arrive when the sampler stops: at the window end only.
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        if let (Some(end), Some(sampler)) = (cx.window_end, self.sampler.take()) {
+            sampler.finish(end).merge_into(rec, &mut cx.sink, end.saturating_sub(cx.window_start));
+        }
+        Ok(())
     }
 }
 
@@ -524,25 +554,35 @@ mod tests {
     #[test]
     fn merges_once() {
         let g = GpuSampling { samples: vec![sample(1, 0)], status: "NVML: s".into(), notes: vec!["n".into()] };
+        let blank = || {
+            let mut r = crate::recording::tests::sample();
+            r.notes.clear();
+            r.cuda = None;
+            r
+        };
         // A CUDA report with notes of its own: the status and notes follow them.
-        let mut cuda = Some(CudaReport { notes: vec!["cuda".into()], ..Default::default() });
-        let mut notes = Vec::new();
-        g.clone().merge_into(&mut cuda, &mut notes, 10);
-        let r = cuda.as_ref().expect("report");
+        let mut rec = blank();
+        rec.cuda = Some(CudaReport { notes: vec!["cuda".into()], ..Default::default() });
+        let mut sink = Sink::default();
+        g.clone().merge_into(&mut rec, &mut sink, 10);
+        sink.fill(&mut rec);
+        let r = rec.cuda.as_ref().expect("report");
         assert_eq!(r.notes, vec!["cuda".to_owned(), "NVML: s".to_owned(), "n".to_owned()]);
         assert_eq!(r.gpu_samples.len(), 1);
-        assert!(notes.is_empty());
+        assert!(rec.notes.is_empty());
         // No CUDA runtime probed: a report for the samples.
-        let mut cuda = None;
-        g.merge_into(&mut cuda, &mut notes, 10);
-        let r = cuda.expect("report");
+        let (mut rec, mut sink) = (blank(), Sink::default());
+        g.merge_into(&mut rec, &mut sink, 10);
+        sink.fill(&mut rec);
+        let r = rec.cuda.expect("report");
         assert_eq!((r.window_ns, r.gpu_samples.len(), r.notes.len()), (10, 1, 2));
         // Nothing sampled and no CUDA: the notice goes to the recording's notes.
-        let mut cuda = None;
+        let (mut rec, mut sink) = (blank(), Sink::default());
         let none = GpuSampling { status: "NVML not available".into(), ..Default::default() };
-        none.merge_into(&mut cuda, &mut notes, 10);
-        assert!(cuda.is_none());
-        assert_eq!(notes, vec!["NVML not available".to_owned()]);
+        none.merge_into(&mut rec, &mut sink, 10);
+        sink.fill(&mut rec);
+        assert!(rec.cuda.is_none());
+        assert_eq!(rec.notes, vec!["NVML not available".to_owned()]);
     }
 
     #[test]

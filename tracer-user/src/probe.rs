@@ -1,8 +1,8 @@
-//! Loading the kernel object and small typed accessors shared by the probe
-//! families (`syscalls`, `process`).
+//! The embedded kernel object and small typed accessors shared by the
+//! probe families (programs, maps, the `COUNTERS` array).
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, MapError},
+    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray},
     programs::{Program, ProgramError},
     Ebpf,
 };
@@ -60,6 +60,14 @@ where
 {
     let prog = ebpf.program_mut(name).ok_or(ProbeError::MissingProgram(name))?;
     prog.try_into().map_err(|_| ProbeError::WrongProgramType(name))
+}
+
+/// `COUNTERS[idx]` summed over CPUs.
+pub fn counter(ebpf: &mut Ebpf, idx: u32) -> Result<u64, ProbeError> {
+    let map = ebpf.map_mut("COUNTERS").ok_or(ProbeError::MissingMap("COUNTERS"))?;
+    let arr: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(map).map_err(|e| ProbeError::map("COUNTERS", e))?;
+    let vals = arr.get(&idx, 0).map_err(|e| ProbeError::map("COUNTERS", e))?;
+    Ok(vals.iter().sum())
 }
 
 /// Hash map `name`, borrowed from the object.

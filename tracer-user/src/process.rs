@@ -1,34 +1,70 @@
-//! Following targets, user side: the kernel adds children forked by a target
-//! to `TARGETS` itself (no early syscall is missed); this module attaches
-//! those programs, reads the fork/exec/exit events from the ring buffer, and
-//! manages the target set.
+//! The process follower: the kernel adds children forked by a target to
+//! `TARGETS` itself (no early syscall is missed); this collector puts the
+//! explicit targets there, attaches the fork/exec/exit programs, turns their
+//! ring-buffer records into `TargetEvent`s for every collector, keeps the
+//! target set (who is alive, what exec changed), snapshots the targets'
+//! mappings for the symbolizer, and reports the kernel's drop counters.
 
-use std::path::Path;
+use std::time::{Duration, Instant};
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
-    Btf, Ebpf,
+    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
+    Ebpf,
 };
 use tracer_common::{
     counters,
     proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK},
+    target_flags,
 };
 
-use crate::probe::{self, ProbeError};
+use crate::{
+    collect::{
+        programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
+        TargetState,
+    },
+    probe::{self, ProbeError},
+    procfs,
+    recording::{Origin, Recording},
+};
 
-/// A lifecycle event of a target, decoded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lifecycle {
-    Forked { pid: u32, parent: u32, comm: String },
-    Execed { pid: u32, comm: String },
-    Exited { pid: u32 },
-}
+/// Fork following needs tracefs (the classic `task_newtask` tracepoint).
+const NEWTASK: ProgramSpec =
+    ProgramSpec { name: "task_newtask", kind: ProgramKind::TracePoint { category: "task", name: "task_newtask" } };
 
-pub struct ProcessFollower {
-    events: RingBuf<MapData>,
-    /// Why fork following is off, when it is.
-    pub disabled_reason: Option<String>,
+pub static TABLE: FamilyTable = FamilyTable {
+    family: "process",
+    programs: &[
+        NEWTASK,
+        ProgramSpec { name: "sched_process_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } },
+        ProgramSpec { name: "sched_process_exit", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exit" } },
+    ],
+    globals: &[
+        GlobalSpec {
+            name: "NEWTASK_PID_OFFSET",
+            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("task", "task_newtask", "pid", 8))),
+        },
+        GlobalSpec {
+            name: "NEWTASK_FLAGS_OFFSET",
+            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("task", "task_newtask", "clone_flags", 32))),
+        },
+    ],
+};
+
+/// How long after a fork or exec the mappings are snapshot again (the
+/// dynamic loader maps the libraries right after exec).
+const REOBSERVE_AFTER: Duration = Duration::from_millis(200);
+/// How often every live target's mappings are snapshot again (dlopen).
+const REOBSERVE_ALL: Duration = Duration::from_secs(1);
+
+/// The process follower: the target set in the kernel, lifecycle events
+/// from it, the mappings snapshot for symbolization, the drop counters.
+#[derive(Default)]
+pub struct ProcessCollector {
+    events: Option<RingBuf<MapData>>,
+    links: Links,
+    /// Processes whose mappings to snapshot again, and when.
+    reobserve: Vec<(u32, Instant)>,
+    last_observe_all: Option<Instant>,
 }
 
 fn comm_string(raw: &[u8; 16]) -> String {
@@ -36,47 +72,147 @@ fn comm_string(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-impl ProcessFollower {
-    /// Attaches the lifecycle programs. Fork following needs tracefs (for the
-    /// classic `task_newtask` tracepoint); without it the recording is kept
-    /// but notes that children are not followed.
-    pub fn attach(ebpf: &mut Ebpf, btf: &Btf, tracefs: Option<&Path>) -> Result<Self, ProbeError> {
-        let mut disabled_reason = None;
-        match tracefs {
-            Some(_) => {
-                let prog: &mut TracePoint = probe::program(ebpf, "task_newtask")?;
-                prog.load().map_err(|e| ProbeError::load("task_newtask", e))?;
-                prog.attach("task", "task_newtask").map_err(|e| ProbeError::attach("task_newtask", e))?;
-            }
-            None => disabled_reason = Some("tracefs unavailable: forked children are not followed".to_owned()),
-        }
-        for (name, tp) in [("sched_process_exec", "sched_process_exec"), ("sched_process_exit", "sched_process_exit")] {
-            let prog: &mut BtfTracePoint = probe::program(ebpf, name)?;
-            prog.load(tp, btf).map_err(|e| ProbeError::load(name, e))?;
-            prog.attach().map_err(|e| ProbeError::attach(name, e))?;
-        }
-        let map = ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
-        let events = RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?;
-        Ok(Self { events, disabled_reason })
-    }
-
+impl ProcessCollector {
     /// Drains the pending lifecycle events (non-blocking).
-    pub fn poll(&mut self) -> Vec<Lifecycle> {
+    fn drain(&mut self) -> Vec<TargetEvent> {
         let mut out = Vec::new();
-        while let Some(item) = self.events.next() {
+        let Some(rb) = self.events.as_mut() else { return out };
+        while let Some(item) = rb.next() {
             if item.len() < std::mem::size_of::<ProcEvent>() {
                 continue;
             }
             // SAFETY: the kernel wrote a whole ProcEvent; read_unaligned copes with alignment.
             let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             out.push(match ev.kind {
-                KIND_FORK => Lifecycle::Forked { pid: ev.pid, parent: ev.ppid, comm: comm_string(&ev.comm) },
-                KIND_EXEC => Lifecycle::Execed { pid: ev.pid, comm: comm_string(&ev.comm) },
-                KIND_EXIT => Lifecycle::Exited { pid: ev.pid },
+                KIND_FORK => TargetEvent::Forked { pid: ev.pid, parent: ev.ppid, comm: comm_string(&ev.comm) },
+                KIND_EXEC => TargetEvent::Execed { pid: ev.pid, comm: comm_string(&ev.comm) },
+                KIND_EXIT => TargetEvent::Exited { pid: ev.pid },
                 _ => continue,
             });
         }
         out
+    }
+
+    /// Adds targets the kernel followed but whose events we missed, marks the
+    /// dead, and removes them from the kernel set (so a reused pid is not
+    /// traced).
+    fn sweep(cx: &mut Context) -> Result<(), ProbeError> {
+        for pid in kernel_targets(&mut cx.ebpf)? {
+            cx.targets.entry(pid, Origin::Followed);
+        }
+        let mut dead = Vec::new();
+        for st in cx.targets.states.values_mut().filter(|s| s.alive) {
+            if !procfs::is_alive(st.target.pid) {
+                st.alive = false;
+                dead.push(st.target.pid);
+            }
+        }
+        for pid in dead {
+            remove_target(&mut cx.ebpf, pid)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for ProcessCollector {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        for spec in TABLE.programs {
+            if spec.name == NEWTASK.name && cx.tracefs.is_none() {
+                cx.sink.note("tracefs unavailable: forked children are not followed");
+                continue;
+            }
+            self.links.attach(cx, spec)?;
+        }
+        let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
+        self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?);
+        Ok(())
+    }
+
+    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+        match ev {
+            TargetEvent::Appeared { pid, origin: Origin::Launched } => {
+                add_target(&mut cx.ebpf, *pid, target_flags::LAUNCHED)?;
+                if let Some(st) = cx.targets.launched_state() {
+                    cx.targets.insert(st);
+                }
+            }
+            TargetEvent::Appeared { pid, origin } => {
+                add_target(&mut cx.ebpf, *pid, target_flags::EXPLICIT)?;
+                cx.targets.insert(TargetState::observe(*pid, *origin));
+                cx.stacks.symbolizer.observe_process(*pid);
+            }
+            TargetEvent::Forked { pid, parent, comm } => {
+                cx.stacks.symbolizer.observe_process(*pid);
+                let st = cx.targets.entry(*pid, Origin::Followed);
+                st.target.ppid = Some(*parent);
+                if st.target.comm.is_empty() {
+                    st.target.comm = comm.clone();
+                }
+                self.reobserve.push((*pid, Instant::now() + REOBSERVE_AFTER));
+            }
+            TargetEvent::Execed { pid, comm } => {
+                let st = cx.targets.entry(*pid, Origin::Followed);
+                st.target.comm = comm.clone();
+                if st.target.origin == Origin::Followed {
+                    // What fork copied from the parent is stale after exec.
+                    st.target.exe = None;
+                    st.target.cmdline.clear();
+                }
+                st.refresh();
+                cx.stacks.symbolizer.observe_process(*pid);
+                self.reobserve.push((*pid, Instant::now() + REOBSERVE_AFTER));
+            }
+            TargetEvent::Exited { pid } => {
+                if let Some(st) = cx.targets.states.get_mut(pid) {
+                    st.refresh();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        for ev in self.drain() {
+            cx.emit(ev);
+        }
+        let now = Instant::now();
+        let symbolizer = &mut cx.stacks.symbolizer;
+        self.reobserve.retain(|&(pid, due)| {
+            if due > now {
+                return true;
+            }
+            symbolizer.observe_process(pid);
+            false
+        });
+        if self.last_observe_all.is_none_or(|t| t.elapsed() >= REOBSERVE_ALL) {
+            self.last_observe_all = Some(now);
+            // Libraries loaded since (dlopen): keep the snapshots current.
+            for st in cx.targets.states.values().filter(|s| s.alive) {
+                symbolizer.observe_process(st.target.pid);
+            }
+        }
+        cx.targets.reap_launched();
+        Self::sweep(cx)
+    }
+
+    fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
+        cx.targets.reap_launched();
+        for (i, name) in counters::NAMES.iter().enumerate() {
+            let idx = i as u32;
+            if counters::is_loss(idx) {
+                let n = probe::counter(&mut cx.ebpf, idx)?;
+                cx.sink.set_lost(*name, n);
+            }
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self, cx: &mut Context) {
+        self.links.detach(&mut cx.ebpf);
     }
 }
 
@@ -105,19 +241,4 @@ pub fn remove_target(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
 /// Every pid in the kernel's target set.
 pub fn kernel_targets(ebpf: &mut Ebpf) -> Result<Vec<u32>, ProbeError> {
     Ok(targets_map(ebpf)?.keys().filter_map(Result::ok).collect())
-}
-
-/// Drop counters summed over CPUs, by name (only non-zero ones).
-pub fn lost_counters(ebpf: &mut Ebpf) -> Result<Vec<(String, u64)>, ProbeError> {
-    let map = ebpf.map_mut("COUNTERS").ok_or(ProbeError::MissingMap("COUNTERS"))?;
-    let arr: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(map).map_err(|e| ProbeError::map("COUNTERS", e))?;
-    let mut out = Vec::new();
-    for (i, name) in counters::NAMES.iter().enumerate() {
-        let vals = arr.get(&(i as u32), 0).map_err(|e| ProbeError::map("COUNTERS", e))?;
-        let sum: u64 = vals.iter().sum();
-        if sum > 0 {
-            out.push(((*name).to_owned(), sum));
-        }
-    }
-    Ok(out)
 }

@@ -1,31 +1,31 @@
-//! Wall-time accounting, user side: attaches the scheduler programs and the
-//! CPU sampler, seeds the state of threads that exist when the window
-//! opens, and turns the kernel aggregates into per-thread breakdowns,
-//! symbolized stacks and run-queue histograms.
+//! Wall-time accounting, user side: attaches the scheduler programs, seeds
+//! the state of threads that exist when the window opens, and turns the
+//! kernel aggregates into per-thread breakdowns, off-CPU stacks and
+//! run-queue histograms.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData},
-    programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        BtfTracePoint, PerfEvent,
-    },
-    Btf, Ebpf,
+    Ebpf,
 };
 use tracer_common::{
     sched::{
-        split_missed_switch_in, OffCpuKey, RunqKey, SampleKey, ThreadState, NO_STACK, REASONS, REASON_IO, REASON_LOCK, REASON_OTHER,
+        split_missed_switch_in, OffCpuKey, RunqKey, ThreadState, NO_STACK, REASON_IO, REASON_LOCK, REASON_OTHER,
         REASON_GIL, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, EXEC_UNKNOWN, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
     },
     syscalls::HIST_BUCKETS,
 };
 
+pub use crate::collect::SchedOptions;
 use crate::{
+    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     probe::{self, ProbeError},
     procfs,
-    recording::{OffCpuReason, OffCpuTimes, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
-    stacks::StackResolver,
+    recording::{OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
     system::syscall_name,
 };
 
@@ -83,20 +83,41 @@ pub fn classify(arch: &str, nr: u32) -> OffCpuReason {
         .unwrap_or(OffCpuReason::Other)
 }
 
-#[derive(Clone, Copy, Debug)]
-pub struct SchedOptions {
-    /// Scheduler accounting and CPU sampling on.
-    pub enabled: bool,
-    /// CPU sampling frequency in Hz (0: no sampling).
-    pub frequency: u64,
-    /// Capture user+kernel stacks when a thread goes off CPU.
-    pub offcpu_stacks: bool,
-}
+pub static TABLE: FamilyTable = FamilyTable {
+    family: "sched",
+    programs: &[
+        ProgramSpec { name: "sched_switch", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_switch" } },
+        ProgramSpec { name: "sched_wakeup", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup" } },
+        ProgramSpec { name: "sched_wakeup_new", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup_new" } },
+    ],
+    globals: &[
+        GlobalSpec { name: "TASK_PID_OFFSET", value: |i| i.task_member("pid").map(GlobalValue::U64) },
+        GlobalSpec { name: "TASK_TGID_OFFSET", value: |i| i.task_member("tgid").map(GlobalValue::U64) },
+        GlobalSpec {
+            // Optional: without it (0), missed switch-ins are not repaired.
+            name: "TASK_EXEC_OFFSET",
+            value: |i| {
+                let o = &i.btf.offsets;
+                Ok(GlobalValue::U64(match (o.member_offset("task_struct", "se"), o.member_offset("sched_entity", "sum_exec_runtime")) {
+                    (Ok(se), Ok(sum)) => u64::from(se) + u64::from(sum),
+                    _ => 0,
+                }))
+            },
+        },
+        GlobalSpec {
+            name: "OFFCPU_STACKS_ENABLED",
+            value: |i| Ok(GlobalValue::U32(u32::from(i.opts.sched.enabled && i.opts.sched.offcpu_stacks))),
+        },
+    ],
+};
 
-pub struct SchedAccounting {
-    opts: SchedOptions,
-    links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
-    perf_links: Vec<aya::programs::perf_event::PerfEventLinkId>,
+/// How often threads that exited are moved out of the kernel map.
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// Wall time and off-CPU stacks (the scheduler programs capture both).
+#[derive(Default)]
+pub struct SchedCollector {
+    links: Links,
     /// Threads that exited, moved out of the kernel map.
     retired: Vec<ThreadState>,
 }
@@ -106,87 +127,45 @@ fn comm_of(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-impl SchedAccounting {
-    /// Fills the classification table and attaches the scheduler programs
-    /// and, when asked, a CPU-clock sampler on every online CPU.
-    pub fn attach(ebpf: &mut Ebpf, btf: &Btf, opts: SchedOptions) -> Result<Self, ProbeError> {
-        {
-            let map = ebpf.map_mut("REASON_OF_NR").ok_or(ProbeError::MissingMap("REASON_OF_NR"))?;
-            let mut table: Array<&mut MapData, u32> =
-                Array::try_from(map).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
-            for nr in 0..REASON_TABLE_SIZE {
-                let r = classify(std::env::consts::ARCH, nr);
-                if r != OffCpuReason::Other {
-                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
-                }
+/// Records the state of every thread of `pid` at `now` (the window
+/// start), so that time before the first scheduler event is classified.
+/// Entries the kernel already created are left alone.
+fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
+    let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+    for tid in procfs::thread_ids(pid) {
+        let Some(state) = procfs::thread_state(pid, tid) else { continue };
+        let mut t = ThreadState {
+            pid,
+            tid,
+            since_ns: now,
+            first_ns: now,
+            user_stack: NO_STACK,
+            kernel_stack: NO_STACK,
+            exec_ns: procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN),
+            ..Default::default()
+        };
+        if let Some(c) = procfs::thread_comm(pid, tid) {
+            let n = c.len().min(15);
+            t.comm[..n].copy_from_slice(&c.as_bytes()[..n]);
+        }
+        if state == 'R' {
+            t.state = STATE_RUNNING;
+        } else {
+            t.state = STATE_OFF_CPU;
+            if let Some(nr) = procfs::blocked_syscall(pid, tid) {
+                t.reason = reason_code(classify(std::env::consts::ARCH, nr));
+                t.in_syscall = 1;
             }
         }
-        let programs: &[&'static str] =
-            if opts.enabled { &["sched_switch", "sched_wakeup", "sched_wakeup_new"] } else { &[] };
-        let mut links = Vec::new();
-        for &name in programs {
-            let prog: &mut BtfTracePoint = probe::program(ebpf, name)?;
-            prog.load(name, btf).map_err(|e| ProbeError::load(name, e))?;
-            links.push((name, prog.attach().map_err(|e| ProbeError::attach(name, e))?));
-        }
-        let mut perf_links = Vec::new();
-        if opts.enabled && opts.frequency > 0 {
-            let prog: &mut PerfEvent = probe::program(ebpf, "cpu_sample")?;
-            prog.load().map_err(|e| ProbeError::load("cpu_sample", e))?;
-            let cpus = aya::util::online_cpus().map_err(|(_, e)| ProbeError::Io("reading online CPUs", e))?;
-            for cpu in cpus {
-                perf_links.push(
-                    prog.attach(
-                        PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                        PerfEventScope::AllProcessesOneCpu { cpu },
-                        SamplePolicy::Frequency(opts.frequency),
-                        false,
-                    )
-                    .map_err(|e| ProbeError::attach("cpu_sample", e))?,
-                );
-            }
-        }
-        Ok(Self { opts, links, perf_links, retired: Vec::new() })
+        // BPF_NOEXIST: never overwrite what the kernel already knows.
+        let _ = threads.insert(tid, t, 1);
     }
+    Ok(())
+}
 
-    /// Records the state of every thread of `pid` at `now` (the window
-    /// start), so that time before the first scheduler event is classified.
-    /// Entries the kernel already created are left alone.
-    pub fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
-        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
-        for tid in procfs::thread_ids(pid) {
-            let Some(state) = procfs::thread_state(pid, tid) else { continue };
-            let mut t = ThreadState {
-                pid,
-                tid,
-                since_ns: now,
-                first_ns: now,
-                user_stack: NO_STACK,
-                kernel_stack: NO_STACK,
-                exec_ns: procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN),
-                ..Default::default()
-            };
-            if let Some(c) = procfs::thread_comm(pid, tid) {
-                let n = c.len().min(15);
-                t.comm[..n].copy_from_slice(&c.as_bytes()[..n]);
-            }
-            if state == 'R' {
-                t.state = STATE_RUNNING;
-            } else {
-                t.state = STATE_OFF_CPU;
-                if let Some(nr) = procfs::blocked_syscall(pid, tid) {
-                    t.reason = reason_code(classify(std::env::consts::ARCH, nr));
-                    t.in_syscall = 1;
-                }
-            }
-            // BPF_NOEXIST: never overwrite what the kernel already knows.
-            let _ = threads.insert(tid, t, 1);
-        }
-        Ok(())
-    }
-
+impl SchedCollector {
     /// Moves exited threads out of the kernel map (keeps it small).
-    pub fn drain(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    fn drain(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
         let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
         let dead: Vec<(u32, ThreadState)> =
             threads.iter().filter_map(Result::ok).filter(|(_, t)| t.state == STATE_DEAD).collect();
@@ -197,34 +176,22 @@ impl SchedAccounting {
         Ok(())
     }
 
-    /// Closes the window at `end_ns` and builds the per-thread breakdown.
-    /// `syscalls` gives each thread's syscall time (for `syscall_ns`).
-    pub fn finish(
-        mut self,
+    /// The per-thread breakdown up to `end_ns`; `syscalls` gives each
+    /// thread's syscall time (for `syscall_ns`). Also returns the off-CPU
+    /// intervals still open at `end_ns`, for the stacks.
+    fn threads(
+        &mut self,
         ebpf: &mut Ebpf,
         end_ns: u64,
         target_pids: &[u32],
         syscalls: &[ThreadSyscall],
-        resolver: &mut StackResolver<'_>,
-    ) -> Result<SchedResult, ProbeError> {
-        // Freeze the aggregates at the window end.
-        for (name, link) in self.links.drain(..) {
-            if let Ok(prog) = probe::program::<BtfTracePoint>(ebpf, name) {
-                let _ = prog.detach(link);
-            }
-        }
-        if let Ok(prog) = probe::program::<PerfEvent>(ebpf, "cpu_sample") {
-            for link in self.perf_links.drain(..) {
-                let _ = prog.detach(link);
-            }
-        }
+    ) -> Result<(Vec<ThreadTimes>, HashMap<OffCpuKey, u64>), ProbeError> {
         self.drain(ebpf)?;
-        let mut states = std::mem::take(&mut self.retired);
+        let mut states = self.retired.clone();
         {
             let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
             states.extend(threads.iter().filter_map(Result::ok).map(|(_, t)| t));
         }
-        // Open off-CPU intervals at the end go to the stacks as well.
         let mut open_offcpu: HashMap<OffCpuKey, u64> = HashMap::new();
         let mut syscall_time: HashMap<u32, u64> = HashMap::new();
         for s in syscalls {
@@ -300,84 +267,104 @@ impl SchedAccounting {
             });
         }
         threads.sort_by_key(|t| (t.pid, t.tid));
-        let _ = REASONS;
-
-        let stacks = self.collect_stacks(ebpf, target_pids, open_offcpu, resolver)?;
-        let mut runqueue_hist: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        {
-            let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
-            for (k, n) in hist.iter().filter_map(Result::ok) {
-                if target_pids.contains(&k.pid) {
-                    let h = runqueue_hist.entry(k.pid).or_insert_with(|| vec![0; HIST_BUCKETS]);
-                    if let Some(b) = h.get_mut(k.bucket as usize) {
-                        *b += n;
-                    }
-                }
-            }
-        }
-        let sample_hz = if self.opts.enabled { self.opts.frequency } else { 0 };
-        Ok(SchedResult { threads, stacks, runqueue_hist, sample_hz })
-    }
-
-    fn collect_stacks(
-        &self,
-        ebpf: &mut Ebpf,
-        target_pids: &[u32],
-        mut offcpu: HashMap<OffCpuKey, u64>,
-        resolver: &mut StackResolver<'_>,
-    ) -> Result<Vec<StackRecord>, ProbeError> {
-        {
-            let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
-            for (k, ns) in map.iter().filter_map(Result::ok) {
-                *offcpu.entry(k).or_default() += ns;
-            }
-        }
-        let samples: Vec<(SampleKey, u64)> = {
-            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
-            map.iter().filter_map(Result::ok).collect()
-        };
-        let mut out = Vec::new();
-        for (k, ns) in offcpu {
-            if !target_pids.contains(&k.pid) || ns == 0 {
-                continue;
-            }
-            let reason = reason_of_code(k.reason);
-            out.push(StackRecord {
-                kind: if reason == OffCpuReason::Gil { StackKind::Gil } else { StackKind::OffCpu },
-                reason: Some(reason),
-                pid: k.pid,
-                tid: k.tid,
-                samples: 0,
-                weight_ns: ns,
-                syscall: None,
-                frames: resolver.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack),
-            });
-        }
-        for (k, n) in samples {
-            if !target_pids.contains(&k.pid) {
-                continue;
-            }
-            out.push(StackRecord {
-                kind: StackKind::Cpu,
-                reason: None,
-                pid: k.pid,
-                tid: k.tid,
-                samples: n,
-                weight_ns: 0,
-                syscall: None,
-                frames: resolver.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack),
-            });
-        }
-        out.sort_by_key(|s| std::cmp::Reverse((s.samples, s.weight_ns)));
-        Ok(out)
+        Ok((threads, open_offcpu))
     }
 }
 
-pub struct SchedResult {
-    pub threads: Vec<ThreadTimes>,
-    pub stacks: Vec<StackRecord>,
-    pub runqueue_hist: BTreeMap<u32, Vec<u64>>,
-    pub sample_hz: u64,
+/// Off-CPU stacks: the kernel's aggregates plus the intervals still open.
+fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
+    {
+        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, "OFFCPU_STACKS")?;
+        for (k, ns) in map.iter().filter_map(Result::ok) {
+            *offcpu.entry(k).or_default() += ns;
+        }
+    }
+    let mut out = Vec::new();
+    for (k, ns) in offcpu {
+        if !target_pids.contains(&k.pid) || ns == 0 {
+            continue;
+        }
+        let reason = reason_of_code(k.reason);
+        out.push(StackRecord {
+            kind: if reason == OffCpuReason::Gil { StackKind::Gil } else { StackKind::OffCpu },
+            reason: Some(reason),
+            pid: k.pid,
+            tid: k.tid,
+            samples: 0,
+            weight_ns: ns,
+            syscall: None,
+            frames: cx.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack)?,
+        });
+    }
+    Ok(out)
+}
+
+fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {
+    let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
+    for (k, n) in hist.iter().filter_map(Result::ok) {
+        if target_pids.contains(&k.pid) {
+            let h = out.entry(k.pid).or_insert_with(|| vec![0; HIST_BUCKETS]);
+            if let Some(b) = h.get_mut(k.bucket as usize) {
+                *b += n;
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Collector for SchedCollector {
+    fn name(&self) -> &'static str {
+        "sched"
+    }
+
+    /// Fills the classification table and attaches the scheduler programs.
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        {
+            let map = cx.ebpf.map_mut("REASON_OF_NR").ok_or(ProbeError::MissingMap("REASON_OF_NR"))?;
+            let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+            for nr in 0..REASON_TABLE_SIZE {
+                let r = classify(std::env::consts::ARCH, nr);
+                if r != OffCpuReason::Other {
+                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+                }
+            }
+        }
+        for spec in TABLE.programs {
+            self.links.attach(cx, spec)?;
+        }
+        Ok(())
+    }
+
+    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+        if let TargetEvent::Appeared { pid, origin: Origin::Attached } = ev {
+            seed_process(&mut cx.ebpf, *pid, cx.window_start)?;
+        }
+        Ok(())
+    }
+
+    fn poll_every(&self) -> Duration {
+        DRAIN_EVERY
+    }
+
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.drain(&mut cx.ebpf)
+    }
+
+    /// Needs `rec.syscalls` (the syscall collector's snapshot runs first).
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        let pids = cx.targets.all_pids();
+        let end = cx.now_or_end();
+        let (threads, open) = self.threads(&mut cx.ebpf, end, &pids, &rec.syscalls)?;
+        rec.threads = threads;
+        rec.stacks.extend(offcpu_stacks(cx, &pids, open)?);
+        rec.runqueue_hist = runqueue_hist(&mut cx.ebpf, &pids)?;
+        Ok(())
+    }
+
+    fn detach(&mut self, cx: &mut Context) {
+        self.links.detach(&mut cx.ebpf);
+    }
 }
 
 #[cfg(test)]

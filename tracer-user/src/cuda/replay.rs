@@ -146,7 +146,7 @@ struct LastCopy {
 }
 
 /// What the events said, by raw site.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Replay {
     pub copies: HashMap<(RawSite, u32), CopyObs>,
     pub syncs: HashMap<(RawSite, u32), SyncObs>,

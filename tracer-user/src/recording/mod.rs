@@ -227,6 +227,12 @@ pub struct Recording {
 }
 
 impl Recording {
+    /// Stacks in their canonical order: CPU samples by count, then off-CPU
+    /// and GIL stacks by time, then slow syscalls by time.
+    pub fn sort_stacks(&mut self) {
+        self.stacks.sort_by_key(|s| (s.kind == StackKind::Syscall, std::cmp::Reverse((s.samples, s.weight_ns))));
+    }
+
     pub fn lost_events(&self) -> u64 {
         self.lost.values().sum()
     }

@@ -3,12 +3,14 @@
 //! that exited so the maps stay small) and closes the window at the end,
 //! accounting the calls still in flight.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Duration,
+};
 
 use aya::{
     maps::{HashMap as BpfHashMap, MapData},
-    programs::BtfTracePoint,
-    Btf, Ebpf,
+    Ebpf,
 };
 use tracer_common::{
     python::{SlowKey, SlowStats},
@@ -16,10 +18,10 @@ use tracer_common::{
 };
 
 use crate::{
+    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec},
     probe::ProbeError,
     procfs,
-    recording::{StackKind, StackRecord, ThreadSyscall},
-    stacks::StackResolver,
+    recording::{Origin, Recording, StackKind, StackRecord, ThreadSyscall},
     system::syscall_name,
 };
 
@@ -42,50 +44,55 @@ impl Acc {
 
 type Key = (u32, u32, u32); // pid, tid, nr
 
+pub static TABLE: FamilyTable = FamilyTable {
+    family: "syscalls",
+    programs: &[
+        ProgramSpec { name: "sys_enter", kind: ProgramKind::BtfTracePoint { tracepoint: "sys_enter" } },
+        ProgramSpec { name: "sys_exit", kind: ProgramKind::BtfTracePoint { tracepoint: "sys_exit" } },
+    ],
+    globals: &[
+        GlobalSpec { name: "NR_EXIT", value: |i| Ok(GlobalValue::U32(i.arch.nr_exit)) },
+        GlobalSpec { name: "NR_EXIT_GROUP", value: |i| Ok(GlobalValue::U32(i.arch.nr_exit_group)) },
+        GlobalSpec { name: "NR_FUTEX", value: |i| Ok(GlobalValue::U32(i.arch.nr_futex)) },
+        GlobalSpec { name: "NR_CLONE", value: |i| Ok(GlobalValue::U32(i.arch.nr_clone_family.0)) },
+        GlobalSpec { name: "NR_FORK", value: |i| Ok(GlobalValue::U32(i.arch.nr_clone_family.1)) },
+        GlobalSpec { name: "NR_VFORK", value: |i| Ok(GlobalValue::U32(i.arch.nr_clone_family.2)) },
+        GlobalSpec { name: "NR_CLONE3", value: |i| Ok(GlobalValue::U32(i.arch.nr_clone_family.3)) },
+        GlobalSpec { name: "PT_REGS_NR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_nr_offset)) },
+        GlobalSpec { name: "PT_REGS_ARG0_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg0_offset)) },
+        GlobalSpec {
+            name: "SLOW_SYSCALL_NS",
+            value: |i| Ok(GlobalValue::U64(i.opts.slow_syscall.map(|d| d.as_nanos() as u64).unwrap_or(0))),
+        },
+    ],
+};
+
+/// How often the kernel aggregates are copied and dead threads retired.
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
 /// The syscall probe family.
-pub struct SyscallAccounting {
-    links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
+#[derive(Default)]
+pub struct SyscallCollector {
+    links: Links,
     /// Threads that exited: final values, removed from the kernel maps.
     retired: HashMap<Key, Acc>,
     /// Latest snapshot of live threads.
     live: HashMap<Key, Acc>,
 }
 
-/// Program name and the BTF tracepoint it attaches to.
-const PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
-
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
     crate::probe::hash_map(ebpf, "SYSCALL_STATS")
 }
 
-impl SyscallAccounting {
-    pub fn attach(ebpf: &mut Ebpf, btf: &Btf) -> Result<Self, ProbeError> {
-        let mut links = Vec::new();
-        for (name, tracepoint) in PROGRAMS {
-            let prog: &mut BtfTracePoint = crate::probe::program(ebpf, name)?;
-            prog.load(tracepoint, btf).map_err(|e| ProbeError::load(name, e))?;
-            links.push((name, prog.attach().map_err(|e| ProbeError::attach(name, e))?));
-        }
-        Ok(Self { links, retired: HashMap::new(), live: HashMap::new() })
-    }
-
-    /// Detaches both programs; the maps stay readable.
-    pub fn detach(&mut self, ebpf: &mut Ebpf) {
-        for (name, link) in self.links.drain(..) {
-            if let Ok(prog) = crate::probe::program::<BtfTracePoint>(ebpf, name) {
-                let _ = prog.detach(link);
-            }
-        }
-    }
-
+impl SyscallCollector {
     /// Total calls counted so far (for the status line).
-    pub fn total_calls(&self) -> u64 {
+    fn total_calls(&self) -> u64 {
         self.retired.values().chain(self.live.values()).map(|a| a.stats.count).sum()
     }
 
     /// Copies the kernel aggregates; threads that exited are moved to the
     /// retired set and their entries deleted from the kernel maps.
-    pub fn drain(&mut self, ebpf: &mut Ebpf, retire_dead: bool) -> Result<(), ProbeError> {
+    fn drain(&mut self, ebpf: &mut Ebpf, retire_dead: bool) -> Result<(), ProbeError> {
         let mut alive_cache: HashMap<(u32, u32), bool> = HashMap::new();
         let mut alive = |pid: u32, tid: u32| {
             !retire_dead || *alive_cache.entry((pid, tid)).or_insert_with(|| procfs::thread_alive(pid, tid))
@@ -140,25 +147,16 @@ impl SyscallAccounting {
         Ok(())
     }
 
-    /// Closes the window at `end_ns` (CLOCK_MONOTONIC): a final drain after
-    /// the programs were detached, then the calls still in flight are
-    /// accounted up to the end: those entered inside the window and, for
-    /// attached processes, those of
+    /// Every thread's table up to `end_ns` (CLOCK_MONOTONIC): the counted
+    /// calls, plus the calls still in flight accounted up to the end: those
+    /// entered inside the window and, for attached processes, those of
     /// threads blocked in one syscall for the whole window (from
     /// /proc/PID/task/TID/syscall).
-    pub fn finish(
-        mut self,
-        ebpf: &mut Ebpf,
-        window: (u64, u64),
-        live_pids: &[u32],
-        attached_pids: &[u32],
-    ) -> Result<Vec<ThreadSyscall>, ProbeError> {
+    fn table(&self, ebpf: &mut Ebpf, window: (u64, u64), live_pids: &[u32], attached_pids: &[u32]) -> Result<Vec<ThreadSyscall>, ProbeError> {
         let (start_ns, end_ns) = window;
-        self.detach(ebpf);
-        self.drain(ebpf, false)?;
-        let mut all = std::mem::take(&mut self.retired);
-        for (k, v) in self.live.drain() {
-            all.entry(k).or_default().merge(&v);
+        let mut all = self.retired.clone();
+        for (k, v) in &self.live {
+            all.entry(*k).or_default().merge(v);
         }
         let mut active: HashSet<u32> = all.keys().map(|&(_, tid, _)| tid).collect();
         let mut in_flight: Vec<SyscallStart> = Vec::new();
@@ -206,21 +204,60 @@ impl SyscallAccounting {
     }
 }
 
+impl Collector for SyscallCollector {
+    fn name(&self) -> &'static str {
+        "syscalls"
+    }
+
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        for spec in TABLE.programs {
+            self.links.attach(cx, spec)?;
+        }
+        Ok(())
+    }
+
+    fn poll_every(&self) -> Duration {
+        DRAIN_EVERY
+    }
+
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.drain(&mut cx.ebpf, true)
+    }
+
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        self.drain(&mut cx.ebpf, cx.window_end.is_none())?;
+        let window = (cx.window_start, cx.now_or_end());
+        let syscalls = self.table(&mut cx.ebpf, window, &cx.targets.live_pids(), &cx.targets.attached_pids())?;
+        // Processes seen only through their syscalls (a fork event lost).
+        for s in &syscalls {
+            cx.targets.entry(s.pid, Origin::Followed);
+        }
+        rec.syscalls = syscalls;
+        let pids = cx.targets.all_pids();
+        let stacks = slow_syscall_stacks(cx, &pids)?;
+        rec.stacks.extend(stacks);
+        Ok(())
+    }
+
+    fn detach(&mut self, cx: &mut Context) {
+        self.links.detach(&mut cx.ebpf);
+    }
+
+    fn status(&self) -> Option<String> {
+        Some(format!("{} syscalls", self.total_calls()))
+    }
+}
+
 /// Syscalls slower than `--slow-syscall`, by thread, syscall and stack.
-pub fn slow_syscall_stacks(
-    ebpf: &mut Ebpf,
-    arch: &str,
-    target_pids: &[u32],
-    resolver: &mut StackResolver<'_>,
-) -> Result<Vec<StackRecord>, ProbeError> {
+fn slow_syscall_stacks(cx: &mut Context, target_pids: &[u32]) -> Result<Vec<StackRecord>, ProbeError> {
     let rows: Vec<(SlowKey, SlowStats)> = {
-        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::probe::hash_map(ebpf, "SLOW_SYSCALLS")?;
+        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::probe::hash_map(&mut cx.ebpf, "SLOW_SYSCALLS")?;
         map.iter().filter_map(Result::ok).collect()
     };
-    let mut out: Vec<StackRecord> = rows
-        .into_iter()
-        .filter(|(k, _)| target_pids.contains(&k.pid))
-        .map(|(k, v)| StackRecord {
+    let arch = std::env::consts::ARCH;
+    let mut out = Vec::new();
+    for (k, v) in rows.into_iter().filter(|(k, _)| target_pids.contains(&k.pid)) {
+        out.push(StackRecord {
             kind: StackKind::Syscall,
             reason: None,
             pid: k.pid,
@@ -228,9 +265,9 @@ pub fn slow_syscall_stacks(
             samples: v.count,
             weight_ns: v.total_ns,
             syscall: Some(syscall_name(arch, k.nr)),
-            frames: resolver.frames(k.pid, k.user_stack, -1, k.py_stack),
-        })
-        .collect();
+            frames: cx.frames(k.pid, k.user_stack, -1, k.py_stack)?,
+        });
+    }
     out.sort_by_key(|s| std::cmp::Reverse(s.weight_ns));
     Ok(out)
 }

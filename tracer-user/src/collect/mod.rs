@@ -1,0 +1,146 @@
+//! One lifecycle for every probe family.
+//!
+//! A [`Collector`] is the user side of one probe family (process follower,
+//! syscalls, wall time, CPU samples, Python, CUDA, NVML). The session
+//! (`crate::session`) drives a list of them through the same steps:
+//!
+//! 1. [`attach`](Collector::attach) to the loaded object (programs and
+//!    load-time globals are described in the family's [`FamilyTable`]);
+//! 2. [`target`](Collector::target) for every [`TargetEvent`]: a target
+//!    appeared, forked, exec'd or exited;
+//! 3. [`poll`](Collector::poll) every [`poll_every`](Collector::poll_every);
+//! 4. [`snapshot`](Collector::snapshot): what it has so far, into a
+//!    [`Recording`], without stopping (any number of times);
+//! 5. [`detach`](Collector::detach) at the window end, then a last
+//!    `snapshot` makes the final recording.
+//!
+//! Everything the families share lives in the [`Context`]: the loaded
+//! object, the kernel BTF (parsed once), the target set, the stack resolver
+//! (one symbolizer, the Python frame resolver) and the [`Sink`], the one
+//! channel for notes and lost-event counters.
+
+mod options;
+pub mod programs;
+mod sink;
+mod target_set;
+
+use std::{collections::VecDeque, path::PathBuf, time::Duration};
+
+use aya::Ebpf;
+
+pub use options::{RecordOptions, SchedOptions};
+pub use programs::{FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec};
+pub use sink::{Sink, Topic};
+pub use target_set::{TargetSet, TargetState};
+
+use crate::{btf_offsets::KernelBtf, probe::ProbeError, recording::{Frame, Origin, Recording}, stacks::Stacks};
+
+/// A change in the set of traced processes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetEvent {
+    /// A process given on the command line (`Attached`) or launched by us
+    /// (`Launched`, still held before its exec when this is sent).
+    Appeared { pid: u32, origin: Origin },
+    /// A child forked by a target (the kernel already traces it).
+    Forked { pid: u32, parent: u32, comm: String },
+    Execed { pid: u32, comm: String },
+    Exited { pid: u32 },
+}
+
+/// What every collector shares during one recording.
+pub struct Context {
+    pub ebpf: Ebpf,
+    pub btf: KernelBtf,
+    /// Where tracefs is mounted, when it could be.
+    pub tracefs: Option<PathBuf>,
+    pub opts: RecordOptions,
+    /// The command line infertrace ran with.
+    pub argv: Vec<String>,
+    /// Wall-clock time when the window opened, Unix ms.
+    pub started_unix_ms: u64,
+    /// CLOCK_MONOTONIC ns when the window opened.
+    pub window_start: u64,
+    /// Set when the window closed (the programs are detached).
+    pub window_end: Option<u64>,
+    pub targets: TargetSet,
+    pub stacks: Stacks,
+    pub sink: Sink,
+    events: VecDeque<TargetEvent>,
+}
+
+impl Context {
+    pub fn new(ebpf: Ebpf, btf: KernelBtf, tracefs: Option<PathBuf>, opts: RecordOptions, argv: Vec<String>, window_start: u64) -> Self {
+        Context {
+            ebpf,
+            btf,
+            tracefs,
+            opts,
+            argv,
+            started_unix_ms: crate::clock::unix_ms(),
+            window_start,
+            window_end: None,
+            targets: TargetSet::default(),
+            stacks: Stacks::default(),
+            sink: Sink::default(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Queues an event for every collector (delivered by the session).
+    pub fn emit(&mut self, ev: TargetEvent) {
+        self.events.push_back(ev);
+    }
+
+    pub fn next_event(&mut self) -> Option<TargetEvent> {
+        self.events.pop_front()
+    }
+
+    /// Leaf-first frames of a captured stack (see `crate::stacks`).
+    pub fn frames(&mut self, pid: u32, user_stack: i32, kernel_stack: i32, py_stack: u64) -> Result<Vec<Frame>, ProbeError> {
+        self.stacks.frames(&mut self.ebpf, pid, user_stack, kernel_stack, py_stack)
+    }
+
+    /// The end of what a snapshot covers: the window end once closed, else now.
+    pub fn now_or_end(&self) -> u64 {
+        self.window_end.unwrap_or_else(crate::clock::monotonic_ns)
+    }
+}
+
+/// The user side of one probe family. Errors are for what breaks the
+/// recording (a map missing from the object); anything a target can cause
+/// goes to the sink as a note.
+pub trait Collector {
+    /// Short name, for error context.
+    fn name(&self) -> &'static str;
+
+    /// Loads and attaches the family's programs (or prepares to, for probes
+    /// attached per file later).
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError>;
+
+    /// A target appeared, forked, exec'd or exited.
+    fn target(&mut self, _cx: &mut Context, _ev: &TargetEvent) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    /// How often [`poll`](Self::poll) runs (at least every 25 ms tick).
+    fn poll_every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    /// Periodic work: drain ring buffers, retire dead threads, re-scan.
+    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    /// Fills this family's part of `rec` with what it has so far. Called at
+    /// any moment; after [`detach`](Self::detach), the final one.
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError>;
+
+    /// Stops the kernel side (the maps stay readable). Idempotent.
+    fn detach(&mut self, _cx: &mut Context) {}
+
+    /// A few words for the status line (`123 syscalls`), if any.
+    fn status(&self) -> Option<String> {
+        None
+    }
+}

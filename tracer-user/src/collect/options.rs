@@ -1,0 +1,35 @@
+//! What `infertrace record` was asked to do (the CLI's flags, parsed).
+
+use std::{path::PathBuf, time::Duration};
+
+#[derive(Clone, Copy, Debug)]
+pub struct SchedOptions {
+    /// Scheduler accounting and CPU sampling on.
+    pub enabled: bool,
+    /// CPU sampling frequency in Hz (0: no sampling).
+    pub frequency: u64,
+    /// Capture user+kernel stacks when a thread goes off CPU.
+    pub offcpu_stacks: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    pub pids: Vec<u32>,
+    pub sched: SchedOptions,
+    /// Syscalls at least this slow get stacks (None: off).
+    pub slow_syscall: Option<Duration>,
+    /// Attribute time to Python stacks in CPython processes.
+    pub python: bool,
+    /// Probe the CUDA runtime (libcudart) in the targets.
+    pub cuda: bool,
+    /// Also probe the CUDA driver API (libcuda) when `cuda` is on.
+    pub cuda_driver: bool,
+    /// NVML GPU samples per second while `cuda` is on (crate::nvml, 1-10).
+    pub gpu_sample_hz: u32,
+    /// Kernel-side diagnostics (aya-log) printed on stderr.
+    pub debug_ebpf: bool,
+    pub command: Vec<String>,
+    pub duration: Option<Duration>,
+    pub output: Option<PathBuf>,
+    pub quiet: bool,
+}

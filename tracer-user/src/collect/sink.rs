@@ -1,0 +1,103 @@
+//! The one channel for what a recording says besides its data: one-line
+//! notes and lost-event counters, from every collector.
+
+use std::collections::BTreeMap;
+
+use crate::recording::Recording;
+
+/// Where a note belongs in the recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topic {
+    /// The recording's `notes`.
+    General,
+    /// The CUDA report's `notes` when the recording has a CUDA report,
+    /// else the recording's `notes`.
+    Gpu,
+}
+
+#[derive(Default, Debug)]
+pub struct Sink {
+    notes: Vec<Note>,
+    lost: BTreeMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct Note {
+    topic: Topic,
+    /// A note about a state that changes (a count so far) replaces the
+    /// earlier note with the same key.
+    key: Option<String>,
+    text: String,
+}
+
+impl Sink {
+    /// Adds a note (once: the same note again is dropped).
+    pub fn note(&mut self, text: impl Into<String>) {
+        self.note_on(Topic::General, text);
+    }
+
+    pub fn note_on(&mut self, topic: Topic, text: impl Into<String>) {
+        let text = text.into();
+        if !self.notes.iter().any(|n| n.topic == topic && n.text == text) {
+            self.notes.push(Note { topic, key: None, text });
+        }
+    }
+
+    /// A note on the state so far, replacing the one with the same `key`.
+    pub fn state_note(&mut self, key: impl Into<String>, text: impl Into<String>) {
+        let (key, text) = (Some(key.into()), text.into());
+        match self.notes.iter_mut().find(|n| n.key == key) {
+            Some(n) => n.text = text,
+            None => self.notes.push(Note { topic: Topic::General, key, text }),
+        }
+    }
+
+    /// Sets a lost-event counter (the kernel's counters are cumulative).
+    pub fn set_lost(&mut self, name: impl Into<String>, n: u64) {
+        if n > 0 {
+            self.lost.insert(name.into(), n);
+        }
+    }
+
+    /// Copies the notes and counters into `rec` (which already holds its
+    /// CUDA report, if any).
+    pub fn fill(&self, rec: &mut Recording) {
+        for n in &self.notes {
+            match (n.topic, rec.cuda.as_mut()) {
+                (Topic::Gpu, Some(cuda)) => cuda.notes.push(n.text.clone()),
+                _ => rec.notes.push(n.text.clone()),
+            }
+        }
+        rec.lost.extend(self.lost.iter().map(|(k, v)| (k.clone(), *v)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_once_gpu_notes_follow_the_cuda_report() {
+        let mut sink = Sink::default();
+        sink.note("a");
+        sink.note("a");
+        sink.note_on(Topic::Gpu, "g");
+        sink.state_note("k", "old");
+        sink.state_note("k", "new");
+        sink.set_lost("cuda_lost", 3);
+        sink.set_lost("none", 0);
+        let mut rec = crate::recording::tests::sample();
+        rec.notes.clear();
+        rec.lost.clear();
+        rec.cuda = None;
+        sink.fill(&mut rec);
+        assert_eq!(rec.notes, vec!["a".to_owned(), "g".to_owned(), "new".to_owned()]);
+        assert_eq!(rec.lost.len(), 1);
+        let mut rec2 = crate::recording::tests::sample();
+        rec2.notes.clear();
+        rec2.cuda = Some(Default::default());
+        sink.fill(&mut rec2);
+        assert_eq!(rec2.notes, vec!["a".to_owned(), "new".to_owned()]);
+        assert_eq!(rec2.cuda.map(|c| c.notes), Some(vec!["g".to_owned()]));
+    }
+}

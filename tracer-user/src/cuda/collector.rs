@@ -1,0 +1,367 @@
+//! The CUDA collector's lifecycle: it looks for libcudart/libcuda in each
+//! target's mappings ([`discovery`](super::discovery)) and puts uprobes on
+//! every file once (shared by all the processes that map it; the kernel
+//! filters on the target set); every 100 ms it re-scans the targets whose
+//! mappings changed (PyTorch loads CUDA lazily, with dlopen), replays the
+//! per-call events ([`replay`](super::replay)) and, every 4 s, moves the
+//! entries of threads that exited out of the kernel maps.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    Ebpf,
+};
+use tracer_common::cuda::{api, CudaEvent, CudaKey, CudaStats, LaunchKey};
+
+use super::{
+    discovery,
+    findings::Thresholds,
+    programs,
+    replay::Replay,
+};
+use crate::{
+    collect::{Collector, Context, TargetEvent, Topic},
+    probe::{self, ProbeError},
+    recording::{Origin, Recording},
+    symbolize::{Symbolizer, UNKNOWN},
+};
+
+/// Polls (100 ms each) between moves of dead threads' entries out of the kernel.
+const RETIRE_EVERY_POLLS: u64 = 40;
+/// Polls between namings of the kernels launched.
+const NAME_KERNELS_EVERY_POLLS: u64 = 4;
+
+pub(super) struct Attached {
+    pub path: String,
+    pub functions: Vec<&'static str>,
+    pub pids: BTreeSet<u32>,
+}
+
+#[derive(Default)]
+struct ProcState {
+    /// Hash of the last maps text examined.
+    maps_hash: u64,
+    /// Maps at least one probed file.
+    uses_cuda: bool,
+    alive: bool,
+}
+
+#[derive(Default)]
+pub struct CudaCollector {
+    pub(super) thresholds: Thresholds,
+    /// None: not loaded yet; Some(false): loading failed (noted).
+    loaded: Option<bool>,
+    events: Option<RingBuf<MapData>>,
+    /// (st_dev, st_ino) -> what was attached there.
+    pub(super) attached: HashMap<(u64, u64), Attached>,
+    /// (maps device, inode) -> identity of a probed file, or None (not a
+    /// CUDA runtime, or could not be opened).
+    examined: HashMap<(String, u64), Option<(u64, u64)>>,
+    procs: BTreeMap<u32, ProcState>,
+    pub(super) replay: Replay,
+    pub(super) kernel_names: HashMap<(u32, u64), String>,
+    polls: u64,
+    /// Aggregates of threads that exited, moved out of the kernel maps
+    /// (keys are per thread; `tid` is 0 here).
+    pub(super) retired_stats: HashMap<CudaKey, CudaStats>,
+    pub(super) retired_launches: HashMap<LaunchKey, u64>,
+}
+
+fn hash_text(s: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+impl CudaCollector {
+    /// Whether some CUDA library was probed.
+    pub fn active(&self) -> bool {
+        !self.attached.is_empty()
+    }
+
+    /// Scan a target's maps; attach probes to any libcudart not yet
+    /// attached. Returns notes (one-line messages). The target is re-scanned
+    /// by every [`poll`](Self::poll) until it exits.
+    fn scan(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
+        let st = self.procs.entry(pid).or_insert_with(|| ProcState { alive: true, ..Default::default() });
+        if !st.alive {
+            st.alive = true;
+            st.maps_hash = 0;
+        }
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            st.alive = false;
+            return Ok(());
+        };
+        let h = hash_text(&text);
+        if h == st.maps_hash {
+            return Ok(());
+        }
+        st.maps_hash = h;
+        let maps = discovery::parse_maps(&text);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
+        let mut uses = false;
+        // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
+        let mut text: [Option<(u64, u64)>; 2] = [None, None];
+        let driver = cx.opts.cuda_driver;
+        for cand in discovery::candidates(&maps, exe.as_deref())
+            .into_iter()
+            .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
+        {
+            let key = (cand.line.dev.clone(), cand.line.inode);
+            let identity = match self.examined.get(&key) {
+                Some(known) => *known,
+                None => {
+                    let id = self.examine(cx, pid, &cand)?;
+                    self.examined.insert(key, id);
+                    id
+                }
+            };
+            if let Some(id) = identity {
+                if let Some(a) = self.attached.get_mut(&id) {
+                    a.pids.insert(pid);
+                    uses = true;
+                    // Where its code is in this process: a driver launch
+                    // returning into it is a probed call's own.
+                    // (For a runtime linked into the executable that is the
+                    // whole program's code: a driver launch the program
+                    // itself makes is then taken for the runtime's.)
+                    let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
+                    if let Some(r) = discovery::text_range(&maps, &cand.line) {
+                        text[slot] = Some(r);
+                    }
+                }
+            }
+        }
+        if text.iter().any(Option::is_some) {
+            let flat = [
+                text[0].map_or(0, |r| r.0),
+                text[0].map_or(0, |r| r.1),
+                text[1].map_or(0, |r| r.0),
+                text[1].map_or(0, |r| r.1),
+            ];
+            let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
+            if let Err(e) = map.insert(pid, flat, 0) {
+                cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
+            }
+        }
+        if uses {
+            // Kernel names and native sites are symbolized in this process.
+            cx.stacks.symbolizer.observe_process(pid);
+            if let Some(st) = self.procs.get_mut(&pid) {
+                st.uses_cuda = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a candidate file and probes it when it holds a CUDA runtime;
+    /// returns its identity when probed (now or before).
+    fn examine(&mut self, cx: &mut Context, pid: u32, cand: &discovery::Candidate) -> Result<Option<(u64, u64)>, ProbeError> {
+        let shown = &cand.line.path;
+        let opened = match discovery::open_mapped(pid, &cand.line) {
+            Ok(o) => o,
+            Err(e) => {
+                if !cand.is_exe {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: cannot open {shown} to probe CUDA: {e}"));
+                }
+                return Ok(None);
+            }
+        };
+        if self.attached.contains_key(&opened.identity) {
+            return Ok(Some(opened.identity));
+        }
+        let symbols = match discovery::cuda_symbols(&opened.file) {
+            Ok(s) => s,
+            Err(e) => {
+                if !cand.is_exe {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: not a readable ELF file ({e}); CUDA not traced"));
+                }
+                return Ok(None);
+            }
+        };
+        if cand.is_exe && !discovery::is_runtime(&symbols) {
+            return Ok(None);
+        }
+        if symbols.is_empty() {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown} exports none of the CUDA runtime functions traced"));
+            return Ok(None);
+        }
+        if !self.ensure_loaded(cx)? {
+            return Ok(None);
+        }
+        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &opened.attach_path, &symbols)?;
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
+        }
+        if functions.is_empty() {
+            return Ok(None);
+        }
+        let driver = functions.iter().any(|f| api::is_driver_name(f));
+        cx.sink.note_on(Topic::Gpu, format!(
+            "pid {pid}: CUDA {} {shown}{}: {} functions probed",
+            if driver { "driver" } else { "runtime" },
+            if cand.is_exe { " (linked statically)" } else { "" },
+            functions.len()
+        ));
+        self.attached.insert(
+            opened.identity,
+            Attached { path: shown.clone(), functions, pids: BTreeSet::from([pid]) },
+        );
+        Ok(Some(opened.identity))
+    }
+
+    fn ensure_loaded(&mut self, cx: &mut Context) -> Result<bool, ProbeError> {
+        if let Some(ok) = self.loaded {
+            return Ok(ok);
+        }
+        for spec in programs::TABLE.programs {
+            if let Err(e) = spec.load(&mut cx.ebpf, &cx.btf.btf) {
+                cx.sink.note_on(Topic::Gpu, format!("CUDA probes disabled: {e}"));
+                self.loaded = Some(false);
+                return Ok(false);
+            }
+        }
+        if self.events.is_none() {
+            let map = cx.ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
+            self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?);
+        }
+        self.loaded = Some(true);
+        Ok(true)
+    }
+
+    /// Moves the kernel entries of threads that no longer exist into
+    /// userspace, so that services that churn threads do not fill the
+    /// per-thread maps.
+    fn retire_dead_threads(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let gone = |tid: u32| !std::path::Path::new(&format!("/proc/{tid}")).exists();
+        {
+            let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+            let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, v) in dead {
+                let _ = map.remove(&k);
+                let r = self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default();
+                r.count += v.count;
+                r.bytes += v.bytes;
+                r.total_ns += v.total_ns;
+                r.errors += v.errors;
+            }
+        }
+        {
+            let mut map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+            let dead: Vec<(LaunchKey, u64)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, n) in dead {
+                let _ = map.remove(&k);
+                *self.retired_launches.entry(LaunchKey { tid: 0, ..k }).or_default() += n;
+            }
+        }
+        let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, "CUDA_INFLIGHT")?;
+        let dead: Vec<u32> = map.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
+        for t in &dead {
+            let _ = map.remove(t);
+        }
+        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, "CUDA_TEXT")?;
+        let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
+        for p in &gone_pids {
+            let _ = text.remove(p);
+        }
+        self.replay.forget_threads(&dead);
+        Ok(())
+    }
+
+    pub(super) fn drain(&mut self) {
+        let Some(rb) = self.events.as_mut() else { return };
+        while let Some(item) = rb.next() {
+            if item.len() < std::mem::size_of::<CudaEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
+            let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            self.replay.apply(&ev);
+        }
+    }
+
+    /// Names the launched kernels of live processes not named yet.
+    pub(super) fn name_kernels(&mut self, ebpf: &mut Ebpf, symbolizer: &mut Symbolizer) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        let mut wanted: Vec<(u32, u64)> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !api::is_driver(k.api))
+            .map(|k| (k.pid, k.func))
+            .filter(|k| !self.kernel_names.contains_key(k))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        for (pid, func) in wanted {
+            let name = symbolize_function(symbolizer, pid, func);
+            self.kernel_names.insert((pid, func), name);
+        }
+        Ok(())
+    }
+
+}
+
+impl Collector for CudaCollector {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    /// The uprobes are loaded when a first CUDA library is found.
+    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+        match ev {
+            // A launched command is scanned at its exec.
+            TargetEvent::Appeared { origin: Origin::Launched, .. } | TargetEvent::Exited { .. } => Ok(()),
+            TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } => {
+                self.scan(cx, *pid)
+            }
+        }
+    }
+
+    /// Re-scans the known targets whose maps changed (libraries loaded
+    /// with dlopen), replays the events, names kernels, retires threads.
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.polls += 1;
+        let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
+        for pid in pids {
+            self.scan(cx, pid)?;
+        }
+        self.drain();
+        if self.polls.is_multiple_of(NAME_KERNELS_EVERY_POLLS) {
+            self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+        }
+        if self.polls.is_multiple_of(RETIRE_EVERY_POLLS) {
+            self.retire_dead_threads(&mut cx.ebpf)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        if self.active() {
+            rec.cuda = Some(self.report(cx)?);
+        }
+        Ok(())
+    }
+}
+
+/// The function at `addr` in `pid`, or the address in hex.
+pub(super) fn symbolize_function(symbolizer: &mut Symbolizer, pid: u32, addr: u64) -> String {
+    let frames = symbolizer.user_frames(pid, &[addr]);
+    match frames.last() {
+        Some(f) if f.function != UNKNOWN => f.function.clone(),
+        _ => format!("{addr:#x}"),
+    }
+}

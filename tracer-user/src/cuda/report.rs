@@ -1,0 +1,187 @@
+//! The CUDA part of a recording, built from what the collector has so far:
+//! the kernel's aggregates by (pid, API, kind, site), launches by kernel,
+//! call sites resolved to the leaf Python frame (else the first native frame
+//! outside libcudart), and the detector's findings ([`findings`](super::findings)).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use aya::maps::HashMap as BpfHashMap;
+use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
+
+use super::{
+    collector::{symbolize_function, Attached, CudaCollector},
+    discovery,
+    findings::{self, SiteSummary},
+    replay::RawSite,
+};
+use crate::{
+    collect::{Context, Topic},
+    probe::{self, ProbeError},
+    recording::{
+        cuda::{api_name, kind_name, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
+        Frame, FrameKind, UNKNOWN,
+    },
+};
+
+impl CudaCollector {
+    /// The report so far: reads the kernel aggregates, resolves sites,
+    /// runs the detector over a copy of the replayed events.
+    pub(super) fn report(&mut self, cx: &mut Context) -> Result<CudaReport, ProbeError> {
+        self.drain();
+        let (start, end) = (cx.window_start, cx.now_or_end());
+        let window_ns = end.saturating_sub(start);
+        let mut report = CudaReport { window_ns, ..Default::default() };
+        if self.attached.is_empty() {
+            return Ok(report);
+        }
+        self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+        // Allocations still live count as leaks; the replay goes on after a snapshot.
+        let mut replay = self.replay.clone();
+        replay.close(start + window_ns / 2);
+        let stats: Vec<(CudaKey, CudaStats)> = {
+            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
+            map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
+        };
+        let launches: Vec<(LaunchKey, u64)> = {
+            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, "CUDA_LAUNCHES")?;
+            map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
+        };
+        let mut sites = SiteCache { sites: HashMap::new() };
+
+        // Calls, by (pid, api, kind, site).
+        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = BTreeMap::new();
+        let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
+        for (k, v) in &stats {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
+            let site = sites.resolve(raw, cx)?;
+            let key = (k.pid, k.api, k.kind, site.clone());
+            let c = calls.entry(key.clone()).or_insert_with(|| CudaCall {
+                pid: k.pid,
+                api: api_name(k.api),
+                kind: kind_name(k.kind).map(str::to_owned),
+                count: 0,
+                bytes: 0,
+                total_ns: 0,
+                errors: 0,
+                site,
+                return_codes: BTreeMap::new(),
+                pinned: None,
+                pageable: None,
+            });
+            c.count += v.count;
+            c.bytes += v.bytes;
+            c.total_ns += v.total_ns;
+            c.errors += v.errors;
+            raw_of_call.entry(key).or_default().insert(raw);
+        }
+        for (key, raws) in &raw_of_call {
+            let c = calls.get_mut(key).expect("call key");
+            for raw in raws {
+                if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
+                    for (rc, n) in codes {
+                        *c.return_codes.entry(*rc).or_default() += n;
+                    }
+                }
+                if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
+                    *c.pinned.get_or_insert(0) += p;
+                    *c.pageable.get_or_insert(0) += q;
+                }
+            }
+        }
+        report.calls = calls.into_values().collect();
+        report.calls.sort_by(|a, b| {
+            b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
+        });
+
+        // Launches, by (pid, kernel, site, api).
+        let mut by_kernel: BTreeMap<(u32, String, Site, u32), u64> = BTreeMap::new();
+        for (k, n) in &launches {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
+            let site = sites.resolve(raw, cx)?;
+            let name = if api::is_driver(k.api) {
+                // A driver launch passes a CUfunction handle, not code.
+                format!("CUfunction {:#x}", k.func)
+            } else {
+                match self.kernel_names.get(&(k.pid, k.func)) {
+                    Some(n) => n.clone(),
+                    None => symbolize_function(&mut cx.stacks.symbolizer, k.pid, k.func),
+                }
+            };
+            *by_kernel.entry((k.pid, name, site, k.api)).or_default() += n;
+        }
+        report.launches = by_kernel
+            .into_iter()
+            .map(|((pid, kernel, site, a), count)| CudaLaunch { pid, kernel, count, site, api: api_name(a) })
+            .collect();
+        report.launches.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
+
+        // The detector, per resolved site.
+        let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Context| -> Result<(u32, Site), ProbeError> {
+            Ok((raw.pid, sites.resolve(raw, cx)?))
+        };
+        for ((raw, kind), obs) in &replay.copies {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.copies.entry(*kind).or_default().merge(obs);
+        }
+        for ((raw, _), obs) in &replay.syncs {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.syncs.merge(obs);
+        }
+        for (raw, obs) in &replay.allocs {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.allocs.merge(obs);
+        }
+        let summaries: Vec<SiteSummary> = summaries.into_values().collect();
+        report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+
+        let mut libs: Vec<&Attached> = self.attached.values().collect();
+        libs.sort_by(|a, b| a.path.cmp(&b.path));
+        report.libraries = libs
+            .into_iter()
+            .map(|a| CudaLibrary {
+                path: a.path.clone(),
+                functions: a.functions.iter().map(|f| (*f).to_owned()).collect(),
+                pids: a.pids.iter().copied().collect(),
+            })
+            .collect();
+        if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
+            cx.sink.note_on(Topic::Gpu, "no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown");
+        }
+        Ok(report)
+    }
+}
+fn is_cudart_module(f: &Frame) -> bool {
+    f.module.as_deref().is_some_and(discovery::is_cudart_name)
+}
+
+struct SiteCache {
+    sites: HashMap<RawSite, Site>,
+}
+
+impl SiteCache {
+    fn resolve(&mut self, raw: RawSite, cx: &mut Context) -> Result<Site, ProbeError> {
+        if let Some(s) = self.sites.get(&raw) {
+            return Ok(s.clone());
+        }
+        let frames = cx.frames(raw.pid, raw.user_stack, -1, raw.py_stack)?;
+        let sym = &mut cx.stacks.symbolizer;
+        let site = match frames.iter().find(|f| f.kind == FrameKind::Python) {
+            Some(f) => Site::of_frame(f),
+            None => {
+                // The caller's return address, looked up inside the call instruction.
+                let caller = if raw.caller > 1 { sym.user_frames(raw.pid, &[raw.caller - 1]) } else { Vec::new() };
+                let usable = |f: &&Frame| f.kind == FrameKind::Native && f.function != UNKNOWN && !is_cudart_module(f);
+                match caller.iter().find(usable).or_else(|| frames.iter().find(usable)) {
+                    Some(f) => Site::of_frame(f),
+                    None => Site::unknown(),
+                }
+            }
+        };
+        self.sites.insert(raw, site.clone());
+        Ok(site)
+    }
+}

@@ -1,0 +1,94 @@
+//! Python frames of the captured stacks: the interpreters found in the
+//! targets (put here by the Python collector) and the code objects resolved
+//! from their memory, cached by stack id.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aya::{maps::HashMap as BpfHashMap, Ebpf};
+use tracer_common::python::{PyStack, FRAME_OWNED_BY_CSTACK};
+
+use crate::{
+    probe::{self, ProbeError},
+    python::Interpreter,
+    recording::Frame,
+};
+
+#[derive(Default)]
+pub struct PyFrames {
+    interpreters: HashMap<u32, Interpreter>,
+    /// Stacks resolved while their process was alive, by id.
+    resolved: HashMap<u64, Vec<Frame>>,
+}
+
+impl PyFrames {
+    pub fn add(&mut self, pid: u32, interp: Interpreter) {
+        self.interpreters.insert(pid, interp);
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Interpreter> {
+        self.interpreters.get(&pid)
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.interpreters.keys().copied().collect()
+    }
+
+    /// Resolves the stacks captured since the last call, while their
+    /// processes are alive (code objects are read from their memory).
+    pub fn resolve_new(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.interpreters.is_empty() {
+            return Ok(());
+        }
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        let fresh: Vec<u64> = map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect();
+        for id in fresh {
+            if let Ok(stack) = map.get(&id, 0) {
+                let frames = self.resolve(&stack);
+                self.resolved.insert(id, frames);
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, stack: &PyStack) -> Vec<Frame> {
+        let Some(interp) = self.interpreters.get_mut(&stack.pid) else { return Vec::new() };
+        let n = (stack.len as usize).min(stack.frames.len());
+        let old_lasti = interp.layout().version <= 310;
+        stack.frames[..n]
+            .iter()
+            .filter(|f| f._pad < FRAME_OWNED_BY_CSTACK && f.code != 0)
+            .map(|f| {
+                // <= 3.10: the field is the int f_lasti (sign-extended for -1).
+                let instr = if old_lasti { f.instr as u32 as i32 as i64 as u64 } else { f.instr };
+                interp.resolve_frame(f.code, instr, f.checksum)
+            })
+            .collect()
+    }
+
+    /// `pid -> "3.12.1"` for every interpreter found.
+    pub fn versions(&self) -> BTreeMap<u32, String> {
+        self.interpreters
+            .iter()
+            .map(|(pid, i)| {
+                let (a, b, c) = i.version();
+                (*pid, format!("{a}.{b}.{c}"))
+            })
+            .collect()
+    }
+
+    /// Reads all captured stacks out of the kernel.
+    pub fn load_stacks(ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Leaf-first Python frames of stack `id`.
+    pub fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
+        if let Some(f) = self.resolved.get(&id) {
+            return f.clone();
+        }
+        let frames = stacks.get(&id).map(|s| self.resolve(s)).unwrap_or_default();
+        self.resolved.insert(id, frames.clone());
+        frames
+    }
+}
