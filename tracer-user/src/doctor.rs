@@ -2,7 +2,13 @@
 
 use std::path::Path;
 
-use crate::{session, tracefs};
+use crate::{
+    collect::{
+        programs::{self, LoadInputs},
+        RecordOptions,
+    },
+    families, session, system, tracefs,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -139,8 +145,47 @@ fn container() -> Check {
     }
 }
 
+/// Loads the object as `record` would (the same program tables and
+/// globals) and runs every program through the kernel's verifier, without
+/// attaching anything.
+fn programs_check() -> Check {
+    const NAME: &str = "eBPF programs";
+    if !session::has_tracing_privileges() {
+        return check(NAME, Status::Warn, "not loaded without privileges", Some("rerun as root"));
+    }
+    let Ok(btf) = session::load_btf() else {
+        return check(NAME, Status::Warn, "not loaded: kernel BTF unavailable (see above)", None);
+    };
+    let Some(arch) = system::arch_constants() else {
+        return check(NAME, Status::Fail, format!("unsupported architecture {}", std::env::consts::ARCH), None);
+    };
+    let opts = RecordOptions::default();
+    let tracefs = tracefs::find();
+    let inputs = LoadInputs { opts: &opts, arch, btf: &btf, tracefs: tracefs.as_deref() };
+    let tables = families::tables();
+    let mut ebpf = match programs::load_object(&tables, &inputs) {
+        Ok(e) => e,
+        Err(e) => return check(NAME, Status::Fail, format!("loading the object failed: {e}"), Some("a kernel with BTF and eBPF (5.8+)")),
+    };
+    let mut failed = Vec::new();
+    let mut n = 0;
+    for table in tables {
+        for spec in table.programs {
+            n += 1;
+            if let Err(e) = spec.load(&mut ebpf, &btf.btf) {
+                failed.push(format!("{}/{}: {e}", table.family, spec.name));
+            }
+        }
+    }
+    if failed.is_empty() {
+        check(NAME, Status::Pass, format!("{n} programs of {} families pass the kernel's verifier", tables.len()), None)
+    } else {
+        check(NAME, Status::Fail, failed.join("; "), Some("report this with `uname -r`; `record --no-sched`/`--no-cuda` avoid some families"))
+    }
+}
+
 pub fn run_checks() -> Vec<Check> {
-    vec![privileges(), kernel_version(), btf(), tracefs_check(), ring_buffer(), perf_paranoid(), container()]
+    vec![privileges(), kernel_version(), btf(), tracefs_check(), ring_buffer(), perf_paranoid(), programs_check(), container()]
 }
 
 /// Renders the checks; returns true when tracing can work.

@@ -49,3 +49,72 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     list.push(Box::new(ProcessCollector::default()));
     list
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
+
+    use super::*;
+
+    /// (programs, globals) of the embedded kernel object: functions in
+    /// program sections, and data symbols in `.rodata`/`.data`/`.bss`.
+    fn object_contents() -> (BTreeSet<String>, BTreeSet<String>) {
+        let obj = object::File::parse(crate::probe::object_bytes()).expect("the embedded object is ELF");
+        let (mut progs, mut globals) = (BTreeSet::new(), BTreeSet::new());
+        for sym in obj.symbols() {
+            let (Ok(name), Some(idx)) = (sym.name(), sym.section_index()) else { continue };
+            let Ok(section) = obj.section_by_index(idx) else { continue };
+            let sname = section.name().unwrap_or("");
+            match sym.kind() {
+                SymbolKind::Text if section.kind() == SectionKind::Text && sname != ".text" && sym.is_global() => {
+                    progs.insert(name.to_owned());
+                }
+                SymbolKind::Data
+                    if sname.starts_with(".rodata") || sname.starts_with(".data") || sname.starts_with(".bss") =>
+                {
+                    globals.insert(name.to_owned());
+                }
+                _ => {}
+            }
+        }
+        (progs, globals)
+    }
+
+    #[test]
+    fn tables_describe_every_program_once_and_name_real_globals() {
+        let (progs, globals) = object_contents();
+        let mut described = BTreeSet::new();
+        for t in tables() {
+            for p in t.programs {
+                assert!(described.insert(p.name.to_owned()), "{} is in two tables", p.name);
+            }
+            for g in t.globals {
+                assert!(globals.contains(g.name), "{}/{}: no such global in the object ({globals:?})", t.family, g.name);
+            }
+        }
+        assert_eq!(described, progs, "the tables and the object's programs differ");
+    }
+
+    #[test]
+    fn every_global_has_a_value_with_defaults() {
+        let btf = crate::btf_offsets::KernelBtf::load(std::path::Path::new("/sys/kernel/btf/vmlinux"));
+        let btf = match btf {
+            Ok(b) => b,
+            Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+                eprintln!("SKIPPED every_global_has_a_value_with_defaults: kernel BTF unreadable: {e}");
+                return;
+            }
+            Err(e) => panic!("kernel BTF unreadable under CI=true: {e}"),
+        };
+        let opts = RecordOptions::default();
+        let arch = crate::system::arch_constants().expect("supported arch");
+        let inputs = crate::collect::LoadInputs { opts: &opts, arch, btf: &btf, tracefs: None };
+        for t in tables() {
+            for g in t.globals {
+                assert!((g.value)(&inputs).is_ok(), "{}/{}", t.family, g.name);
+            }
+        }
+    }
+}

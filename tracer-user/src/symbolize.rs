@@ -18,18 +18,7 @@
 //! library mapped by many processes is resolved once; kernel frames by
 //! address. Lookups are batched per file.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    ffi::{CString, OsString},
-    fs::{self, File},
-    io,
-    os::unix::{
-        ffi::OsStrExt,
-        fs::{MetadataExt, OpenOptionsExt},
-        io::{AsRawFd, FromRawFd},
-    },
-    path::{Component, Path, PathBuf},
-};
+use std::{collections::HashMap, fs::File, os::unix::io::AsRawFd, path::PathBuf};
 
 use blazesym::{
     symbolize::{
@@ -40,10 +29,11 @@ use blazesym::{
 };
 
 pub use crate::recording::UNKNOWN;
-use crate::recording::{Frame, FrameKind};
+use crate::{
+    procfs::{self, MapsLine},
+    recording::{Frame, FrameKind},
+};
 
-/// Upper bound on symlinks followed while resolving one path (as the kernel).
-const MAX_SYMLINKS: usize = 40;
 
 /// File descriptors kept back from the budget of held-open object files, for
 /// everything else the tracer opens (BPF maps and programs, perf events...).
@@ -145,27 +135,16 @@ impl Symbolizer {
 
     /// Snapshot the file-backed executable mappings of a live process. Call on first sight and after exec; calling again replaces the snapshot. Errors are swallowed (process gone): returns false.
     pub fn observe_process(&mut self, pid: u32) -> bool {
-        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = procfs::maps(pid) else {
             return false;
         };
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
         let mut mappings = Vec::new();
-        for line in maps.lines() {
-            let Some(entry) = MapsEntry::parse(line) else { continue };
+        for entry in maps {
             if !entry.executable {
                 continue;
             }
-            let object = if entry.inode != 0 && entry.path.starts_with('/') {
-                self.object_for(pid, &root, &entry)
-            } else {
-                None
-            };
-            let module = if entry.path.is_empty() {
-                None
-            } else {
-                let path = entry.path.strip_suffix(" (deleted)").unwrap_or(entry.path);
-                Some(basename(path).to_owned())
-            };
+            let object = if entry.is_file() { self.object_for(pid, &entry) } else { None };
+            let module = entry.path.as_ref().map(|_| entry.basename().to_owned());
             mappings.push(Mapping { start: entry.start, end: entry.end, offset: entry.offset, module, object });
         }
         mappings.sort_by_key(|m| m.start);
@@ -263,31 +242,17 @@ impl Symbolizer {
     }
 
     /// The object for a file-backed mapping: already held, or opened now.
-    fn object_for(&mut self, pid: u32, root: &Path, entry: &MapsEntry<'_>) -> Option<usize> {
-        let maps_id = (entry.dev.to_owned(), entry.inode);
+    fn object_for(&mut self, pid: u32, entry: &MapsLine) -> Option<usize> {
+        let maps_id = entry.file_key();
         if let Some(&index) = self.by_maps_id.get(&maps_id) {
             return Some(index);
         }
         // map_files names the mapped file itself (even deleted, even in
         // another mount namespace) but needs CAP_SYS_ADMIN; the path inside
         // the process root is the fallback.
-        let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end));
-        let opened = if self.use_map_files { File::open(&map_files) } else { Err(io::ErrorKind::Unsupported.into()) };
-        let (file, live_path) = match opened {
-            Ok(file) => (file, map_files),
-            Err(_) => {
-                let path = Path::new(entry.path.strip_suffix(" (deleted)").unwrap_or(entry.path));
-                let file = open_in_root(root, path).ok()?;
-                let live =
-                    resolve_in_root(root, path).unwrap_or_else(|_| root.join(path.strip_prefix("/").unwrap_or(path)));
-                (file, live)
-            }
-        };
-        let meta = file.metadata().ok()?;
-        if !meta.is_file() {
-            return None;
-        }
-        let identity = (meta.dev(), meta.ino());
+        let opened = procfs::open_mapped_via(pid, entry, self.use_map_files).ok()?;
+        let live_path = opened.in_root.unwrap_or(opened.map_files);
+        let (file, identity) = (opened.file, opened.identity);
         let index = match self.by_identity.get(&identity) {
             Some(&index) => index,
             None => {
@@ -379,133 +344,6 @@ fn kernel_frame(sym: Sym<'_>) -> Frame {
     Frame { function: non_empty(&sym.name), file: None, line: None, kind: FrameKind::Kernel, module }
 }
 
-/// One line of /proc/PID/maps.
-struct MapsEntry<'a> {
-    start: u64,
-    end: u64,
-    executable: bool,
-    offset: u64,
-    dev: &'a str,
-    inode: u64,
-    /// Pathname column (may be empty, `[vdso]`, or end in ` (deleted)`).
-    path: &'a str,
-}
-
-impl<'a> MapsEntry<'a> {
-    fn parse(line: &'a str) -> Option<Self> {
-        let f = crate::procfs::maps_fields(line)?;
-        Some(MapsEntry {
-            start: f.start,
-            end: f.end,
-            executable: f.executable,
-            offset: f.offset,
-            dev: f.dev,
-            inode: f.inode,
-            path: f.path,
-        })
-    }
-}
-
-/// Open `path` (absolute, as seen by a process whose root directory is
-/// `root`) for reading, without letting symlinks lead out of `root`: an
-/// absolute symlink target is taken relative to `root` and `..` stops at it.
-/// Uses openat2(RESOLVE_IN_ROOT) where the kernel has it, else resolves the
-/// path component by component ([`resolve_in_root`]).
-pub fn open_in_root(root: &Path, path: &Path) -> io::Result<File> {
-    match openat2_in_root(root, path) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::EAGAIN)) => {}
-        result => return result,
-    }
-    let resolved = resolve_in_root(root, path)?;
-    fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(resolved)
-}
-
-fn openat2_in_root(root: &Path, path: &Path) -> io::Result<File> {
-    let root_dir = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(root)?;
-    let relative = path.strip_prefix("/").unwrap_or(path);
-    let relative = if relative.as_os_str().is_empty() { Path::new(".") } else { relative };
-    let c_path =
-        CString::new(relative.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_how is plain data; zeroed is a valid value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid dirfd, NUL-terminated path, and `how` with its size.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root_dir.as_raw_fd(),
-            c_path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new descriptor that we now own.
-    Ok(unsafe { File::from_raw_fd(fd as i32) })
-}
-
-/// Resolve `path` (absolute, as seen by a process whose root directory is
-/// `root`) to a host path under `root` with no symlink left in it, following
-/// symlinks one component at a time relative to `root`: an absolute target
-/// restarts at `root`, `..` never climbs above it. Errors: a component does
-/// not exist, a non-directory in the middle, too many symlinks (ELOOP).
-pub fn resolve_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
-    let mut pending: VecDeque<OsString> = VecDeque::new();
-    push_components(&mut pending, path);
-    let mut resolved: Vec<OsString> = Vec::new();
-    let mut links = 0;
-    while let Some(component) = pending.pop_front() {
-        if component == ".." {
-            resolved.pop();
-            continue;
-        }
-        let mut candidate = root.to_path_buf();
-        candidate.extend(&resolved);
-        candidate.push(&component);
-        let meta = fs::symlink_metadata(&candidate)?;
-        if meta.file_type().is_symlink() {
-            links += 1;
-            if links > MAX_SYMLINKS {
-                return Err(io::Error::from_raw_os_error(libc::ELOOP));
-            }
-            let target = fs::read_link(&candidate)?;
-            if target.is_absolute() {
-                resolved.clear();
-            }
-            let mut target_components = VecDeque::new();
-            push_components(&mut target_components, &target);
-            while let Some(c) = target_components.pop_back() {
-                pending.push_front(c);
-            }
-        } else {
-            if !pending.is_empty() && !meta.is_dir() {
-                return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
-            }
-            resolved.push(component);
-        }
-    }
-    let mut out = root.to_path_buf();
-    out.extend(&resolved);
-    Ok(out)
-}
-
-/// The normal and `..` components of `path`, in order (root and `.` dropped).
-fn push_components(out: &mut VecDeque<OsString>, path: &Path) {
-    for c in path.components() {
-        match c {
-            Component::Normal(s) => out.push_back(s.to_owned()),
-            Component::ParentDir => out.push_back(OsString::from("..")),
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,8 +429,8 @@ mod tests {
         let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as u64;
         assert_ne!(addr, 0);
         let own = fs::read_to_string("/proc/self/maps").unwrap();
-        let e = own.lines().filter_map(MapsEntry::parse).find(|e| e.start <= addr && addr < e.end).unwrap();
-        let (libc_path, file_offset) = (e.path.to_owned(), addr - e.start + e.offset);
+        let e = own.lines().filter_map(MapsLine::parse).find(|e| e.start <= addr && addr < e.end).unwrap();
+        let (libc_path, file_offset) = (e.path().to_owned(), addr - e.start + e.offset);
 
         // A child that maps the same libc: observe it, let it exit, then
         // symbolize getpid at the child's address.
@@ -607,9 +445,9 @@ mod tests {
                 continue;
             }
             let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-            let found = maps.lines().filter_map(MapsEntry::parse).find(|e| {
+            let found = maps.lines().filter_map(MapsLine::parse).find(|e| {
                 e.executable
-                    && e.path == libc_path
+                    && e.path() == libc_path
                     && e.offset <= file_offset
                     && file_offset < e.offset + (e.end - e.start)
             });
@@ -655,70 +493,5 @@ mod tests {
         assert_eq!(frames, vec![unknown(FrameKind::Kernel, None)]);
     }
 
-    #[test]
-    fn maps_line_parsing() {
-        let e = MapsEntry::parse(
-            "7f1c2a000000-7f1c2a1b5000 r-xp 00028000 fd:01 1234567                    /usr/lib/x86_64-linux-gnu/libc.so.6",
-        )
-        .unwrap();
-        assert_eq!((e.start, e.end, e.offset, e.inode), (0x7f1c2a000000, 0x7f1c2a1b5000, 0x28000, 1234567));
-        assert!(e.executable);
-        assert_eq!(e.dev, "fd:01");
-        assert_eq!(e.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
-        let e = MapsEntry::parse("7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]").unwrap();
-        assert_eq!(e.path, "[vdso]");
-        let e = MapsEntry::parse("7ffd1000-7ffd3000 rw-p 00000000 00:00 0").unwrap();
-        assert!(!e.executable);
-        assert_eq!(e.path, "");
-        let e = MapsEntry::parse("1000-2000 r-xp 00000000 00:05 9 /tmp/a b (deleted)").unwrap();
-        assert_eq!(e.path, "/tmp/a b (deleted)");
-    }
 
-    #[test]
-    fn symlinks_stay_in_root() {
-        let base = std::env::temp_dir().join(format!("infertrace-root-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&base);
-        let root = base.join("root");
-        fs::create_dir_all(root.join("etc")).unwrap();
-        fs::create_dir_all(root.join("usr/lib")).unwrap();
-        fs::write(root.join("etc/passwd"), "inside\n").unwrap();
-        fs::write(root.join("usr/lib/libreal.so"), "lib\n").unwrap();
-        // Something outside the root that escapes would reach.
-        fs::write(base.join("outside"), "outside\n").unwrap();
-        symlink("/etc/passwd", root.join("usr/lib/abs")).unwrap();
-        symlink("../../../../../../..", root.join("usr/lib/up")).unwrap();
-        symlink("../../outside", root.join("usr/lib/rel_escape")).unwrap();
-        symlink("libreal.so", root.join("usr/lib/libalias.so")).unwrap();
-        symlink("/usr", root.join("lib64")).unwrap();
-        symlink("loop2", root.join("loop1")).unwrap();
-        symlink("loop1", root.join("loop2")).unwrap();
-
-        let resolve = |p: &str| resolve_in_root(&root, Path::new(p));
-        assert_eq!(resolve("/usr/lib/abs").unwrap(), root.join("etc/passwd"));
-        assert_eq!(resolve("/usr/lib/up/etc/passwd").unwrap(), root.join("etc/passwd"));
-        assert_eq!(resolve("/../../../etc/passwd").unwrap(), root.join("etc/passwd"));
-        assert_eq!(resolve("/usr/lib/libalias.so").unwrap(), root.join("usr/lib/libreal.so"));
-        assert_eq!(resolve("/lib64/lib/libalias.so").unwrap(), root.join("usr/lib/libreal.so"));
-        // ../../outside from usr/lib stops at the root: root/outside, absent.
-        assert_eq!(resolve("/usr/lib/rel_escape").unwrap_err().kind(), io::ErrorKind::NotFound);
-        assert_eq!(resolve("/usr/lib/up/outside").unwrap_err().kind(), io::ErrorKind::NotFound);
-        assert_eq!(resolve("/loop1").unwrap_err().raw_os_error(), Some(libc::ELOOP));
-        assert_eq!(resolve("/etc/passwd/x").unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
-
-        let read = |p: &str| {
-            let mut s = String::new();
-            io::Read::read_to_string(&mut open_in_root(&root, Path::new(p))?, &mut s)?;
-            io::Result::Ok(s)
-        };
-        assert_eq!(read("/usr/lib/abs").unwrap(), "inside\n");
-        assert_eq!(read("/usr/lib/up/etc/passwd").unwrap(), "inside\n");
-        assert_eq!(read("/lib64/lib/libalias.so").unwrap(), "lib\n");
-        assert!(read("/usr/lib/rel_escape").is_err());
-        assert!(read("/usr/lib/up/outside").is_err());
-        // The manual fallback agrees with openat2.
-        let manual = |p: &str| fs::read_to_string(resolve_in_root(&root, Path::new(p))?);
-        assert_eq!(manual("/usr/lib/abs").unwrap(), "inside\n");
-        assert_eq!(manual("/usr/lib/up/etc/passwd").unwrap(), "inside\n");
-        let _ = fs::remove_dir_all(&base);
-    }
 }

@@ -33,3 +33,29 @@ pub struct RecordOptions {
     pub output: Option<PathBuf>,
     pub quiet: bool,
 }
+
+/// The defaults of `infertrace record` (what `doctor` loads the object with).
+impl Default for SchedOptions {
+    fn default() -> Self {
+        SchedOptions { enabled: true, frequency: 99, offcpu_stacks: true }
+    }
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            pids: Vec::new(),
+            sched: SchedOptions::default(),
+            slow_syscall: Some(Duration::from_millis(1)),
+            python: true,
+            cuda: true,
+            cuda_driver: true,
+            gpu_sample_hz: 5,
+            debug_ebpf: false,
+            command: Vec::new(),
+            duration: None,
+            output: None,
+            quiet: false,
+        }
+    }
+}

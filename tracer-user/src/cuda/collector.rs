@@ -111,7 +111,7 @@ impl CudaCollector {
             .into_iter()
             .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
         {
-            let key = (cand.line.dev.clone(), cand.line.inode);
+            let key = cand.line.file_key();
             let identity = match self.examined.get(&key) {
                 Some(known) => *known,
                 None => {
@@ -161,8 +161,8 @@ impl CudaCollector {
     /// Opens a candidate file and probes it when it holds a CUDA runtime;
     /// returns its identity when probed (now or before).
     fn examine(&mut self, cx: &mut Context, pid: u32, cand: &discovery::Candidate) -> Result<Option<(u64, u64)>, ProbeError> {
-        let shown = &cand.line.path;
-        let opened = match discovery::open_mapped(pid, &cand.line) {
+        let shown = cand.line.path().to_owned();
+        let (opened, attach_path) = match discovery::open_mapped(pid, &cand.line) {
             Ok(o) => o,
             Err(e) => {
                 if !cand.is_exe {
@@ -193,7 +193,7 @@ impl CudaCollector {
         if !self.ensure_loaded(cx)? {
             return Ok(None);
         }
-        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &opened.attach_path, &symbols)?;
+        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &attach_path, &symbols)?;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
         }

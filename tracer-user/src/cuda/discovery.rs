@@ -5,64 +5,16 @@
 //! identified by (device, inode) so that one file mapped by many processes
 //! is probed once; symbol file offsets from `.dynsym` and `.symtab`.
 
-use std::{
-    collections::HashMap,
-    fs::{self, File},
-    io,
-    os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, fs::File, io, path::PathBuf};
 
 use object::{read::ReadCache, Object, ObjectSegment, ObjectSymbol};
 use tracer_common::cuda::api;
 
-use crate::symbolize::{open_in_root, resolve_in_root};
+use crate::procfs::{self, MappedFile, MapsLine};
 
-/// One line of `/proc/PID/maps` (file-backed mappings only are kept).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapsLine {
-    pub start: u64,
-    pub end: u64,
-    pub executable: bool,
-    pub offset: u64,
-    /// Device as written in maps (`fd:01`).
-    pub dev: String,
-    pub inode: u64,
-    /// The path as the process sees it, ` (deleted)` removed.
-    pub path: String,
-    pub deleted: bool,
-}
-
-impl MapsLine {
-    pub fn basename(&self) -> &str {
-        self.path.rsplit('/').next().unwrap_or(&self.path)
-    }
-}
-
-/// Parses the file-backed lines of `/proc/PID/maps`.
+/// The file-backed lines of `/proc/PID/maps`.
 pub fn parse_maps(text: &str) -> Vec<MapsLine> {
-    text.lines().filter_map(parse_line).collect()
-}
-
-fn parse_line(line: &str) -> Option<MapsLine> {
-    let f = crate::procfs::maps_fields(line)?;
-    if f.inode == 0 || !f.path.starts_with('/') {
-        return None;
-    }
-    let (path, deleted) = match f.path.strip_suffix(" (deleted)") {
-        Some(p) => (p, true),
-        None => (f.path, false),
-    };
-    Some(MapsLine {
-        start: f.start,
-        end: f.end,
-        executable: f.executable,
-        offset: f.offset,
-        dev: f.dev.to_owned(),
-        inode: f.inode,
-        path: path.to_owned(),
-        deleted,
-    })
+    procfs::parse_maps(text).into_iter().filter(MapsLine::is_file).collect()
 }
 
 /// `libcudart.so`, `libcudart.so.12`, `libcudart.so.12.4.127`, and renamed
@@ -113,7 +65,7 @@ pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
         let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename());
-        let is_exe = exe_path.is_some_and(|e| e == m.path);
+        let is_exe = exe_path.is_some_and(|e| e == m.path());
         if !by_name && !is_exe {
             continue;
         }
@@ -135,48 +87,14 @@ pub fn text_range(maps: &[MapsLine], file: &MapsLine) -> Option<(u64, u64)> {
     })
 }
 
-/// A candidate file, opened.
-#[derive(Debug)]
-pub struct OpenedLib {
-    pub file: File,
-    /// (st_dev, st_ino) of the opened file.
-    pub identity: (u64, u64),
-    /// A path this process can hand to the kernel for the uprobe; it names
-    /// the same inode.
-    pub attach_path: PathBuf,
-}
-
-/// Opens the file behind `line` of process `pid`: through
-/// `/proc/PID/map_files/` when possible (the mapped file itself, even
-/// deleted), else by its path inside `/proc/PID/root`. Both must name the
-/// mapped inode.
-pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<OpenedLib> {
-    let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end));
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let path = Path::new(&line.path);
-    // The uprobe is set by path: prefer a plain path inside the process's
-    // root (symlinks resolved inside it), else the map_files link.
-    let rooted = resolve_in_root(&root, path).ok().filter(|p| fs::metadata(p).is_ok_and(|m| m.ino() == line.inode));
-    let file = match File::open(&map_files) {
-        Ok(f) if f.metadata().is_ok_and(|m| m.ino() == line.inode) => f,
-        _ => {
-            let f = open_in_root(&root, path)?;
-            let ino = f.metadata()?.ino();
-            if ino != line.inode {
-                return Err(io::Error::other(format!(
-                    "{} changed since it was mapped (inode {ino} != {})",
-                    line.path, line.inode
-                )));
-            }
-            f
-        }
-    };
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(io::Error::other(format!("{} is not a regular file", line.path)));
-    }
-    let attach_path = rooted.unwrap_or(map_files);
-    Ok(OpenedLib { file, identity: (meta.dev(), meta.ino()), attach_path })
+/// Opens the file behind `line` of process `pid` ([`procfs::open_mapped`]);
+/// also returns a path this process can hand to the kernel for the uprobe,
+/// naming the same inode: a plain path inside the process's root where it
+/// has one, else the `map_files` link.
+pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<(MappedFile, PathBuf)> {
+    let opened = procfs::open_mapped(pid, line)?;
+    let attach_path = opened.in_root.clone().unwrap_or_else(|| opened.map_files.clone());
+    Ok((opened, attach_path))
 }
 
 /// File offsets of the probed CUDA runtime functions defined in an ELF
@@ -267,7 +185,7 @@ mod tests {
         assert_eq!((m[0].start, m[0].end, m[0].offset, m[0].inode), (0x7f00, 0x7f10, 0x1000, 42));
         assert!(m[0].executable && !m[0].deleted);
         assert_eq!(m[0].basename(), "libcudart.so.12");
-        assert!(m[1].deleted && m[1].path == "/tmp/x/libcudart-1a2b.so.12");
+        assert!(m[1].deleted && m[1].path() == "/tmp/x/libcudart-1a2b.so.12");
         let c = candidates(&m, Some("/usr/bin/python3.11"));
         assert_eq!(c.len(), 2);
     }

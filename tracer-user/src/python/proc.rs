@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::PythonError;
-use crate::symbolize::open_in_root;
+use crate::procfs::open_in_root;
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,16 +46,9 @@ pub fn parse_maps(text: &str) -> Vec<MapEntry> {
 }
 
 fn parse_maps_line(line: &str) -> Option<MapEntry> {
-    let f = crate::procfs::maps_fields(line)?;
-    Some(MapEntry {
-        start: f.start,
-        end: f.end,
-        readable: f.readable,
-        writable: f.writable,
-        offset: f.offset,
-        inode: f.inode,
-        path: (!f.path.is_empty()).then(|| f.path.to_string()),
-    })
+    let f = crate::procfs::MapsLine::parse(line)?;
+    let path = f.path.map(|p| if f.deleted { format!("{p} (deleted)") } else { p });
+    Some(MapEntry { start: f.start, end: f.end, readable: f.readable, writable: f.writable, offset: f.offset, inode: f.inode, path })
 }
 
 pub fn read_maps(pid: u32) -> Result<Vec<MapEntry>, PythonError> {

@@ -1,59 +1,18 @@
-//! Reading facts about processes from /proc. Every value here comes from
-//! outside the tool, so every accessor returns `Option`/`Result`, never panics.
+//! Everything read from /proc: facts about processes and threads (here),
+//! their mappings ([`maps`]) and their files by the paths they see
+//! ([`root`]). Every value here comes from outside the tool, so every
+//! accessor returns `Option`/`Result`, never panics.
+
+mod maps;
+mod root;
+
+pub use maps::{maps, open_mapped, open_mapped_via, parse_maps, MappedFile, MapsLine};
+pub use root::{open_in_root, resolve_in_root};
 
 use std::{fs, io, path::PathBuf};
 
 /// `PF_KTHREAD` in the `flags` field of /proc/PID/stat.
 const PF_KTHREAD: u64 = 0x0020_0000;
-
-/// One line of /proc/PID/maps, split into its columns (the one parser of
-/// that format here; each user keeps the view it needs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapsFields<'a> {
-    pub start: u64,
-    pub end: u64,
-    pub readable: bool,
-    pub writable: bool,
-    pub executable: bool,
-    pub offset: u64,
-    /// Device as written (`fd:01`).
-    pub dev: &'a str,
-    pub inode: u64,
-    /// Pathname column, as written: empty for anonymous memory, `[heap]`
-    /// and such for special mappings, may end in ` (deleted)` and may hold
-    /// spaces.
-    pub path: &'a str,
-}
-
-/// Splits one line of /proc/PID/maps (`None` when malformed).
-pub fn maps_fields(line: &str) -> Option<MapsFields<'_>> {
-    let mut rest = line;
-    let mut field = || {
-        let s = rest.trim_start_matches(' ');
-        let end = s.find(' ').unwrap_or(s.len());
-        let (f, r) = s.split_at(end);
-        rest = r;
-        f
-    };
-    let range = field();
-    let perms = field().as_bytes();
-    let offset = field();
-    let dev = field();
-    let inode = field();
-    let path = rest.trim_start_matches(' ');
-    let (start, end) = range.split_once('-')?;
-    Some(MapsFields {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        readable: perms.first() == Some(&b'r'),
-        writable: perms.get(1) == Some(&b'w'),
-        executable: perms.get(2) == Some(&b'x'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev,
-        inode: inode.parse().ok()?,
-        path,
-    })
-}
 
 fn proc_path(pid: u32, rel: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{rel}"))
@@ -198,19 +157,5 @@ mod tests {
         // pid_max is at most 2^22, so this pid cannot exist.
         assert!(!is_alive(u32::MAX - 1));
         assert_eq!(state(u32::MAX - 1), None);
-    }
-
-    #[test]
-    fn maps_columns() {
-        let f = maps_fields("7f00-7f10 r-xp 00001000 fd:01 42   /opt/my lib/libx.so (deleted)").unwrap();
-        assert_eq!((f.start, f.end, f.offset, f.inode, f.dev), (0x7f00, 0x7f10, 0x1000, 42, "fd:01"));
-        assert!(f.readable && !f.writable && f.executable);
-        assert_eq!(f.path, "/opt/my lib/libx.so (deleted)");
-        let anon = maps_fields("7f10-7f20 rw-p 00000000 00:00 0").unwrap();
-        assert_eq!((anon.path, anon.inode, anon.writable, anon.executable), ("", 0, true, false));
-        assert_eq!(maps_fields("7ffd-7ffe r-xp 00000000 00:00 0 [vdso]").unwrap().path, "[vdso]");
-        for bad in ["", "zz-10 r-xp 0 00:00 0", "7f00 r-xp 0 00:00 0", "7f00-7f10 r-xp 0 00:00 x"] {
-            assert_eq!(maps_fields(bad), None, "{bad:?}");
-        }
     }
 }

@@ -1,0 +1,264 @@
+//! The architecture's rules, checked on the source: no import cycles
+//! between sibling modules (at every level of the module tree), and the
+//! recording model imports no collector.
+//!
+//! Imports are read from the source text: `use crate::…`, `use super::…`
+//! (brace groups expanded) and paths written inline (`crate::a::b`). An
+//! import between a module and one of its ancestors is not an edge (a parent
+//! declares its children); an import between two modules is charged to
+//! their ancestors that are siblings.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+type ModPath = Vec<String>;
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every module file of the library and its module path.
+fn modules() -> BTreeMap<ModPath, PathBuf> {
+    fn walk(dir: &Path, prefix: &[String], out: &mut BTreeMap<ModPath, PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_owned();
+            if p.is_dir() {
+                let mut sub = prefix.to_vec();
+                sub.push(name);
+                walk(&p, &sub, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let mut path = prefix.to_vec();
+                if name != "mod" && !(prefix.is_empty() && (name == "lib" || name == "main")) {
+                    path.push(name);
+                }
+                if prefix.is_empty() && name == "main" {
+                    continue; // the binary: imports the library by name
+                }
+                out.insert(path, p);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&src_dir(), &[], &mut out);
+    out
+}
+
+/// Expands one use tree (`a::{b, c::{d, e}}`) into paths.
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        let t = tree.split(" as ").next().unwrap_or(tree).trim();
+        return if t.is_empty() { vec![] } else { vec![t.to_owned()] };
+    };
+    let prefix = tree[..open].trim_end_matches("::");
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+        .into_iter()
+        .flat_map(expand)
+        .map(|p| if p == "self" { prefix.to_owned() } else if prefix.is_empty() { p } else { format!("{prefix}::{p}") })
+        .collect()
+}
+
+/// The paths a file refers to, as `crate::…` or `super::…` strings.
+fn references(text: &str) -> Vec<String> {
+    // Drop line comments (doc comments name modules in prose).
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let mut out = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find("use ") {
+        let after = &rest[i + 4..];
+        let end = after.find(';').unwrap_or(after.len());
+        let stmt: String = after[..end].split_whitespace().collect::<Vec<_>>().join(" ");
+        if stmt.starts_with("crate::") || stmt.starts_with("super::") || stmt.starts_with("crate ::") {
+            out.extend(expand(&stmt));
+        }
+        rest = &after[end.min(after.len())..];
+    }
+    let bytes = code.as_bytes();
+    for kw in ["crate::", "super::"] {
+        let mut from = 0;
+        while let Some(i) = code[from..].find(kw) {
+            let at = from + i;
+            let boundary = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_' || bytes[at - 1] == b':');
+            let len = code[at..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(code.len() - at);
+            if boundary {
+                out.push(code[at..at + len].trim_end_matches(':').to_owned());
+            }
+            from = at + len.max(1);
+        }
+    }
+    out
+}
+
+/// Resolves a reference made in `module` to the longest known module path.
+fn resolve(module: &ModPath, is_mod_file: bool, r: &str, known: &BTreeSet<ModPath>) -> Option<ModPath> {
+    let mut segs: Vec<&str> = r.split("::").filter(|s| !s.is_empty()).collect();
+    let mut base: ModPath = match segs.first() {
+        Some(&"crate") => {
+            segs.remove(0);
+            Vec::new()
+        }
+        Some(&"super") => {
+            // `super` of a `mod.rs`/file module is its parent module.
+            let mut b = module.clone();
+            let _ = is_mod_file;
+            while segs.first() == Some(&"super") {
+                segs.remove(0);
+                b.pop();
+            }
+            b
+        }
+        _ => return None,
+    };
+    let mut best = None;
+    for s in segs {
+        base.push(s.to_owned());
+        if known.contains(&base) {
+            best = Some(base.clone());
+        } else {
+            break;
+        }
+    }
+    best
+}
+
+fn graph() -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+    let mods = modules();
+    let known: BTreeSet<ModPath> = mods.keys().cloned().collect();
+    let mut g: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+    for (m, file) in &mods {
+        let text = fs::read_to_string(file).unwrap_or_default();
+        // `#[cfg(test)]` modules may use anything: drop the tail from there.
+        let text = text.split("#[cfg(test)]").next().unwrap_or("");
+        let is_mod = file.file_name().is_some_and(|n| n == "mod.rs");
+        for r in references(text) {
+            if let Some(t) = resolve(m, is_mod, &r, &known) {
+                g.entry(m.clone()).or_default().insert(t);
+            }
+        }
+    }
+    g
+}
+
+/// Edges between siblings: for an import `a -> b`, the children of their
+/// common ancestor that contain them (none when one contains the other).
+fn sibling_edges(g: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> BTreeSet<(ModPath, ModPath)> {
+    let mut out = BTreeSet::new();
+    for (a, targets) in g {
+        for b in targets {
+            let common = a.iter().zip(b.iter()).take_while(|(x, y)| x == y).count();
+            if common == a.len() || common == b.len() {
+                continue;
+            }
+            out.insert((a[..=common].to_vec(), b[..=common].to_vec()));
+        }
+    }
+    out
+}
+
+fn find_cycle(edges: &BTreeSet<(ModPath, ModPath)>) -> Option<Vec<ModPath>> {
+    let mut adj: BTreeMap<&ModPath, Vec<&ModPath>> = BTreeMap::new();
+    for (a, b) in edges {
+        adj.entry(a).or_default().push(b);
+    }
+    fn dfs<'a>(
+        n: &'a ModPath,
+        adj: &BTreeMap<&'a ModPath, Vec<&'a ModPath>>,
+        state: &mut BTreeMap<&'a ModPath, u8>,
+        stack: &mut Vec<&'a ModPath>,
+    ) -> Option<Vec<ModPath>> {
+        state.insert(n, 1);
+        stack.push(n);
+        for &m in adj.get(n).map(Vec::as_slice).unwrap_or(&[]) {
+            match state.get(m).copied().unwrap_or(0) {
+                1 => {
+                    let from = stack.iter().position(|x| *x == m).unwrap_or(0);
+                    let mut cyc: Vec<ModPath> = stack[from..].iter().map(|x| (*x).clone()).collect();
+                    cyc.push(m.clone());
+                    return Some(cyc);
+                }
+                0 => {
+                    if let Some(c) = dfs(m, adj, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n, 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    let nodes: Vec<&ModPath> = adj.keys().copied().collect();
+    for n in nodes {
+        if state.get(n).copied().unwrap_or(0) == 0 {
+            let mut stack = Vec::new();
+            if let Some(c) = dfs(n, &adj, &mut state, &mut stack) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn show(p: &[ModPath]) -> String {
+    p.iter().map(|m| m.join("::")).collect::<Vec<_>>().join(" -> ")
+}
+
+#[test]
+fn the_graph_is_read() {
+    // Guards the parser: known edges must be found.
+    let g = graph();
+    let has = |a: &[&str], b: &[&str]| {
+        let a: ModPath = a.iter().map(|s| s.to_string()).collect();
+        let b: ModPath = b.iter().map(|s| s.to_string()).collect();
+        g.get(&a).is_some_and(|t| t.contains(&b))
+    };
+    assert!(has(&["session"], &["families"]), "{g:?}");
+    assert!(has(&["syscalls"], &["collect"]), "{g:?}");
+    assert!(has(&["report", "json"], &["recording"]) || has(&["report"], &["recording"]), "{g:?}");
+    assert_eq!(expand("a::{b, c::{d, e as f}, self}"), ["a::b", "a::c::d", "a::c::e", "a"]);
+}
+
+#[test]
+fn no_import_cycles_between_sibling_modules() {
+    let edges = sibling_edges(&graph());
+    if let Some(c) = find_cycle(&edges) {
+        panic!("import cycle: {}", show(&c));
+    }
+}
+
+#[test]
+fn the_recording_model_imports_no_collector() {
+    let g = graph();
+    let model: Vec<(&ModPath, &BTreeSet<ModPath>)> = g.iter().filter(|(m, _)| m.first().is_some_and(|s| s == "recording")).collect();
+    assert!(!model.is_empty());
+    for (m, targets) in model {
+        for t in targets {
+            let top = t.first().map(String::as_str).unwrap_or("");
+            assert!(top == "recording", "{} imports {}: the model may import only itself", m.join("::"), t.join("::"));
+        }
+    }
+}
