@@ -28,7 +28,6 @@ mod elf;
 mod layout;
 mod linetable;
 mod proc;
-mod render;
 
 use std::{
     cell::Cell,
@@ -39,7 +38,6 @@ use std::{
 };
 
 pub use layout::{PyLayout, ABSENT};
-pub use render::{render_dump_json, render_dump_text};
 
 use crate::recording::{Frame, FrameKind};
 use layout::{GilLocation, InstrKind, Offsets};

@@ -1,7 +1,9 @@
 //! Rendering a recording: the model every output format shares (per-process
-//! syscall tables), and one module per format.
+//! syscall tables), and one module per format; [`dump`] renders the
+//! `infertrace dump` command's output.
 
 pub mod cuda;
+pub mod dump;
 pub mod folded;
 pub mod json;
 pub mod svg;
