@@ -2,7 +2,8 @@
 //! synchronizations that waste time in inference loops, per Python (or
 //! native) call site. Thresholds are in [`Thresholds`] and documented in
 //! docs/cuda.md. Every rule asks for a pattern repeated at one site, so a
-//! single copy, however large, never makes a finding.
+//! single copy, however large, never makes a finding. Sizes and times in
+//! messages are formatted by [`crate::report::fmt`], as in the text report.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use super::{
     replay::{AllocObs, CopyObs, SyncObs},
     Finding, Site,
 };
+use crate::report::fmt::{fmt_bytes, fmt_ns};
 
 /// Detector thresholds (docs/cuda.md explains each).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -101,33 +103,6 @@ fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
         "medium"
     } else {
         "low"
-    }
-}
-
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-pub fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 / 1e9)
-    } else if ns >= 1_000_000 {
-        format!("{:.1} ms", ns as f64 / 1e6)
-    } else if ns >= 1_000 {
-        format!("{:.1} µs", ns as f64 / 1e3)
-    } else {
-        format!("{ns} ns")
     }
 }
 

@@ -11,7 +11,6 @@
 
 pub mod discovery;
 pub mod findings;
-pub mod render;
 pub mod replay;
 #[cfg(test)]
 mod tests;
