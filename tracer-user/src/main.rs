@@ -186,8 +186,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {
-                DumpFormat::Text => print!("{}", python::render_dump_text(&dumps, native)),
-                DumpFormat::Json => print!("{}", python::render_dump_json(&dumps)),
+                DumpFormat::Text => print!("{}", report::dump::render_dump_text(&dumps, native)),
+                DumpFormat::Json => print!("{}", report::dump::render_dump_json(&dumps)),
             }
             Ok(ExitCode::SUCCESS)
         }

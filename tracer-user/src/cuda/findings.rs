@@ -3,6 +3,13 @@
 //! native) call site. Thresholds are in [`Thresholds`] and documented in
 //! docs/cuda.md. Every rule asks for a pattern repeated at one site, so a
 //! single copy, however large, never makes a finding.
+//!
+//! One function per rule, named after the kind of finding it makes
+//! (`small_htod_copies`, `sync_after_copy`, `pageable_copy`,
+//! `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
+//! `device_memory_leak`); [`detect`] runs them all and ranks the findings.
+//! Sizes and times in messages are formatted by [`crate::report::fmt`], as
+//! in the text report.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +20,7 @@ use super::{
     replay::{AllocObs, CopyObs, SyncObs},
     Finding, Site,
 };
+use crate::report::fmt::{fmt_bytes, fmt_ns};
 
 /// Detector thresholds (docs/cuda.md explains each).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -104,33 +112,6 @@ fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
     }
 }
 
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-pub fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 / 1e9)
-    } else if ns >= 1_000_000 {
-        format!("{:.1} ms", ns as f64 / 1e6)
-    } else if ns >= 1_000 {
-        format!("{:.1} µs", ns as f64 / 1e3)
-    } else {
-        format!("{ns} ns")
-    }
-}
-
 const ADVICE_SMALL: &str = "Batch these inputs: collate them into one tensor on the CPU (torch.stack/torch.cat, or the DataLoader's collate_fn) and copy once per batch, or create them directly on the GPU (torch.tensor(..., device='cuda')). From pinned memory (pin_memory=True) with .to(device, non_blocking=True) the copy also overlaps compute.";
 const ADVICE_SYNC: &str = "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()) and do not synchronize after each copy: the stream already orders the copy before the kernels that use it. Synchronize (or wait on a torch.cuda.Event) only where the host needs the result.";
 const ADVICE_PAGEABLE: &str = "Use pinned host memory: DataLoader(pin_memory=True), tensor.pin_memory() once for buffers that are reused, or torch.empty(..., pin_memory=True); then .to(device, non_blocking=True). Pageable copies are staged by the driver and block the CPU even through cudaMemcpyAsync.";
@@ -139,158 +120,286 @@ const ADVICE_REPEATED: &str = "This data does not change between calls: move it 
 const ADVICE_SHARE: &str = "Overlap transfers with compute and remove waits: pinned memory with non_blocking=True, prefetch the next batch on a side stream, keep tensors on the GPU between steps, and take .item()/.cpu()/torch.cuda.synchronize() out of the hot loop.";
 const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTorch drop the references that keep device tensors alive (e.g. a list of outputs or losses that also keeps the autograd graph: store loss.item() or .detach()). Watch torch.cuda.memory_allocated() over time to confirm.";
 
-/// Runs every rule. `window_ns`: the length of the tracing window.
+/// One rule: the findings it makes over all sites, given the window's
+/// length (ns).
+type Rule = fn(&[SiteSummary], u64, &Thresholds) -> Vec<Finding>;
+
+/// Every rule. Each keeps the order of `sites`, which [`detect`]'s stable
+/// sort keeps among findings it ranks equal.
+const RULES: [Rule; 7] = [
+    small_htod_copies,
+    sync_after_copy,
+    pageable_copy,
+    tiny_dtoh_sync,
+    repeated_upload,
+    copy_time_share,
+    device_memory_leak,
+];
+
+/// Runs every rule, most severe findings first (then by time, calls, kind).
+/// `window_ns`: the length of the tracing window.
 pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out: Vec<Finding> = RULES.iter().flat_map(|rule| rule(sites, window_ns, t)).collect();
+    let rank = |s: &str| match s {
+        "high" => 0,
+        "medium" => 1,
+        _ => 2,
+    };
+    out.sort_by(|a, b| {
+        rank(&a.severity)
+            .cmp(&rank(&b.severity))
+            .then(b.time_ns.cmp(&a.time_ns))
+            .then(b.count.cmp(&a.count))
+            .then(a.kind.cmp(&b.kind))
+    });
+    out
+}
+
+/// What a finding covers: calls (or allocations), bytes, time.
+struct Cost {
+    count: u64,
+    bytes: u64,
+    time_ns: u64,
+}
+
+/// A finding at one site, with its severity from the share of the window
+/// its time costs.
+fn site_finding(s: &SiteSummary, kind: &str, cost: Cost, window_ns: u64, t: &Thresholds, message: String, advice: &str) -> Finding {
+    Finding {
+        kind: kind.to_owned(),
+        severity: severity(cost.time_ns, window_ns, t).to_owned(),
+        pid: s.pid,
+        site: s.site.clone(),
+        count: cost.count,
+        bytes: cost.bytes,
+        time_ns: cost.time_ns,
+        message,
+        advice: advice.to_owned(),
+    }
+}
+
+/// What a message adds when some of the calls failed.
+fn failed(c: &CopyObs) -> String {
+    if c.errors == 0 {
+        String::new()
+    } else if c.errors == c.count {
+        " (every one of these calls failed)".to_owned()
+    } else {
+        format!(" ({} of these calls failed)", c.errors)
+    }
+}
+
+/// The direction of copies of `kind` in messages; `None` for the kinds no
+/// per-direction rule looks at.
+fn direction(kind: u32) -> Option<&'static str> {
+    match kind {
+        KIND_HTOD => Some("host-to-device"),
+        KIND_DTOH => Some("device-to-host"),
+        _ => None,
+    }
+}
+
+/// D2H copies small enough that waiting for them is all they cost.
+fn is_tiny(c: &CopyObs, t: &Thresholds) -> bool {
+    c.max_bytes <= t.tiny_copy_max_bytes
+}
+
+/// The content uploaded most often from a site's H2D copies, as (size,
+/// uploads), when it repeats enough for `repeated_upload`.
+fn repeated_content(c: &CopyObs, t: &Thresholds) -> Option<(u64, u64)> {
+    let ((_, size), n) = c.top_content()?;
+    (n >= t.min_repeats && n as f64 >= t.repeated_min_share * c.count as f64).then_some((size, n))
+}
+
+/// `repeated_upload`: the same host content uploaded again and again from
+/// one site.
+fn repeated_upload(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
-    let tiny = |c: &CopyObs| c.max_bytes <= t.tiny_copy_max_bytes;
     for s in sites {
-        let failed = |c: &CopyObs| {
-            if c.errors == 0 {
-                String::new()
-            } else if c.errors == c.count {
-                " (every one of these calls failed)".to_owned()
-            } else {
-                format!(" ({} of these calls failed)", c.errors)
-            }
-        };
-        let mut push = |kind: &str, count: u64, bytes: u64, time_ns: u64, message: String, advice: &str| {
-            out.push(Finding {
-                kind: kind.to_owned(),
-                severity: severity(time_ns, window_ns, t).to_owned(),
-                pid: s.pid,
-                site: s.site.clone(),
-                count,
-                bytes,
-                time_ns,
-                message,
-                advice: advice.to_owned(),
-            });
-        };
-        if let Some(c) = s.copies.get(&KIND_HTOD) {
-            let mut repeated = false;
-            if let Some(((_, size), n)) = c.top_content() {
-                if n >= t.min_repeats && n as f64 >= t.repeated_min_share * c.count as f64 {
-                    repeated = true;
-                    let time = c.ns * n / c.count.max(1);
-                    push(
-                        "repeated_upload",
-                        n,
-                        n * size,
-                        time,
-                        format!(
-                            "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here){}",
-                            fmt_bytes(size),
-                            n,
-                            c.count,
-                            failed(c)
-                        ),
-                        ADVICE_REPEATED,
-                    );
-                }
-            }
-            let mean = c.bytes / c.count.max(1);
-            if !repeated && c.count >= t.small_copy_min_count && mean <= t.small_copy_max_bytes {
-                push(
-                    "small_htod_copies",
-                    c.count,
-                    c.bytes,
-                    c.ns,
-                    format!(
-                        "{} small host-to-device copies from this line, {} on average ({} in all){}",
-                        c.count,
-                        fmt_bytes(mean),
-                        fmt_bytes(c.bytes),
-                        failed(c)
-                    ),
-                    ADVICE_SMALL,
-                );
-            }
+        let Some(c) = s.copies.get(&KIND_HTOD) else { continue };
+        let Some((size, n)) = repeated_content(c, t) else { continue };
+        let time = c.ns * n / c.count.max(1);
+        out.push(site_finding(
+            s,
+            "repeated_upload",
+            Cost { count: n, bytes: n * size, time_ns: time },
+            window_ns,
+            t,
+            format!(
+                "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here){}",
+                fmt_bytes(size),
+                n,
+                c.count,
+                failed(c)
+            ),
+            ADVICE_REPEATED,
+        ));
+    }
+    out
+}
+
+/// `small_htod_copies`: many small H2D copies from one site (unless they
+/// are one repeated upload, which `repeated_upload` reports).
+fn small_htod_copies(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
+        let Some(c) = s.copies.get(&KIND_HTOD) else { continue };
+        let mean = c.bytes / c.count.max(1);
+        if repeated_content(c, t).is_some() || c.count < t.small_copy_min_count || mean > t.small_copy_max_bytes {
+            continue;
         }
+        out.push(site_finding(
+            s,
+            "small_htod_copies",
+            Cost { count: c.count, bytes: c.bytes, time_ns: c.ns },
+            window_ns,
+            t,
+            format!(
+                "{} small host-to-device copies from this line, {} on average ({} in all){}",
+                c.count,
+                fmt_bytes(mean),
+                fmt_bytes(c.bytes),
+                failed(c)
+            ),
+            ADVICE_SMALL,
+        ));
+    }
+    out
+}
+
+/// `tiny_dtoh_sync`: tiny D2H copies from one site that each waited for
+/// the GPU (`.item()` in a loop).
+fn tiny_dtoh_sync(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
+        let Some(c) = s.copies.get(&KIND_DTOH).filter(|c| is_tiny(c, t)) else { continue };
+        let waits = c.sync_pairs + c.sync_copies;
+        if waits < t.min_repeats {
+            continue;
+        }
+        out.push(site_finding(
+            s,
+            "tiny_dtoh_sync",
+            Cost { count: waits, bytes: c.bytes, time_ns: c.ns + c.sync_pair_ns },
+            window_ns,
+            t,
+            format!(
+                "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop{}",
+                fmt_bytes(c.max_bytes),
+                failed(c)
+            ),
+            ADVICE_TINY,
+        ));
+    }
+    out
+}
+
+/// `sync_after_copy`: copies (either direction) each followed by a
+/// synchronize of their stream; tiny D2H copies are `tiny_dtoh_sync`'s.
+fn sync_after_copy(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
         for (kind, c) in &s.copies {
-            let dir = match *kind {
-                KIND_HTOD => "host-to-device",
-                KIND_DTOH => "device-to-host",
-                _ => continue,
-            };
-            if *kind == KIND_DTOH && tiny(c) {
-                let waits = c.sync_pairs + c.sync_copies;
-                if waits >= t.min_repeats {
-                    push(
-                        "tiny_dtoh_sync",
-                        waits,
-                        c.bytes,
-                        c.ns + c.sync_pair_ns,
-                        format!(
-                            "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop{}",
-                            fmt_bytes(c.max_bytes),
-                            failed(c)
-                        ),
-                        ADVICE_TINY,
-                    );
-                }
-            } else if c.sync_pairs >= t.min_repeats {
-                push(
-                    "sync_after_copy",
+            let Some(dir) = direction(*kind) else { continue };
+            if (*kind == KIND_DTOH && is_tiny(c, t)) || c.sync_pairs < t.min_repeats {
+                continue;
+            }
+            out.push(site_finding(
+                s,
+                "sync_after_copy",
+                Cost {
+                    count: c.sync_pairs,
+                    bytes: c.bytes * c.sync_pairs / c.count.max(1),
+                    time_ns: c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
+                },
+                window_ns,
+                t,
+                format!(
+                    "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer{}",
                     c.sync_pairs,
-                    c.bytes * c.sync_pairs / c.count.max(1),
-                    c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
-                    format!(
-                        "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer{}",
-                        c.sync_pairs,
-                        failed(c)
-                    ),
-                    ADVICE_SYNC,
-                );
-            }
-            if c.pageable >= t.min_repeats && c.pageable_bytes >= t.pageable_min_bytes {
-                push(
-                    "pageable_copy",
-                    c.pageable,
-                    c.pageable_bytes,
-                    c.pageable_ns,
-                    format!(
-                        "{} {dir} copies ({}) from this line used pageable host memory{}{}",
-                        c.pageable,
-                        fmt_bytes(c.pageable_bytes),
-                        if c.pageable_ns > 0 && c.pageable_bytes > 0 && c.errors == 0 {
-                            format!(", at {:.2} GB/s", c.pageable_bytes as f64 / c.pageable_ns as f64)
-                        } else {
-                            String::new()
-                        },
-                        failed(c)
-                    ),
-                    ADVICE_PAGEABLE,
-                );
-            }
-        }
-        let a = &s.allocs;
-        if a.live >= t.leak_min_live && a.live_late as f64 >= t.leak_min_late_share * a.live as f64 {
-            out.push(Finding {
-                kind: "device_memory_leak".into(),
-                severity: (if a.live_bytes >= 1 << 30 {
-                    "high"
-                } else if a.live_bytes >= 64 << 20 {
-                    "medium"
-                } else {
-                    "low"
-                })
-                .into(),
-                pid: s.pid,
-                site: s.site.clone(),
-                count: a.live,
-                bytes: a.live_bytes,
-                time_ns: 0,
-                message: format!(
-                    "{} of {} device allocations ({}) from this line were never freed, and it was still allocating in the second half of the window",
-                    a.live,
-                    a.allocs,
-                    fmt_bytes(a.live_bytes)
+                    failed(c)
                 ),
-                advice: ADVICE_LEAK.into(),
-            });
+                ADVICE_SYNC,
+            ));
         }
     }
-    // Per process: the time of repeated copies and syncs against the window.
+    out
+}
+
+/// `pageable_copy`: many bytes copied (either direction) from pageable host
+/// memory at one site.
+fn pageable_copy(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
+        for (kind, c) in &s.copies {
+            let Some(dir) = direction(*kind) else { continue };
+            if c.pageable < t.min_repeats || c.pageable_bytes < t.pageable_min_bytes {
+                continue;
+            }
+            out.push(site_finding(
+                s,
+                "pageable_copy",
+                Cost { count: c.pageable, bytes: c.pageable_bytes, time_ns: c.pageable_ns },
+                window_ns,
+                t,
+                format!(
+                    "{} {dir} copies ({}) from this line used pageable host memory{}{}",
+                    c.pageable,
+                    fmt_bytes(c.pageable_bytes),
+                    if c.pageable_ns > 0 && c.pageable_bytes > 0 && c.errors == 0 {
+                        format!(", at {:.2} GB/s", c.pageable_bytes as f64 / c.pageable_ns as f64)
+                    } else {
+                        String::new()
+                    },
+                    failed(c)
+                ),
+                ADVICE_PAGEABLE,
+            ));
+        }
+    }
+    out
+}
+
+/// `device_memory_leak`: device allocations from one site left unfreed,
+/// the site still allocating late in the window. Severity by live bytes.
+fn device_memory_leak(sites: &[SiteSummary], _window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
+        let a = &s.allocs;
+        if a.live < t.leak_min_live || (a.live_late as f64) < t.leak_min_late_share * a.live as f64 {
+            continue;
+        }
+        out.push(Finding {
+            kind: "device_memory_leak".into(),
+            severity: (if a.live_bytes >= 1 << 30 {
+                "high"
+            } else if a.live_bytes >= 64 << 20 {
+                "medium"
+            } else {
+                "low"
+            })
+            .into(),
+            pid: s.pid,
+            site: s.site.clone(),
+            count: a.live,
+            bytes: a.live_bytes,
+            time_ns: 0,
+            message: format!(
+                "{} of {} device allocations ({}) from this line were never freed, and it was still allocating in the second half of the window",
+                a.live,
+                a.allocs,
+                fmt_bytes(a.live_bytes)
+            ),
+            advice: ADVICE_LEAK.into(),
+        });
+    }
+    out
+}
+
+/// `copy_time_share`: per process, the time of repeated copies and syncs
+/// against the window, reported at the site that spent the most.
+fn copy_time_share(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
     let mut pids: Vec<u32> = sites.iter().map(|s| s.pid).collect();
     pids.sort_unstable();
     pids.dedup();
@@ -309,40 +418,28 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
             }
         }
         let share = ns as f64 / window_ns.max(1) as f64;
-        if let Some((s, top_ns)) = top {
-            if share >= t.time_share && ns >= t.time_share_min_ns {
-                out.push(Finding {
-                    kind: "copy_time_share".into(),
-                    severity: if share >= 0.5 { "high" } else { "medium" }.into(),
-                    pid,
-                    site: s.site.clone(),
-                    count: calls,
-                    bytes,
-                    time_ns: ns,
-                    message: format!(
-                        "host/device copies and synchronizations took {:.0}% of the wall time ({} of {}); this line alone {}",
-                        share * 100.0,
-                        fmt_ns(ns),
-                        fmt_ns(window_ns),
-                        fmt_ns(top_ns)
-                    ),
-                    advice: ADVICE_SHARE.into(),
-                });
-            }
+        let Some((s, top_ns)) = top else { continue };
+        if share < t.time_share || ns < t.time_share_min_ns {
+            continue;
         }
+        out.push(Finding {
+            kind: "copy_time_share".into(),
+            severity: if share >= 0.5 { "high" } else { "medium" }.into(),
+            pid,
+            site: s.site.clone(),
+            count: calls,
+            bytes,
+            time_ns: ns,
+            message: format!(
+                "host/device copies and synchronizations took {:.0}% of the wall time ({} of {}); this line alone {}",
+                share * 100.0,
+                fmt_ns(ns),
+                fmt_ns(window_ns),
+                fmt_ns(top_ns)
+            ),
+            advice: ADVICE_SHARE.into(),
+        });
     }
-    let rank = |s: &str| match s {
-        "high" => 0,
-        "medium" => 1,
-        _ => 2,
-    };
-    out.sort_by(|a, b| {
-        rank(&a.severity)
-            .cmp(&rank(&b.severity))
-            .then(b.time_ns.cmp(&a.time_ns))
-            .then(b.count.cmp(&a.count))
-            .then(a.kind.cmp(&b.kind))
-    });
     out
 }
 

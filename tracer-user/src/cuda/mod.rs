@@ -8,7 +8,6 @@ mod collector;
 pub mod discovery;
 pub mod findings;
 pub mod programs;
-pub mod render;
 pub mod replay;
 mod report;
 

@@ -148,7 +148,7 @@ impl Traced {
 
     fn describe(&self) -> String {
         let mut s = String::new();
-        super::render::render_text(&mut s, &self.report);
+        crate::report::text::cuda::render(&mut s, &self.report);
         format!("{s}\nnotes: {:#?}\nstderr: {}", self.notes, self.stderr)
     }
 }

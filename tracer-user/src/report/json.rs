@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{syscall_rows, totals, SyscallRow, Totals, SCHEMA_VERSION};
+use super::{
+    rows::{syscall_rows, targets, totals, SyscallRow, Totals},
+    SCHEMA_VERSION,
+};
 use crate::recording::{Origin, Recording};
 
 #[derive(Serialize)]
@@ -60,7 +63,7 @@ pub fn render(rec: &Recording) -> String {
         host: &rec.host,
         started_unix_ms: rec.started_unix_ms,
         duration_ns: rec.duration_ns,
-        targets: super::targets(rec)
+        targets: targets(rec)
             .into_iter()
             .map(|t| JsonTarget {
                 pid: t.pid,

@@ -1,104 +1,18 @@
-//! Rendering a recording: the model every output format shares (per-process
-//! syscall tables), and one module per format.
+//! Rendering a recording, one module per output format: [`text`] (the
+//! human report, one module per section), [`json`], [`folded`] (flame graph
+//! input), [`svg`] (the flame graph itself) and [`dump`] (the `infertrace
+//! dump` command's text and JSON). [`rows`] shapes the data the formats
+//! share (per-process syscall tables); [`fmt`] holds the formatting helpers
+//! (durations, bytes, rates, histograms).
 
-pub mod cuda;
+pub mod dump;
+pub mod fmt;
 pub mod folded;
 pub mod json;
+pub mod rows;
 pub mod svg;
 pub mod text;
-pub mod walltime;
-
-use std::collections::BTreeMap;
-
-use serde::Serialize;
-
-use crate::{
-    recording::{Recording, Target},
-    system::{errno_name, syscall_name},
-};
 
 /// Version of the JSON report schema (docs/report-schema.md). Additive
 /// changes keep it; a breaking change bumps it.
 pub const SCHEMA_VERSION: u32 = 1;
-
-/// One syscall of one process, all threads summed.
-#[derive(Clone, Debug, Serialize)]
-pub struct SyscallRow {
-    pub pid: u32,
-    pub name: String,
-    pub nr: u32,
-    pub count: u64,
-    pub errors: u64,
-    /// errno name -> failures.
-    pub errnos: BTreeMap<String, u64>,
-    pub total_ns: u64,
-    pub max_ns: u64,
-    pub hist_log2_ns: Vec<u64>,
-    /// Calls that were still in flight when the window closed.
-    pub in_flight: u64,
-}
-
-/// Per-process rows, sorted by total time (then calls, then name), like `strace -c -S time`.
-pub fn syscall_rows(rec: &Recording) -> BTreeMap<u32, Vec<SyscallRow>> {
-    let mut by_key: BTreeMap<(u32, u32), SyscallRow> = BTreeMap::new();
-    for t in &rec.syscalls {
-        let row = by_key.entry((t.pid, t.nr)).or_insert_with(|| SyscallRow {
-            pid: t.pid,
-            name: syscall_name(&rec.host.arch, t.nr),
-            nr: t.nr,
-            count: 0,
-            errors: 0,
-            errnos: BTreeMap::new(),
-            total_ns: 0,
-            max_ns: 0,
-            hist_log2_ns: vec![0; t.hist_log2_ns.len()],
-            in_flight: 0,
-        });
-        row.count += t.count;
-        row.errors += t.errors;
-        row.total_ns += t.total_ns;
-        row.max_ns = row.max_ns.max(t.max_ns);
-        row.in_flight += t.in_flight;
-        if row.hist_log2_ns.len() < t.hist_log2_ns.len() {
-            row.hist_log2_ns.resize(t.hist_log2_ns.len(), 0);
-        }
-        for (a, b) in row.hist_log2_ns.iter_mut().zip(&t.hist_log2_ns) {
-            *a += b;
-        }
-        for (e, n) in &t.errnos {
-            *row.errnos.entry(errno_name(*e)).or_default() += n;
-        }
-    }
-    let mut out: BTreeMap<u32, Vec<SyscallRow>> = BTreeMap::new();
-    for ((pid, _), row) in by_key {
-        out.entry(pid).or_default().push(row);
-    }
-    for rows in out.values_mut() {
-        rows.sort_by(|a, b| {
-            b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.name.cmp(&b.name))
-        });
-    }
-    out
-}
-
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct Totals {
-    pub count: u64,
-    pub errors: u64,
-    pub total_ns: u64,
-}
-
-pub fn totals<'a>(rows: impl IntoIterator<Item = &'a SyscallRow>) -> Totals {
-    rows.into_iter().fold(Totals::default(), |t, r| Totals {
-        count: t.count + r.count,
-        errors: t.errors + r.errors,
-        total_ns: t.total_ns + r.total_ns,
-    })
-}
-
-/// Targets in report order; processes without syscalls are kept.
-pub fn targets(rec: &Recording) -> Vec<&Target> {
-    let mut t: Vec<&Target> = rec.targets.iter().collect();
-    t.sort_by_key(|t| t.pid);
-    t
-}

@@ -1,11 +1,18 @@
-//! Text sections for wall-time accounting: per-process and per-thread
-//! breakdowns (with a bar), top on-CPU stacks, top off-CPU stacks per
-//! reason, and run-queue delay.
+//! The wall-time sections of the text report: per-process and per-thread
+//! breakdowns of wall time (with a bar), the top on-CPU, GIL-wait, off-CPU
+//! (per reason) and slow-syscall stacks ([`render`]), and the run-queue
+//! delay histograms ([`render_runqueue`]). The text report shows them only
+//! when the recording has per-thread times.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::text::fmt_duration;
-use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
+use crate::{
+    recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, ThreadTimes},
+    report::{
+        fmt::{fmt_duration, histogram_rows},
+        rows::stack_weight,
+    },
+};
 
 const BAR: usize = 50;
 const TOP_STACKS: usize = 5;
@@ -88,10 +95,8 @@ fn line(out: &mut String, label: &str, t: &ThreadTimes) {
     );
 }
 
+/// Wall time per process and thread, then the top stacks of each kind.
 pub fn render(out: &mut String, rec: &Recording) {
-    if rec.threads.is_empty() {
-        return;
-    }
     let mut by_pid: BTreeMap<u32, Vec<&ThreadTimes>> = BTreeMap::new();
     for t in &rec.threads {
         by_pid.entry(t.pid).or_default().push(t);
@@ -110,60 +115,6 @@ pub fn render(out: &mut String, rec: &Recording) {
         stacks_section(out, rec, StackKind::OffCpu, Some(reason));
     }
     stacks_section(out, rec, StackKind::Syscall, None);
-    python_functions(out, rec);
-    runqueue_section(out, rec);
-}
-
-/// How many Python functions each ranking shows.
-const TOP_FUNCTIONS: usize = 10;
-
-/// The Python function a stack's time belongs to: its Python leaf.
-fn python_leaf(s: &StackRecord) -> Option<&Frame> {
-    s.frames.iter().find(|f| f.kind == FrameKind::Python)
-}
-
-/// Top Python functions (self time at the Python leaf) by on-CPU samples,
-/// GIL wait and off-CPU time per reason.
-fn python_functions(out: &mut String, rec: &Recording) {
-    let rankings: [(&str, StackKind, Option<OffCpuReason>); 7] = [
-        ("on-CPU", StackKind::Cpu, None),
-        ("GIL wait", StackKind::Gil, Some(OffCpuReason::Gil)),
-        ("off-CPU io", StackKind::OffCpu, Some(OffCpuReason::Io)),
-        ("off-CPU lock", StackKind::OffCpu, Some(OffCpuReason::Lock)),
-        ("off-CPU poll", StackKind::OffCpu, Some(OffCpuReason::Poll)),
-        ("off-CPU sleep", StackKind::OffCpu, Some(OffCpuReason::Sleep)),
-        ("off-CPU other", StackKind::OffCpu, Some(OffCpuReason::Other)),
-    ];
-    for (title, kind, reason) in rankings {
-        // (function, file) -> (weight, weight per line)
-        let mut by_fn: BTreeMap<(String, String), (u64, BTreeMap<u32, u64>)> = BTreeMap::new();
-        let mut total = 0u64;
-        for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason)) {
-            total += weight(s);
-            if let Some(f) = python_leaf(s) {
-                let file = f.file.as_deref().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or("?");
-                let e = by_fn.entry((f.function.clone(), file.to_owned())).or_default();
-                e.0 += weight(s);
-                *e.1.entry(f.line.unwrap_or(0)).or_default() += weight(s);
-            }
-        }
-        if by_fn.is_empty() {
-            continue;
-        }
-        let mut ranked: Vec<(String, u64)> = by_fn
-            .into_iter()
-            .map(|((function, file), (w, lines))| {
-                let hot = lines.iter().max_by_key(|(_, w)| **w).map(|(l, _)| *l).unwrap_or(0);
-                (format!("{function} ({file}:{hot})"), w)
-            })
-            .collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let _ = writeln!(out, "\n== top Python functions by {title}");
-        for (name, w) in ranked.into_iter().take(TOP_FUNCTIONS) {
-            let amount = if kind == StackKind::Cpu { format!("{w} samples") } else { fmt_duration(w) };
-            let _ = writeln!(out, "{:5.1}%  {amount:>12}  {name}", w as f64 * 100.0 / total.max(1) as f64);
-        }
-    }
 }
 
 fn reason_name(r: OffCpuReason) -> &'static str {
@@ -203,18 +154,11 @@ fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>)
     for s in rec.stacks.iter().filter(|s| s.kind == kind && s.reason == reason) {
         let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
-        e.0 += weight(s);
+        e.0 += stack_weight(s);
     }
     let mut v: Vec<(u32, u64, &[Frame])> = m.into_iter().map(|((pid, _), (w, f))| (pid, w, f)).collect();
     v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
-}
-
-fn weight(s: &StackRecord) -> u64 {
-    match s.kind {
-        StackKind::Cpu => s.samples,
-        StackKind::OffCpu | StackKind::Gil | StackKind::Syscall => s.weight_ns,
-    }
 }
 
 fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Option<OffCpuReason>) {
@@ -256,7 +200,8 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
     }
 }
 
-fn runqueue_section(out: &mut String, rec: &Recording) {
+/// Run-queue delay per process: waits, total, and a log2 histogram.
+pub fn render_runqueue(out: &mut String, rec: &Recording) {
     for (pid, hist) in &rec.runqueue_hist {
         let n: u64 = hist.iter().sum();
         if n == 0 {
@@ -264,7 +209,7 @@ fn runqueue_section(out: &mut String, rec: &Recording) {
         }
         let waited: u64 = rec.threads.iter().filter(|t| t.pid == *pid).map(|t| t.runqueue_ns).sum();
         let _ = writeln!(out, "\n== run-queue delay, pid {pid}: {n} waits, {} total", fmt_duration(waited));
-        super::text::histogram_rows(out, hist);
+        histogram_rows(out, hist);
     }
 }
 

@@ -1,9 +1,13 @@
-//! `infertrace dump` output: py-spy-like text, and JSON.
+//! The `infertrace dump` command's output format: the Python stack of
+//! every thread of a process, as py-spy-like text ([`render_dump_text`]) or
+//! JSON ([`render_dump_json`]).
 
 use std::fmt::Write;
 
-use super::ThreadDump;
-use crate::recording::{Frame, FrameKind};
+use crate::{
+    python::ThreadDump,
+    recording::{Frame, FrameKind},
+};
 
 /// py-spy-like text:
 ///

@@ -1,0 +1,184 @@
+//! Attaching to a running CPython: finding the interpreter among a
+//! process's mappings (its executable or a mapped `libpython*`, the one
+//! that defines `_PyRuntime`), detecting its version (`Py_Version`, the
+//! `Py_GetVersion` string, or the file name), picking the layout of that
+//! version, validating it against the process, and locating the GIL.
+
+use std::{cell::Cell, collections::HashMap, fs, os::unix::fs::MetadataExt, path::PathBuf};
+
+use super::{
+    elf,
+    layout::{self, GilLocation, Offsets},
+    proc::{self, Mem},
+    Interpreter, PythonError,
+};
+
+/// A mapped file that may hold the interpreter.
+struct Candidate<'a> {
+    mappings: Vec<&'a proc::MapEntry>,
+    is_libpython: bool,
+}
+
+impl Interpreter {
+    /// Finds CPython in process `pid` (its executable or a mapped
+    /// `libpython*.so`), detects its version, locates `_PyRuntime` and
+    /// validates the layout against the live process. `Ok(None)` when the
+    /// process runs no CPython.
+    pub fn attach(pid: u32) -> Result<Option<Interpreter>, PythonError> {
+        let maps = proc::read_maps(pid)?;
+        let exe_inode = fs::metadata(format!("/proc/{pid}/exe")).ok().map(|m| m.ino());
+
+        // Group file mappings by (inode, path), in address order.
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut seen: HashMap<(u64, &str), usize> = HashMap::new();
+        for m in maps.iter().filter(|m| m.is_file()) {
+            let base = m.basename().unwrap_or("");
+            let is_libpython = base.starts_with("libpython");
+            if !is_libpython && Some(m.inode) != exe_inode {
+                continue;
+            }
+            let key = (m.inode, m.clean_path().unwrap_or(""));
+            match seen.get(&key) {
+                Some(&i) => candidates[i].mappings.push(m),
+                None => {
+                    seen.insert(key, candidates.len());
+                    candidates.push(Candidate { mappings: vec![m], is_libpython });
+                }
+            }
+        }
+        // libpython first: the executable of a shared build only imports.
+        candidates.sort_by_key(|c| !c.is_libpython);
+
+        let mem = Mem { pid };
+        let mut old_python: Option<(elf::ElfInfo, Vec<&proc::MapEntry>, String)> = None;
+        let mut last_err = None;
+        for cand in &candidates {
+            let first = cand.mappings[0];
+            let (file, path) = match proc::open_mapped(pid, first) {
+                Ok(x) => x,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            let info = match elf::inspect(file, &path) {
+                Ok(i) => i,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            let name = first.basename().unwrap_or("").to_string();
+            if info.symbol("_PyRuntime").is_some() {
+                return Self::attach_to(pid, mem, &info, &cand.mappings, path, &name).map(Some);
+            }
+            if info.symbol("Py_GetVersion").is_some() && old_python.is_none() {
+                old_python = Some((info, cand.mappings.clone(), name));
+            }
+        }
+        if let Some((info, mappings, name)) = old_python {
+            // CPython without _PyRuntime: 3.6 or older.
+            let version = info
+                .load_bias(&mappings)
+                .and_then(|bias| detect_version(&mem, &info, bias, &name))
+                .map_or_else(|| format!("{name} (no _PyRuntime: older than 3.7)"), |v| v.3);
+            return Err(PythonError::Unsupported { version });
+        }
+        match last_err {
+            // A libpython we could not read is an error; an unreadable
+            // executable that is not named like Python is just not Python.
+            Some(e) if candidates.iter().any(|c| c.is_libpython) => Err(e),
+            _ => Ok(None),
+        }
+    }
+
+    fn attach_to(
+        pid: u32,
+        mem: Mem,
+        info: &elf::ElfInfo,
+        mappings: &[&proc::MapEntry],
+        binary: PathBuf,
+        name: &str,
+    ) -> Result<Interpreter, PythonError> {
+        let bias = info.load_bias(mappings).ok_or_else(|| PythonError::Elf {
+            path: binary.display().to_string(),
+            message: "no mapping matches a loadable segment (cannot compute the load bias)".into(),
+        })?;
+        let (major, minor, micro, version_text) =
+            detect_version(&mem, info, bias, name).ok_or_else(|| PythonError::Layout {
+                pid,
+                version: "?".into(),
+                message: format!("cannot determine the CPython version of {}", binary.display()),
+            })?;
+        let offsets = match (major, Offsets::for_minor(minor)) {
+            (3, Some(o)) => o,
+            _ => return Err(PythonError::Unsupported { version: version_text }),
+        };
+        let mut interp = Interpreter {
+            pid,
+            mem,
+            version: (major, minor, micro),
+            version_text,
+            binary,
+            offsets,
+            runtime: bias.wrapping_add(info.symbol("_PyRuntime").unwrap_or(0)),
+            code_type: info.symbol("PyCode_Type").map(|a| bias.wrapping_add(a)),
+            pthread_tid: Cell::new(None),
+            gil: None,
+            codes: HashMap::new(),
+        };
+        if minor == 13 {
+            interp.validate_debug_offsets()?;
+        }
+        interp.validate_code_type()?;
+        interp.validate_threads()?;
+        interp.validate_frames()?;
+        interp.gil = interp.locate_gil();
+        Ok(interp)
+    }
+
+    fn locate_gil(&self) -> Option<(u64, u64)> {
+        let start = match self.offsets.gil {
+            GilLocation::Runtime(off) => self.runtime + off,
+            GilLocation::Interpreter { runtime_main, ceval_gil } => {
+                let main = self.mem.u64(self.runtime + runtime_main).ok()?;
+                self.mem.u64(main.checked_add(ceval_gil)?).ok()?
+            }
+        };
+        // Plausibility: a switch interval (default 5000 us) and a 0/1 lock.
+        let interval = self.mem.u64(start + layout::GIL_INTERVAL).ok()?;
+        let locked = self.mem.u32(start + layout::GIL_LOCKED).ok()?;
+        (interval > 0 && interval < 1 << 40 && locked <= 1).then_some((start, start + layout::GIL_STATE_SIZE))
+    }
+}
+
+/// (major, minor, micro, text) of the interpreter in `info` (loaded at `bias`).
+fn detect_version(mem: &Mem, info: &elf::ElfInfo, bias: u64, name: &str) -> Option<(u32, u32, u32, String)> {
+    if let Some(addr) = info.symbol("Py_Version") {
+        if let Ok(hex) = mem.u64(bias.wrapping_add(addr)) {
+            let (major, minor, micro) =
+                ((hex >> 24) as u32 & 0xff, (hex >> 16) as u32 & 0xff, (hex >> 8) as u32 & 0xff);
+            let level = (hex >> 4) & 0xf;
+            let serial = hex & 0xf;
+            let suffix = match level {
+                0xa => format!("a{serial}"),
+                0xb => format!("b{serial}"),
+                0xc => format!("rc{serial}"),
+                _ => String::new(),
+            };
+            if major >= 2 {
+                return Some((major, minor, micro, format!("{major}.{minor}.{micro}{suffix}")));
+            }
+        }
+    }
+    let from_name = elf::version_from_name(name);
+    for &(addr, size) in &info.data_sections {
+        let buf = mem.bytes_lossy(bias.wrapping_add(addr), size.min(64 << 20) as usize);
+        if let Some(v) = elf::find_version_string(&buf) {
+            if from_name.is_none_or(|(a, b)| (a, b) == (v.0, v.1)) {
+                return Some(v);
+            }
+        }
+    }
+    from_name.map(|(a, b)| (a, b, 0, format!("{a}.{b}")))
+}

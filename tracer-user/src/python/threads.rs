@@ -1,0 +1,104 @@
+//! The thread list of a CPython process: every thread state of every
+//! interpreter, and the kernel thread id of each (`native_thread_id` from
+//! 3.11; before, the `tid` field of glibc's or musl's `struct pthread`
+//! that `thread_id` points to, its offset calibrated on the live threads).
+
+use std::collections::HashSet;
+
+use super::{
+    proc::{self, le_u32},
+    Interpreter, PythonError,
+};
+
+/// Most thread states walked per interpreter, and interpreters per process.
+const MAX_THREADS: usize = 65_536;
+const MAX_INTERPRETERS: usize = 1024;
+/// glibc's `offsetof(struct pthread, tid)` on x86_64 (0x2d0), preferred when
+/// several offsets fit.
+pub(super) const GLIBC_PTHREAD_TID: u64 = 0x2d0;
+/// Bytes of `struct pthread` searched for the `tid` field.
+const PTHREAD_SCAN: usize = 2048;
+
+/// One thread state found in the interpreter list.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TState {
+    pub(super) addr: u64,
+    /// `native_thread_id` (3.11+) or the `pthread_t` `thread_id`.
+    pub(super) thread_id: u64,
+}
+
+impl Interpreter {
+    /// Every thread state of every interpreter, in list order, with its raw
+    /// thread id.
+    pub(super) fn walk_tstates(&self) -> Result<Vec<TState>, PythonError> {
+        let o = &self.offsets;
+        let tid_off = o.tstate_native_thread_id.unwrap_or(o.tstate_thread_id);
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut interp = self.mem.u64(self.runtime + o.runtime_interpreters_head)?;
+        for _ in 0..MAX_INTERPRETERS {
+            if interp == 0 {
+                break;
+            }
+            let mut ts = self.mem.u64(interp + o.interp_threads_head)?;
+            for _ in 0..MAX_THREADS {
+                if ts == 0 || !seen.insert(ts) {
+                    break;
+                }
+                let thread_id = self.mem.u64(ts + tid_off)?;
+                out.push(TState { addr: ts, thread_id });
+                ts = self.mem.u64(ts + o.tstate_next)?;
+            }
+            interp = self.mem.u64(interp + o.interp_next)?;
+        }
+        Ok(out)
+    }
+
+    /// Kernel thread id of each thread state (`None`: not a live thread).
+    pub(super) fn tids(&self, tstates: &[TState]) -> Vec<Option<u32>> {
+        let tasks: HashSet<u32> = proc::task_ids(self.pid).into_iter().collect();
+        if self.offsets.tstate_native_thread_id.is_some() {
+            return tstates.iter().map(|t| u32::try_from(t.thread_id).ok().filter(|tid| tasks.contains(tid))).collect();
+        }
+        // pthread_t -> struct pthread -> tid. A struct pthread may end
+        // before PTHREAD_SCAN bytes (musl): read what is mapped.
+        let pthreads: Vec<Vec<u8>> = tstates
+            .iter()
+            .map(|t| if t.thread_id == 0 { Vec::new() } else { self.mem.bytes_lossy(t.thread_id, PTHREAD_SCAN) })
+            .collect();
+        let at = |off: u64| -> Vec<Option<u32>> {
+            pthreads.iter().map(|b| Some(le_u32(b, off)).filter(|tid| tasks.contains(tid))).collect()
+        };
+        if let Some(off) = self.pthread_tid.get() {
+            let r = at(off);
+            if r.iter().any(Option::is_some) {
+                return r;
+            }
+        }
+        // Calibrate: the offset at which the most thread states find
+        // distinct live tids (a thread that exited has tid 0 there, the
+        // kernel clears it), glibc's when it is among the best.
+        let score = |off: u64| -> usize { at(off).into_iter().flatten().collect::<HashSet<u32>>().len() };
+        let scores: Vec<(u64, usize)> = (0..PTHREAD_SCAN as u64 - 4).step_by(4).map(|o| (o, score(o))).collect();
+        let best = scores.iter().map(|s| s.1).max().unwrap_or(0);
+        if best == 0 {
+            return vec![None; tstates.len()];
+        }
+        let off = if score(GLIBC_PTHREAD_TID) == best {
+            GLIBC_PTHREAD_TID
+        } else {
+            scores.iter().find(|s| s.1 == best).map_or(GLIBC_PTHREAD_TID, |s| s.0)
+        };
+        self.pthread_tid.set(Some(off));
+        at(off)
+    }
+
+    /// Every thread state of every interpreter: (kernel tid, address of its
+    /// `PyThreadState`). Thread states whose thread is gone (or, before
+    /// 3.11, whose tid cannot be found) are left out. Does not need the GIL.
+    pub fn thread_states(&self) -> Result<Vec<(u32, u64)>, PythonError> {
+        let tstates = self.walk_tstates()?;
+        let tids = self.tids(&tstates);
+        Ok(tstates.iter().zip(tids).filter_map(|(t, tid)| Some((tid?, t.addr))).collect())
+    }
+}

@@ -1,0 +1,124 @@
+//! Formatting helpers shared by the text report's sections and by the CUDA
+//! detector's finding messages: durations (two styles, see below), byte
+//! counts, throughputs, and bpftrace-style rows of log2 histograms.
+//!
+//! Two duration styles coexist because the report's sections have always
+//! printed them differently: [`fmt_duration`] (`10.50 ms`, `4.5 us`) in the
+//! syscall, wall-time and Python sections, [`fmt_ns`] (`10.5 ms`, `4.5 µs`)
+//! in the CUDA and GPU sections and in findings.
+
+use std::fmt::Write as _;
+
+/// Width of the bar of a histogram row, in characters.
+const BAR_WIDTH: u64 = 40;
+
+/// `850 ns`, `4.5 us`, `10.50 ms`, `1.234 s`.
+pub fn fmt_duration(ns: u64) -> String {
+    match ns {
+        n if n < 1_000 => format!("{n} ns"),
+        n if n < 1_000_000 => format!("{:.1} us", n as f64 / 1e3),
+        n if n < 1_000_000_000 => format!("{:.2} ms", n as f64 / 1e6),
+        n => format!("{:.3} s", n as f64 / 1e9),
+    }
+}
+
+/// `850 ns`, `4.5 µs`, `10.5 ms`, `1.23 s`.
+pub fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+/// `512ns`, `16us`, `8ms`, `2s` for power-of-two bucket edges.
+pub fn fmt_ns_short(ns: u64) -> String {
+    match ns {
+        n if n < 1_000 => format!("{n}ns"),
+        n if n < 1_000_000 => format!("{}us", n / 1_000),
+        n if n < 1_000_000_000 => format!("{}ms", n / 1_000_000),
+        n => format!("{}s", n / 1_000_000_000),
+    }
+}
+
+/// Bytes in binary units: `1000 B`, `4.0 KiB`, `1.9 GiB`.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Bytes per second in decimal units (like GB/s elsewhere in the report).
+pub fn fmt_rate(bytes_per_s: f64) -> String {
+    const UNITS: [&str; 4] = ["kB/s", "MB/s", "GB/s", "TB/s"];
+    if !bytes_per_s.is_finite() || bytes_per_s < 1000.0 {
+        return format!("{:.0} B/s", bytes_per_s.max(0.0));
+    }
+    let mut v = bytes_per_s / 1000.0;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+/// Throughput of `bytes` moved in `ns`, in GB/s (bytes per ns) with two
+/// decimals; `-` when either is 0.
+pub fn gbps(bytes: u64, ns: u64) -> String {
+    if ns == 0 || bytes == 0 {
+        "-".into()
+    } else {
+        format!("{:.2}", bytes as f64 / ns as f64)
+    }
+}
+
+/// bpftrace-style rows of a log2 ns histogram, from the first to the last
+/// non-empty bucket.
+pub fn histogram_rows(out: &mut String, hist: &[u64]) {
+    let first = hist.iter().position(|&c| c > 0);
+    let last = hist.iter().rposition(|&c| c > 0);
+    let (Some(first), Some(last)) = (first, last) else { return };
+    let peak = hist.iter().copied().max().unwrap_or(1).max(1);
+    for (i, &c) in hist.iter().enumerate().take(last + 1).skip(first) {
+        let lo = if i == 0 { 0 } else { 1u64 << i };
+        let hi = 1u64 << (i + 1);
+        let bar = "@".repeat(((c * BAR_WIDTH).div_ceil(peak)) as usize);
+        let _ = writeln!(out, "  [{:>7}, {:>7}) {:>9} |{:<40}|", fmt_ns_short(lo), fmt_ns_short(hi), c, bar);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(fmt_duration(10_500_000), "10.50 ms");
+        assert_eq!(fmt_ns_short(8_388_608), "8ms");
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(fmt_rate(0.0), "0 B/s");
+        assert_eq!(fmt_rate(999.0), "999 B/s");
+        assert_eq!(fmt_rate(1_024_000.0), "1.02 MB/s");
+        assert_eq!(fmt_rate(2_048_000.0), "2.05 MB/s");
+        assert_eq!(fmt_rate(12_500.0), "12.50 kB/s");
+        assert_eq!(fmt_rate(3.1e9), "3.10 GB/s");
+        assert_eq!(fmt_rate(f64::NAN), "0 B/s");
+    }
+}

@@ -1,0 +1,103 @@
+//! The syscall sections of the text report: per process a `strace -c -S
+//! time` style table (with the errno names of failed calls), then log2
+//! latency histograms of each process's top syscalls by time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::{
+    recording::{Origin, Recording},
+    report::{
+        fmt::{fmt_duration, histogram_rows},
+        rows::{targets, totals, SyscallRow},
+    },
+};
+
+/// How many syscalls per process get a latency histogram.
+const HISTOGRAMS_PER_PROCESS: usize = 3;
+
+/// One `== pid` heading and table per target, in pid order (`rows`: from
+/// [`crate::report::rows::syscall_rows`]).
+pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec<SyscallRow>>) {
+    for t in targets(rec) {
+        let origin = match t.origin {
+            Origin::Attached => "attached",
+            Origin::Launched => "launched",
+            Origin::Followed => "followed",
+        };
+        let exit = t.exit_code.map(|c| format!(", exit code {c}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\n== pid {} ({}) [{}{}] {}",
+            t.pid,
+            t.comm,
+            origin,
+            exit,
+            if t.cmdline.is_empty() { t.exe.clone().unwrap_or_default() } else { t.cmdline.join(" ") }
+        );
+        match rows.get(&t.pid) {
+            Some(r) => table(out, r),
+            None => out.push_str("(no syscalls in the window)\n"),
+        }
+    }
+}
+
+/// Latency histograms of the top [`HISTOGRAMS_PER_PROCESS`] syscalls by
+/// time of each target.
+pub fn render_latency(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec<SyscallRow>>) {
+    for t in targets(rec) {
+        let Some(r) = rows.get(&t.pid) else { continue };
+        let top: Vec<&SyscallRow> = r.iter().filter(|r| r.total_ns > 0).take(HISTOGRAMS_PER_PROCESS).collect();
+        if top.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "\n== latency, pid {} ({}): top {} syscalls by time", t.pid, t.comm, top.len());
+        for row in top {
+            histogram(out, row);
+        }
+    }
+}
+
+fn table(out: &mut String, rows: &[SyscallRow]) {
+    let tot = totals(rows);
+    let rule = "------ ----------- ----------- --------- --------- ----------------";
+    out.push_str("% time     seconds  usecs/call     calls    errors syscall\n");
+    out.push_str(rule);
+    out.push('\n');
+    for r in rows {
+        let pct = if tot.total_ns > 0 { r.total_ns as f64 * 100.0 / tot.total_ns as f64 } else { 0.0 };
+        let per_call = r.total_ns.checked_div(r.count).unwrap_or(0) / 1000;
+        let errors = if r.errors > 0 { r.errors.to_string() } else { String::new() };
+        let _ = writeln!(
+            out,
+            "{:>6.2} {:>11.6} {:>11} {:>9} {:>9} {}",
+            pct,
+            r.total_ns as f64 / 1e9,
+            per_call,
+            r.count,
+            errors,
+            r.name
+        );
+    }
+    out.push_str(rule);
+    out.push('\n');
+    let errors = if tot.errors > 0 { tot.errors.to_string() } else { String::new() };
+    let per_call = tot.total_ns.checked_div(tot.count).unwrap_or(0) / 1000;
+    let _ = writeln!(out, "{:>6.2} {:>11.6} {:>11} {:>9} {:>9} total", 100.0, tot.total_ns as f64 / 1e9, per_call, tot.count, errors);
+    let failing: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.errnos.is_empty())
+        .map(|r| {
+            let e: Vec<String> = r.errnos.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+            format!("{} ({})", r.name, e.join(", "))
+        })
+        .collect();
+    if !failing.is_empty() {
+        let _ = writeln!(out, "errors: {}", failing.join("; "));
+    }
+}
+
+fn histogram(out: &mut String, row: &SyscallRow) {
+    let _ = writeln!(out, "{}: {} calls, avg {}, max {}", row.name, row.count, fmt_duration(row.total_ns / row.count.max(1)), fmt_duration(row.max_ns));
+    histogram_rows(out, &row.hist_log2_ns);
+}
