@@ -7,7 +7,7 @@ use crate::{
         programs::{self, LoadInputs},
         RecordOptions,
     },
-    families, session, system, tracefs,
+    families, procfs, session, system, tracefs,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,8 +47,8 @@ fn privileges() -> Check {
 }
 
 fn kernel_version() -> Check {
-    let rel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let rel = rel.trim();
+    let rel = procfs::sysctl("kernel/osrelease").unwrap_or_default();
+    let rel = rel.as_str();
     let mut it = rel.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
     let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
     // Ring buffers need 5.8; tp_btf and BPF_F_* used here are older.
@@ -110,7 +110,7 @@ fn ring_buffer() -> Check {
 }
 
 fn perf_paranoid() -> Check {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    let raw = procfs::sysctl("kernel/perf_event_paranoid").unwrap_or_default();
     let v: i32 = raw.trim().parse().unwrap_or(99);
     if session::has_tracing_privileges() || v <= 1 {
         check("perf_event_paranoid", Status::Pass, format!("{v} (privileged tracer is not limited by it)"), None)

@@ -228,5 +228,5 @@ fn looks_like_python(pid: u32) -> bool {
     let exe = procfs::exe(pid).unwrap_or_default();
     let base = exe.rsplit('/').next().unwrap_or("");
     base.starts_with("python")
-        || std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libpython"))
+        || procfs::maps_text(pid).is_ok_and(|m| m.contains("libpython"))
 }

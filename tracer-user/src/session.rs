@@ -306,10 +306,10 @@ fn set_window_start(ebpf: &mut Ebpf, start: u64) -> Result<(), RecordError> {
 }
 
 fn host_info() -> HostInfo {
-    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let read = |name: &str| procfs::sysctl(name).unwrap_or_default();
     HostInfo {
-        hostname: read("/proc/sys/kernel/hostname"),
-        kernel_release: read("/proc/sys/kernel/osrelease"),
+        hostname: read("kernel/hostname"),
+        kernel_release: read("kernel/osrelease"),
         arch: std::env::consts::ARCH.to_owned(),
     }
 }

@@ -347,7 +347,7 @@ fn kernel_frame(sym: Sym<'_>) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use std::{ffi::CString, fs, path::Path};
 
     #[inline(never)]
     #[no_mangle]
@@ -430,7 +430,7 @@ mod tests {
         assert_ne!(addr, 0);
         let own = fs::read_to_string("/proc/self/maps").unwrap();
         let e = own.lines().filter_map(MapsLine::parse).find(|e| e.start <= addr && addr < e.end).unwrap();
-        let (libc_path, file_offset) = (e.path().to_owned(), addr - e.start + e.offset);
+        let (libc_path, file_offset): (String, u64) = (e.path().to_owned(), addr - e.start + e.offset);
 
         // A child that maps the same libc: observe it, let it exit, then
         // symbolize getpid at the child's address.

@@ -29,15 +29,15 @@ fn modules() -> BTreeMap<ModPath, PathBuf> {
             let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_owned();
             if p.is_dir() {
                 let mut sub = prefix.to_vec();
-                sub.push(name);
+                sub.push(name.clone());
                 walk(&p, &sub, out);
             } else if p.extension().is_some_and(|x| x == "rs") {
-                let mut path = prefix.to_vec();
-                if name != "mod" && !(prefix.is_empty() && (name == "lib" || name == "main")) {
-                    path.push(name);
-                }
                 if prefix.is_empty() && name == "main" {
                     continue; // the binary: imports the library by name
+                }
+                let mut path = prefix.to_vec();
+                if name != "mod" && !(prefix.is_empty() && name == "lib") {
+                    path.push(name);
                 }
                 out.insert(path, p);
             }
@@ -131,7 +131,8 @@ fn resolve(module: &ModPath, is_mod_file: bool, r: &str, known: &BTreeSet<ModPat
         }
         _ => return None,
     };
-    let mut best = None;
+    // The base itself (`super::Item`) is a target; the crate root is not.
+    let mut best = (!base.is_empty()).then(|| base.clone());
     for s in segs {
         base.push(s.to_owned());
         if known.contains(&base) {

@@ -23,6 +23,7 @@ use super::{
 use crate::{
     collect::{Collector, Context, TargetEvent, Topic},
     probe::{self, ProbeError},
+    procfs,
     recording::{Origin, Recording},
     symbolize::{Symbolizer, UNKNOWN},
 };
@@ -90,7 +91,7 @@ impl CudaCollector {
             st.alive = true;
             st.maps_hash = 0;
         }
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(text) = procfs::maps_text(pid) else {
             st.alive = false;
             return Ok(());
         };
@@ -100,9 +101,7 @@ impl CudaCollector {
         }
         st.maps_hash = h;
         let maps = discovery::parse_maps(&text);
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .ok()
-            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
+        let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
         // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
         let mut text: [Option<(u64, u64)>; 2] = [None, None];
@@ -240,7 +239,7 @@ impl CudaCollector {
         if self.attached.is_empty() {
             return Ok(());
         }
-        let gone = |tid: u32| !std::path::Path::new(&format!("/proc/{tid}")).exists();
+        let gone = |tid: u32| !procfs::exists(tid);
         {
             let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
             let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();

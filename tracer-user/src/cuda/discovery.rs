@@ -5,9 +5,8 @@
 //! identified by (device, inode) so that one file mapped by many processes
 //! is probed once; symbol file offsets from `.dynsym` and `.symtab`.
 
-use std::{collections::HashMap, fs::File, io, path::PathBuf};
+use std::{fs::File, io, path::PathBuf};
 
-use object::{read::ReadCache, Object, ObjectSegment, ObjectSymbol};
 use tracer_common::cuda::api;
 
 use crate::procfs::{self, MappedFile, MapsLine};
@@ -101,30 +100,11 @@ pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<(MappedFile, PathBuf
 /// file, by api id (`.dynsym` first, then `.symtab`; version suffixes such
 /// as `@@libcudart.so.12` are not part of the names read).
 pub fn cuda_symbols(file: &File) -> Result<Vec<(u32, u64)>, String> {
-    let cache = ReadCache::new(file);
-    let obj = object::File::parse(&cache).map_err(|e| e.to_string())?;
-    let wanted: HashMap<&str, u32> = api::NAMES.iter().enumerate().map(|(i, n)| (*n, i as u32)).collect();
-    let mut found: HashMap<u32, u64> = HashMap::new();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        if sym.is_undefined() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let name = name.split('@').next().unwrap_or(name);
-        if let Some(&id) = wanted.get(name) {
-            found.entry(id).or_insert(sym.address());
-        }
-    }
-    let segments: Vec<(u64, u64, u64)> = obj
-        .segments()
-        .map(|s| (s.address(), s.size(), s.file_range().0))
-        .collect();
-    let mut out: Vec<(u32, u64)> = found
-        .into_iter()
-        .filter_map(|(id, addr)| {
-            let &(vaddr, _, off) = segments.iter().find(|(a, size, _)| *a <= addr && addr < a + size)?;
-            Some((id, addr - vaddr + off))
-        })
+    let found = crate::elf::lookup(file, &api::NAMES)?;
+    let mut out: Vec<(u32, u64)> = api::NAMES
+        .iter()
+        .enumerate()
+        .filter_map(|(id, name)| Some((id as u32, found.file_offset(*found.addresses.get(*name)?)?)))
         .collect();
     out.sort_unstable();
     Ok(out)

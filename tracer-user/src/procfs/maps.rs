@@ -95,7 +95,7 @@ pub fn parse_maps(text: &str) -> Vec<MapsLine> {
 
 /// The mappings of `pid`.
 pub fn maps(pid: u32) -> io::Result<Vec<MapsLine>> {
-    Ok(parse_maps(&fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(parse_maps(&super::maps_text(pid)?))
 }
 
 /// The file behind a mapping, opened.

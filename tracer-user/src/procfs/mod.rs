@@ -57,6 +57,27 @@ pub fn exe(pid: u32) -> Option<String> {
     fs::read_link(proc_path(pid, "exe")).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
+/// Inode of the process's executable (`stat /proc/PID/exe`).
+pub fn exe_inode(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(proc_path(pid, "exe")).ok().map(|m| m.ino())
+}
+
+/// The text of /proc/PID/maps (see [`parse_maps`]).
+pub fn maps_text(pid: u32) -> io::Result<String> {
+    fs::read_to_string(proc_path(pid, "maps"))
+}
+
+/// Whether a process or thread with this id exists (`/proc/ID`).
+pub fn exists(id: u32) -> bool {
+    proc_path(id, "").exists()
+}
+
+/// A kernel setting under /proc/sys (`kernel/osrelease`), trimmed.
+pub fn sysctl(name: &str) -> Option<String> {
+    fs::read_to_string(format!("/proc/sys/{name}")).ok().map(|s| s.trim().to_owned())
+}
+
 pub fn cmdline(pid: u32) -> Vec<String> {
     fs::read(proc_path(pid, "cmdline"))
         .map(|raw| {
@@ -103,11 +124,13 @@ pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_owned())
 }
 
-/// Thread ids of a process (empty when it is gone).
+/// Thread ids of a process, ascending (empty when it is gone).
 pub fn thread_ids(pid: u32) -> Vec<u32> {
-    fs::read_dir(proc_path(pid, "task"))
+    let mut v: Vec<u32> = fs::read_dir(proc_path(pid, "task"))
         .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
 }
 
 /// The syscall a thread is blocked in, from /proc/PID/task/TID/syscall

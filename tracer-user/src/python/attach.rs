@@ -4,7 +4,7 @@
 //! `Py_GetVersion` string, or the file name), picking the layout of that
 //! version, validating it against the process, and locating the GIL.
 
-use std::{cell::Cell, collections::HashMap, fs, os::unix::fs::MetadataExt, path::PathBuf};
+use std::{cell::Cell, collections::HashMap, path::PathBuf};
 
 use super::{
     elf,
@@ -12,10 +12,11 @@ use super::{
     proc::{self, Mem},
     Interpreter, PythonError,
 };
+use crate::procfs::MapsLine;
 
 /// A mapped file that may hold the interpreter.
 struct Candidate<'a> {
-    mappings: Vec<&'a proc::MapEntry>,
+    mappings: Vec<&'a MapsLine>,
     is_libpython: bool,
 }
 
@@ -26,18 +27,18 @@ impl Interpreter {
     /// process runs no CPython.
     pub fn attach(pid: u32) -> Result<Option<Interpreter>, PythonError> {
         let maps = proc::read_maps(pid)?;
-        let exe_inode = fs::metadata(format!("/proc/{pid}/exe")).ok().map(|m| m.ino());
+        let exe_inode = crate::procfs::exe_inode(pid);
 
         // Group file mappings by (inode, path), in address order.
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut seen: HashMap<(u64, &str), usize> = HashMap::new();
         for m in maps.iter().filter(|m| m.is_file()) {
-            let base = m.basename().unwrap_or("");
+            let base = m.basename();
             let is_libpython = base.starts_with("libpython");
             if !is_libpython && Some(m.inode) != exe_inode {
                 continue;
             }
-            let key = (m.inode, m.clean_path().unwrap_or(""));
+            let key = (m.inode, m.path());
             match seen.get(&key) {
                 Some(&i) => candidates[i].mappings.push(m),
                 None => {
@@ -50,7 +51,7 @@ impl Interpreter {
         candidates.sort_by_key(|c| !c.is_libpython);
 
         let mem = Mem { pid };
-        let mut old_python: Option<(elf::ElfInfo, Vec<&proc::MapEntry>, String)> = None;
+        let mut old_python: Option<(elf::ElfInfo, Vec<&MapsLine>, String)> = None;
         let mut last_err = None;
         for cand in &candidates {
             let first = cand.mappings[0];
@@ -68,7 +69,7 @@ impl Interpreter {
                     continue;
                 }
             };
-            let name = first.basename().unwrap_or("").to_string();
+            let name = first.basename().to_string();
             if info.symbol("_PyRuntime").is_some() {
                 return Self::attach_to(pid, mem, &info, &cand.mappings, path, &name).map(Some);
             }
@@ -96,7 +97,7 @@ impl Interpreter {
         pid: u32,
         mem: Mem,
         info: &elf::ElfInfo,
-        mappings: &[&proc::MapEntry],
+        mappings: &[&MapsLine],
         binary: PathBuf,
         name: &str,
     ) -> Result<Interpreter, PythonError> {

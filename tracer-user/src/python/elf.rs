@@ -1,12 +1,12 @@
-//! The few things read from the interpreter's ELF file: a handful of symbol
-//! addresses (`.dynsym`, then `.symtab`), the loadable segments (for the
-//! load bias) and the writable data sections (to find the version string).
+//! The few things read from the interpreter's ELF file (through
+//! `crate::elf`): a handful of symbol addresses, the loadable segments (for
+//! the load bias) and the writable data sections (to find the version
+//! string).
 
 use std::{collections::HashMap, fs::File, path::Path};
 
-use object::{read::ReadCache, Object, ObjectSection, ObjectSegment, ObjectSymbol};
-
-use super::{proc::MapEntry, PythonError};
+use super::PythonError;
+use crate::procfs::MapsLine;
 
 /// Symbols looked up in every candidate file.
 pub const WANTED: &[&str] = &["_PyRuntime", "Py_Version", "PyCode_Type", "Py_GetVersion", "_PyEval_EvalFrameDefault"];
@@ -28,7 +28,7 @@ impl ElfInfo {
 
     /// Load bias of this file in a process, from its mappings: the mapping
     /// whose file offset is a loadable segment's (page-aligned) offset.
-    pub fn load_bias(&self, mappings: &[&MapEntry]) -> Option<u64> {
+    pub fn load_bias(&self, mappings: &[&MapsLine]) -> Option<u64> {
         let page = page_size();
         for m in mappings {
             for &(off, vaddr) in &self.loads {
@@ -52,31 +52,12 @@ pub fn page_size() -> u64 {
 }
 
 /// Reads the symbols in [`WANTED`], the segments and data sections of an ELF
-/// file without loading all of it.
+/// file ([`crate::elf::lookup`]).
 pub fn inspect(file: File, path: &Path) -> Result<ElfInfo, PythonError> {
-    let elf_err = |e: object::Error| PythonError::Elf { path: path.display().to_string(), message: e.to_string() };
-    let cache = ReadCache::new(file);
-    let obj = object::File::parse(&cache).map_err(elf_err)?;
-    let mut info = ElfInfo::default();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        if sym.is_undefined() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        if let Some(&w) = WANTED.iter().find(|&&w| w == name) {
-            info.symbols.entry(w).or_insert(sym.address());
-        }
-    }
-    for seg in obj.segments() {
-        let (off, _) = seg.file_range();
-        info.loads.push((off, seg.address()));
-    }
-    for name in [".data", ".bss"] {
-        if let Some(s) = obj.section_by_name(name) {
-            info.data_sections.push((s.address(), s.size()));
-        }
-    }
-    Ok(info)
+    let found = crate::elf::lookup(&file, WANTED).map_err(|message| PythonError::Elf { path: path.display().to_string(), message })?;
+    let symbols = WANTED.iter().filter_map(|w| found.addresses.get(*w).map(|a| (*w, *a))).collect();
+    let loads = found.segments.iter().map(|&(vaddr, _, off)| (off, vaddr)).collect();
+    Ok(ElfInfo { symbols, loads, data_sections: found.data_sections })
 }
 
 /// Finds the CPython version string that `Py_GetVersion` leaves in its static

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use super::{
     layout::{self, InstrKind},
-    proc::{self, le_u32, le_u64},
+    proc::{le_u32, le_u64},
     Interpreter, PythonError, ThreadDump,
 };
 use crate::recording::Frame;
@@ -68,7 +68,7 @@ impl Interpreter {
         for (ts, tid) in tstates.iter().zip(tids) {
             let frames = self.stack(ts.addr);
             let tid = tid.unwrap_or(0);
-            let thread_name = (tid != 0).then(|| proc::thread_comm(self.pid, tid)).flatten();
+            let thread_name = (tid != 0).then(|| crate::procfs::thread_comm(self.pid, tid)).flatten();
             out.push(ThreadDump { tid, thread_name, frames });
         }
         Ok(out)

@@ -50,7 +50,6 @@ use std::collections::HashSet;
 pub use code::UNKNOWN_FUNCTION;
 pub use layout::{PyLayout, ABSENT};
 
-use crate::recording::Frame;
 use code::CodeInfo;
 use layout::Offsets;
 use proc::Mem;
@@ -96,15 +95,7 @@ impl PythonError {
     }
 }
 
-/// The current Python stack of one thread.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ThreadDump {
-    /// Kernel thread id (0 when it could not be determined, before 3.11).
-    pub tid: u32,
-    pub thread_name: Option<String>,
-    /// Leaf first.
-    pub frames: Vec<Frame>,
-}
+pub use crate::recording::ThreadDump;
 
 /// One traced CPython process.
 pub struct Interpreter {
@@ -251,7 +242,7 @@ mod live_tests {
             let pid = s.0.id();
             let good = Interpreter::attach(pid).unwrap().unwrap();
             let tids: HashSet<u32> = good.thread_states().unwrap().iter().map(|t| t.0).collect();
-            assert_eq!(tids, proc::task_ids(pid).into_iter().collect::<HashSet<_>>(), "{}", py.display());
+            assert_eq!(tids, crate::procfs::thread_ids(pid).into_iter().collect::<HashSet<_>>(), "{}", py.display());
             if good.offsets.tstate_native_thread_id.is_none() {
                 assert_eq!(good.pthread_tid.get(), Some(GLIBC_PTHREAD_TID), "{}", py.display());
             }

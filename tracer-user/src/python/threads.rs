@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use super::{
-    proc::{self, le_u32},
+    proc::le_u32,
     Interpreter, PythonError,
 };
 
@@ -56,7 +56,7 @@ impl Interpreter {
 
     /// Kernel thread id of each thread state (`None`: not a live thread).
     pub(super) fn tids(&self, tstates: &[TState]) -> Vec<Option<u32>> {
-        let tasks: HashSet<u32> = proc::task_ids(self.pid).into_iter().collect();
+        let tasks: HashSet<u32> = crate::procfs::thread_ids(self.pid).into_iter().collect();
         if self.offsets.tstate_native_thread_id.is_some() {
             return tstates.iter().map(|t| u32::try_from(t.thread_id).ok().filter(|tid| tasks.contains(tid))).collect();
         }

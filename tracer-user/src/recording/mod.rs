@@ -94,6 +94,16 @@ pub enum FrameKind {
     Python,
 }
 
+/// The current Python stack of one thread (what `infertrace dump` prints).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadDump {
+    /// Kernel thread id (0 when it could not be determined, before 3.11).
+    pub tid: u32,
+    pub thread_name: Option<String>,
+    /// Leaf first.
+    pub frames: Vec<Frame>,
+}
+
 /// One resolved frame.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct Frame {

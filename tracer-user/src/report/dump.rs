@@ -4,10 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::{
-    python::ThreadDump,
-    recording::{Frame, FrameKind},
-};
+use crate::recording::{Frame, FrameKind, ThreadDump};
 
 /// py-spy-like text:
 ///
