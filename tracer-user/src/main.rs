@@ -15,10 +15,15 @@ use infertrace::{doctor, nvml, python, recording::Recording, report, report::fol
     name = "infertrace",
     version,
     about = "Where does the time of a Python / GPU inference service go? Traced from outside, with eBPF.",
-    long_about = "infertrace attaches eBPF probes to running processes (or a command it launches) and \
-accounts for their time in the kernel: every syscall is counted, timed and histogrammed without \
-leaving the kernel. Needs root (or CAP_BPF+CAP_PERFMON) and a kernel with BTF; run `infertrace doctor` \
-to check a machine.\n\nExamples:\n  infertrace record -p 1234 --duration 30s\n  infertrace record -- python3 serve.py\n  infertrace report infertrace-20260101-120000.itr --format json"
+    long_about = "infertrace attaches eBPF probes to running processes (or a command it launches, with its \
+children) and accounts for their time from outside, without restarting them: every syscall counted and \
+timed in the kernel; each thread's wall time split into on-CPU, off-CPU by reason (I/O, locks, polling, \
+sleep, GIL) and run-queue delay; CPU samples and off-CPU stacks; for CPython 3.8-3.13, each of these \
+attributed to the Python line that caused it; for CUDA programs, every host<->device copy, sync and \
+kernel launch by call site, with findings about wasteful copy patterns, and NVML GPU samples. \
+Needs root (or CAP_BPF+CAP_PERFMON) and a kernel with BTF; run `infertrace doctor` to check a machine.\n\n\
+Examples:\n  infertrace record -p 1234 --duration 30s\n  infertrace record -- python3 serve.py\n  \
+infertrace report infertrace-20260101-120000.itr --format json\n  infertrace dump -p 1234"
 )]
 struct Cli {
     #[command(subcommand)]
