@@ -7,7 +7,7 @@ use super::PythonError;
 use crate::procfs::{self, MapsLine};
 
 pub fn read_maps(pid: u32) -> Result<Vec<MapsLine>, PythonError> {
-    procfs::maps(pid).map_err(|e| PythonError::io(&format!("/proc/{pid}/maps"), e))
+    procfs::maps(pid).map_err(|e| PythonError::io(format!("/proc/{pid}/maps"), e))
 }
 
 /// Opens the file behind a mapping ([`procfs::open_mapped`]); also returns
