@@ -13,8 +13,6 @@ pub mod discovery;
 pub mod findings;
 pub mod render;
 pub mod replay;
-#[cfg(test)]
-mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
