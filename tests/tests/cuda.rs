@@ -5,12 +5,15 @@
 //! tests/cudasim/fetch-cudart.sh) checks probes, argument decoding, counts,
 //! call sites and findings: without a GPU driver every call fails with
 //! cudaErrorInsufficientDriver (35) but is entered. Durations come from
-//! tests/cudasim, a timing simulator with the same soname (not CUDA).
+//! tests/cudasim, a timing simulator with the same soname (not CUDA). Also:
+//! a native program's C call sites (tests/cudasim/native_app.c), and the
+//! kernel maps of threads that exited (read with bpftool while recording).
 //!
-//! Needs root, the binary, python3, gcc, and PyPI once (or a populated
-//! target/cuda-real); under CI=true a missing one fails the test.
+//! Needs root, the binary, python3 (on PATH), gcc, bpftool (the threads
+//! test), and PyPI once (or a populated target/cuda-real); under CI=true a
+//! missing one fails the test.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -36,6 +39,8 @@ struct Env {
     real: PathBuf,
     sim: PathBuf,
     kernels: PathBuf,
+    /// tests/cudasim/native_app.c, linked to the real libcudart.so.12.
+    native_app: PathBuf,
 }
 
 /// Root, the binary, and the libraries (fetched / built when missing).
@@ -68,7 +73,13 @@ fn prerequisites(test: &str) -> Option<Env> {
         skip(test, "python3");
         return None;
     };
-    Some(Env { python, real, sim: sim.join("libcudart.so.12"), kernels: sim.join("libfakekernels.so") })
+    Some(Env {
+        python,
+        real,
+        sim: sim.join("libcudart.so.12"),
+        kernels: sim.join("libfakekernels.so"),
+        native_app: sim.join("native_app"),
+    })
 }
 
 /// A copy of `lib` of this test's own (another inode): the workloads wait
@@ -79,19 +90,37 @@ fn private_copy(dir: &TempDir, lib: &Path, name: &str) -> PathBuf {
     p
 }
 
-/// `# @name` markers of the workload -> line.
-fn markers() -> BTreeMap<String, u64> {
-    let text = fs::read_to_string(workspace_root().join("tests/workloads/cuda_patterns.py")).unwrap();
-    text.lines()
-        .enumerate()
-        .filter_map(|(i, l)| l.rsplit_once("# @").map(|(_, m)| (m.trim().to_string(), i as u64 + 1)))
-        .collect()
-}
-
 struct Cuda {
     report: Report,
     markers: BTreeMap<String, u64>,
     run: Run,
+}
+
+/// `# @name` / `/* @name */` markers of a source file -> line.
+fn markers_of(source: &Path) -> BTreeMap<String, u64> {
+    let text = fs::read_to_string(source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (_, m) = l.rsplit_once("# @").or_else(|| l.rsplit_once("/* @"))?;
+            Some((m.trim_end_matches("*/").trim().to_string(), i as u64 + 1))
+        })
+        .collect()
+}
+
+/// The Python function holding a marker of cuda_patterns.py.
+fn function_of(marker: &str) -> String {
+    let text = fs::read_to_string(workspace_root().join("tests/workloads/cuda_patterns.py")).unwrap();
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("def ") {
+            current = rest.split('(').next().unwrap().to_owned();
+        }
+        if line.trim_end().ends_with(&format!("# @{marker}")) {
+            return current;
+        }
+    }
+    panic!("no marker {marker}");
 }
 
 impl Cuda {
@@ -119,6 +148,23 @@ impl Cuda {
         v[0]
     }
 
+    fn findings(&self) -> &Vec<Value> {
+        self.report.0["findings"].as_array().expect("findings")
+    }
+
+    /// The one finding of `kind`.
+    #[track_caller]
+    fn finding(&self, kind: &str) -> &Value {
+        let v: Vec<&Value> = self.findings().iter().filter(|f| f["kind"] == kind).collect();
+        assert_eq!(v.len(), 1, "findings of kind {kind}: {:#?}", self.findings());
+        v[0]
+    }
+
+    /// The `launched` target's pid.
+    fn launched_pid(&self) -> u64 {
+        self.report.one_target("launched")["pid"].as_u64().unwrap()
+    }
+
     fn findings_at(&self, marker: &str) -> Vec<String> {
         let line = self.line(marker);
         let mut v: Vec<String> = self.report.0["findings"]
@@ -139,6 +185,25 @@ fn u(v: &Value) -> u64 {
 
 /// `infertrace record -q --format json -o DIR/rec.itr [ARGS] [-- python3 workload MODE]`.
 fn record(env: &Env, dir: &TempDir, cudart: &Path, extra_env: &[(&str, &str)], args: &[OsString]) -> Cuda {
+    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
+    record_source(env, dir, cudart, extra_env, args, &source)
+}
+
+/// [`record`] of a workload whose markers are in `source`.
+fn record_source(
+    env: &Env,
+    dir: &TempDir,
+    cudart: &Path,
+    extra_env: &[(&str, &str)],
+    args: &[OsString],
+    source: &Path,
+) -> Cuda {
+    let run = run_cmd(&mut record_command(env, dir, cudart, extra_env, args), Duration::from_secs(120));
+    checked(run, source)
+}
+
+/// The `infertrace record` command of [`record`].
+fn record_command(env: &Env, dir: &TempDir, cudart: &Path, extra_env: &[(&str, &str)], args: &[OsString]) -> Command {
     let out = dir.join("rec.itr");
     let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
     cmd.arg(&out).args(args);
@@ -146,7 +211,11 @@ fn record(env: &Env, dir: &TempDir, cudart: &Path, extra_env: &[(&str, &str)], a
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    let run = run_cmd(&mut cmd, Duration::from_secs(120));
+    cmd
+}
+
+/// The finished `record` run: succeeded, a JSON report, no CUDA event lost.
+fn checked(run: Run, source: &Path) -> Cuda {
     run.assert_ok();
     let report = run.json();
     // Not `check_invariants`: it wants no lost event at all, and a CPU
@@ -154,7 +223,7 @@ fn record(env: &Env, dir: &TempDir, cudart: &Path, extra_env: &[(&str, &str)], a
     assert_eq!(report.0["schema_version"], 1);
     let lost = report.0["lost_detail"].as_object().expect("lost_detail");
     assert!(!lost.contains_key("cuda_lost"), "CUDA events lost: {lost:?}");
-    Cuda { report, markers: markers(), run }
+    Cuda { report, markers: markers_of(source), run }
 }
 
 fn launch_args(env: &Env, mode: &str) -> Vec<OsString> {
@@ -178,6 +247,7 @@ fn real_libcudart_counts_sites_and_findings() {
     assert_eq!(libs.len(), 1, "{libs:?}");
     assert_eq!(Path::new(libs[0]["path"].as_str().unwrap()), lib);
     assert_eq!(libs[0]["functions"].as_array().unwrap().len(), 27);
+    assert_eq!(libs[0]["pids"], serde_json::json!([t.launched_pid()]), "{libs:?}");
 
     // (api, marker, kind, calls, bytes); every call fails with 35.
     let expected: &[(&str, &str, Option<&str>, u64, u64)] = &[
@@ -221,10 +291,14 @@ fn real_libcudart_counts_sites_and_findings() {
         assert_eq!((u(&c["count"]), u(&c["bytes"]), u(&c["errors"])), (count, bytes, count), "{api} @{marker}: {c}");
         assert_eq!(c["return_codes"], serde_json::json!({ "35": count }), "{api} @{marker}");
         assert!(c["site"]["file"].as_str().unwrap().ends_with("cuda_patterns.py"), "{c}");
+        assert_eq!(c["site"]["function"], function_of(marker).as_str(), "{api} @{marker}: {c}");
     }
     let total: u64 = t.calls().iter().map(|c| u(&c["count"])).sum();
     assert_eq!(total, expected.iter().map(|e| e.3).sum::<u64>(), "calls outside the markers: {:#?}", t.calls());
     assert_eq!(t.call("cudaMemcpyAsync", "small_copy")["site"]["function"], "small_batches");
+    // Pageable host memory (no driver: nothing is pinned).
+    let small = t.call("cudaMemcpyAsync", "small_copy");
+    assert_eq!((u(&small["pinned"]), u(&small["pageable"])), (0, 200), "{small}");
 
     let launches = cuda["launches"].as_array().expect("launches");
     let launch = |marker: &str| -> &Value {
@@ -235,9 +309,11 @@ fn real_libcudart_counts_sites_and_findings() {
     };
     assert_eq!(launch("launch_vec")["kernel"], "vector_add_kernel");
     assert_eq!(u(&launch("launch_vec")["count"]), 300);
+    assert_eq!(launch("launch_vec")["api"], "cudaLaunchKernel");
     assert_eq!(launch("launch_mm")["kernel"], "matmul_kernel(float*, float*, float*, int)");
     assert_eq!(u(&launch("launch_mm")["count"]), 100);
     assert_eq!(launch("launch_mm")["api"], "cudaLaunchKernel_ptsz");
+    assert_eq!(launches.len(), 2, "{launches:#?}");
 
     assert_eq!(t.findings_at("small_copy"), ["small_htod_copies", "sync_after_copy"]);
     assert_eq!(t.findings_at("item_copy"), ["tiny_dtoh_sync"]);
@@ -246,7 +322,7 @@ fn real_libcudart_counts_sites_and_findings() {
     assert_eq!(t.findings_at("ptsz_copy"), ["small_htod_copies", "sync_after_copy"]);
     // The stream of cudaMemcpy2DAsync is on the stack: pairs need it right.
     assert_eq!(t.findings_at("copy2d_async"), ["sync_after_copy"]);
-    for quiet in ["large_copy", "large_async", "large_sync", "copy2d_other"] {
+    for quiet in ["large_copy", "large_async", "large_sync", "copy2d_other", "default_copy", "malloc"] {
         assert!(t.findings_at(quiet).is_empty(), "a single large copy made a finding at @{quiet}");
     }
     let findings = t.report.0["findings"].as_array().unwrap();
@@ -257,6 +333,10 @@ fn real_libcudart_counts_sites_and_findings() {
         }
         assert!(f["count"].is_u64() && f["bytes"].is_u64() && f["time_ns"].is_u64(), "{f}");
     }
+    let f = t.finding("tiny_dtoh_sync");
+    assert_eq!((u(&f["count"]), u(&f["bytes"])), (100, 400), "{f}");
+    let f = t.finding("repeated_upload");
+    assert_eq!((u(&f["count"]), u(&f["bytes"])), (64, 64 * 65536), "{f}");
 
     // The text report: findings first, then the tables.
     let text = run_infertrace([OsString::from("report"), dir.join("rec.itr").into()]);
@@ -279,6 +359,7 @@ fn simulator_durations_pinned_memory_and_leaks() {
     let pageable = t.call("cudaMemcpyAsync", "sim_pageable_copy");
     assert_eq!((u(&pinned["count"]), u(&pinned["bytes"]), u(&pinned["errors"])), (40, 40 * n, 0));
     assert_eq!((u(&pinned["pinned"]), u(&pinned["pageable"])), (40, 0));
+    assert_eq!((u(&pageable["count"]), u(&pageable["bytes"])), (40, 40 * n));
     assert_eq!((u(&pageable["pinned"]), u(&pageable["pageable"])), (0, 40));
     // The simulator: pageable 3 GB/s blocking, pinned 12 GB/s async.
     let pageable_ns = u(&pageable["total_ns"]) / 40;
@@ -286,12 +367,34 @@ fn simulator_durations_pinned_memory_and_leaks() {
     assert!(u(&pinned["total_ns"]) / 40 < 500_000, "pinned copy {}", pinned["total_ns"]);
     let sync_ns = u(&t.call("cudaStreamSynchronize", "sim_pinned_sync")["total_ns"]) / 40;
     assert!(sync_ns >= 2_700_000, "sync after a pinned copy {sync_ns} ns");
+    // .item() after 10 launches of 100 us: a pageable D2H copy waits for the
+    // stream to drain (in the copy), then the sync.
+    let item = u(&t.call("cudaMemcpyAsync", "sim_item_copy")["total_ns"])
+        + u(&t.call("cudaStreamSynchronize", "sim_item_sync")["total_ns"]);
+    assert!(item / 40 >= 50_000, "item copy + sync {} ns", item / 40);
+    let launches: u64 = t.cuda()["launches"]
+        .as_array()
+        .expect("launches")
+        .iter()
+        .filter(|l| l["kernel"] == "vector_add_kernel")
+        .map(|l| u(&l["count"]))
+        .sum();
+    assert_eq!(launches, 400);
+    let leak = t.call("cudaMalloc", "sim_leak");
+    assert_eq!((u(&leak["count"]), u(&leak["bytes"]), u(&leak["errors"])), (40, 40 << 20, 0), "{leak}");
     assert_eq!(t.findings_at("sim_pageable_copy"), ["copy_time_share", "pageable_copy", "sync_after_copy"]);
     assert_eq!(t.findings_at("sim_pinned_copy"), ["sync_after_copy"]);
     assert_eq!(t.findings_at("sim_item_copy"), ["tiny_dtoh_sync"]);
     assert_eq!(t.findings_at("sim_leak"), ["device_memory_leak"]);
     assert!(t.findings_at("sim_tmp_malloc").is_empty());
-    let leak = t.report.0["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "device_memory_leak").unwrap();
+    assert!(t.findings_at("sim_malloc_input").is_empty());
+    // Most of the window (the recording's: `duration_ns`) goes to copies
+    // and syncs.
+    let share = t.finding("copy_time_share");
+    let window = u(&t.report.0["duration_ns"]);
+    assert!(window > 0 && u(&share["time_ns"]) * 5 >= window, "{share} (window {window} ns)");
+    assert_eq!(t.findings().len(), 6, "{:#?}", t.findings());
+    let leak = t.finding("device_memory_leak");
     assert_eq!((u(&leak["count"]), u(&leak["bytes"])), (40, 40 << 20));
 }
 
@@ -394,16 +497,19 @@ fn dlopen_after_attach_renamed_library() {
     let dir = TempDir::new("cuda-late");
     let lib = private_copy(&dir, &env.real, "libcudart-5f1a2b3c.so.12");
     let t = record(&env, &dir, &lib, &[("LATE_S", "1.0")], &launch_args(&env, "late"));
-    assert_eq!(u(&t.call("cudaMemcpyAsync", "small_copy")["count"]), 50);
+    let c = t.call("cudaMemcpyAsync", "small_copy");
+    assert_eq!((u(&c["count"]), u(&c["bytes"])), (50, 50 * 4096), "{c}");
     assert_eq!(u(&t.call("cudaStreamSynchronize", "small_sync")["count"]), 50);
-    // Found by a later scan: the note is in `notes` or `cuda.notes`.
-    let notes: Vec<&str> = [&t.report.0["notes"], &t.cuda()["notes"]]
-        .into_iter()
-        .filter_map(Value::as_array)
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    assert!(notes.iter().any(|n| n.contains("CUDA runtime") && n.contains("libcudart-5f1a2b3c.so.12")), "{notes:?}");
+    // Found by a later scan (`cuda.notes`), not by the first one, at the
+    // launch (its notes are the report's `notes`): the library was not
+    // mapped then.
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
+    };
+    let probed = |n: &String| n.contains("CUDA runtime") && n.contains("libcudart-5f1a2b3c.so.12");
+    let (first, later) = (strings(&t.report.0["notes"]), strings(&t.cuda()["notes"]));
+    assert!(later.iter().any(probed), "no note of the later scan: cuda.notes {later:?}, notes {first:?}");
+    assert!(!first.iter().any(probed), "libcudart was mapped at the first scan: {first:?}");
 }
 
 #[test]
@@ -435,4 +541,136 @@ fn attach_to_running_process() {
     assert!(status.success(), "workload: {status}");
     assert_eq!(u(&t.call("cudaMemcpyAsync", "small_copy")["count"]), 50);
     assert_eq!(t.findings_at("small_copy"), ["small_htod_copies", "sync_after_copy"]);
+}
+
+/// A native program (tests/cudasim/native_app.c, linked to the real
+/// libcudart.so.12, built with frame pointers and debug information): its
+/// call sites are C functions and lines.
+#[test]
+fn native_call_site() {
+    let test = "native_call_site";
+    let Some(env) = prerequisites(test) else { return };
+    if !env.native_app.is_file() {
+        skip(test, &format!("{} (tests/cudasim/build.sh builds it once the real libcudart is fetched)", env.native_app.display()));
+        return;
+    }
+    let dir = TempDir::new("cuda-native");
+    let source = workspace_root().join("tests/cudasim/native_app.c");
+    let t = record_source(&env, &dir, &env.real, &[], &["--".into(), env.native_app.clone().into()], &source);
+    let copy = t.call("cudaMemcpyAsync", "native_copy");
+    assert_eq!(copy["kind"], "HtoD", "{copy}");
+    // Without a driver every call fails (35), and is counted.
+    assert_eq!((u(&copy["count"]), u(&copy["bytes"]), u(&copy["errors"])), (32, 32 * 4096, 32), "{copy}");
+    assert_eq!(copy["site"]["function"], "upload_batch", "{copy}");
+    assert!(copy["site"]["file"].as_str().is_some_and(|f| f.ends_with("native_app.c")), "{copy}");
+    assert_eq!(u(&t.call("cudaStreamSynchronize", "native_sync")["count"]), 32);
+    assert_eq!(t.findings_at("native_copy"), ["small_htod_copies", "sync_after_copy"]);
+}
+
+/// The thread ids in the tracer's CUDA_STATS map (keys are `CudaKey`:
+/// pid, tid, ...), or None when bpftool shows no such map held by `tracer`.
+fn cuda_stats_tids(tracer: u32) -> Option<BTreeSet<u64>> {
+    let entries = tracer_map_entries(tracer, "CUDA_STATS")?;
+    Some(
+        entries
+            .iter()
+            .filter_map(|e| match e["formatted"]["key"]["tid"].as_u64() {
+                Some(tid) => Some(tid),
+                None => {
+                    let k = entry_key_bytes(e)?;
+                    Some(u64::from(u32::from_le_bytes(k.get(4..8)?.try_into().ok()?)))
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Threads that exit (a pool that churns: 8 workers x 10 copies) leave the
+/// kernel's per-thread CUDA_STATS map while the process goes on (the tracer
+/// retires them every 40 polls, ~4 s), and their calls are still counted.
+#[test]
+fn exited_threads_leave_the_kernel_maps() {
+    let test = "exited_threads_leave_the_kernel_maps";
+    let Some(env) = prerequisites(test) else { return };
+    if !require(test, &[Need::Bpftool]) {
+        return;
+    }
+    let dir = TempDir::new("cuda-threads");
+    let lib = private_copy(&dir, &env.real, "libcudart.so.12");
+    // The main thread waits 7 s after the workers, then copies on its own.
+    let mut cmd = record_command(&env, &dir, &lib, &[("AFTER_THREADS_S", "7")], &launch_args(&env, "threads"));
+    let tracer = spawn(&mut cmd);
+    let tpid = tracer.id();
+    let mut guard = KillOnDrop::new(tpid);
+    let python = env.python.canonicalize().unwrap();
+    let pid = poll(Duration::from_secs(20), || {
+        children_of(tpid).into_iter().find(|c| fs::read_link(format!("/proc/{c}/exe")).is_ok_and(|e| e == python))
+    })
+    .expect("the launched workload never appeared");
+
+    // (seconds since the start, tids in CUDA_STATS) while the workload lives.
+    let start = std::time::Instant::now();
+    let mut snapshots: Vec<(f64, BTreeSet<u64>)> = Vec::new();
+    let mut seen_map = false;
+    while alive(pid) && start.elapsed() < Duration::from_secs(60) {
+        if let Some(tids) = cuda_stats_tids(tpid) {
+            seen_map = true;
+            if alive(pid) {
+                snapshots.push((start.elapsed().as_secs_f64(), tids));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let run = wait_child(tracer, Duration::from_secs(60), "infertrace record (threads)");
+    guard.disarm();
+    let t = checked(run, &workspace_root().join("tests/workloads/cuda_patterns.py"));
+    assert_eq!(t.launched_pid(), u64::from(pid));
+    if !seen_map {
+        skip(test, &format!("bpftool showing the CUDA_STATS map held by pid {tpid} (`bpftool map list` with pids)"));
+        return;
+    }
+    // The snapshots where the map's threads changed.
+    let describe = || {
+        let mut last = None;
+        let mut v = Vec::new();
+        for (s, t) in &snapshots {
+            if last != Some(t) {
+                v.push(format!("{s:.1}s: {t:?}"));
+                last = Some(t);
+            }
+        }
+        v.join("\n  ")
+    };
+    eprintln!("CUDA_STATS threads (pid {pid}):\n  {}", describe());
+    // The workers' entries were there, then moved out while the main thread
+    // waited: only its own (tid == pid) stay.
+    let workers_seen = snapshots
+        .iter()
+        .find(|(_, tids)| tids.iter().any(|t| *t != u64::from(pid)))
+        .map(|(s, _)| *s)
+        .unwrap_or_else(|| panic!("worker threads never seen in CUDA_STATS (pid {pid}):\n  {}", describe()));
+    let late: Vec<&(f64, BTreeSet<u64>)> = snapshots.iter().filter(|(s, _)| *s >= workers_seen + 5.0).collect();
+    assert!(!late.is_empty(), "no snapshot 5 s after the workers ran (pid {pid}):\n  {}", describe());
+    for (s, tids) in late {
+        assert!(
+            tids.iter().all(|t| *t == u64::from(pid)),
+            "{s:.1}s: exited threads still in CUDA_STATS (pid {pid}, workers seen at {workers_seen:.1}s):\n  {}",
+            describe()
+        );
+    }
+
+    let c = t.call("cudaMemcpyAsync", "thread_copy");
+    assert_eq!((u(&c["count"]), u(&c["bytes"]), u(&c["errors"])), (80, 80 * 1024, 80), "{c}");
+    assert_eq!(u(&t.call("cudaStreamSynchronize", "thread_sync")["count"]), 80);
+    assert_eq!(u(&t.call("cudaMemcpyAsync", "small_copy")["count"]), 10);
+    // The same (zeroed) 1 KiB each time; pairs are per thread: every worker
+    // copy was followed by its own sync.
+    assert_eq!(t.findings_at("thread_copy"), ["repeated_upload", "sync_after_copy"]);
+    let line = t.line("thread_copy");
+    let f = t
+        .findings()
+        .iter()
+        .find(|f| f["kind"] == "sync_after_copy" && f["site"]["line"] == line)
+        .expect("sync_after_copy at @thread_copy");
+    assert_eq!(u(&f["count"]), 80, "{f}");
 }

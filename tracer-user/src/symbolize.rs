@@ -479,7 +479,10 @@ mod tests {
             (addr != 0 && (ty == "T" || ty == "t") && wanted.contains(&name)).then(|| (addr, name.to_owned()))
         });
         let Some((addr, name)) = found else {
-            eprintln!("kallsyms addresses hidden (not root or kptr_restrict): skipped");
+            infertrace_e2e::skip(
+                "kernel_symbol_from_kallsyms",
+                "kernel addresses in /proc/kallsyms (hidden: not root, or kptr_restrict)",
+            );
             return;
         };
         let mut s = Symbolizer::new();
