@@ -54,6 +54,7 @@ enum Command {
     Doctor,
     /// Trace processes and write a recording, then print the report.
     #[command(after_help = "Stops on Ctrl-C / SIGTERM, at --duration, or when every target has exited.\n\
+SIGUSR1 writes the recording so far beside the output (FILE.snapshot.itr, replaced at each signal) and goes on.\n\
 Probes are owned by this process: however it ends (even kill -9), the kernel removes them.")]
     Record {
         /// Attach to a running process (all its threads, and threads it starts later). Repeatable.

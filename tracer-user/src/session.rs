@@ -146,7 +146,7 @@ pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, R
     let btf = load_btf()?;
     let out_path = opts.output.clone().unwrap_or_else(default_output);
     let out_file = open_output(&out_path)?;
-    let result = record_inner(opts, argv, btf).await;
+    let result = record_inner(opts, argv, btf, snapshot_path(&out_path)).await;
     match result {
         Ok((recording, reason)) => {
             recording.write_to(out_file, &out_path)?;
@@ -253,10 +253,16 @@ fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Reco
     snapshot(cx, collectors)
 }
 
-async fn record_inner(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf) -> Result<(Recording, StopReason), RecordError> {
+async fn record_inner(
+    opts: RecordOptions,
+    argv: Vec<String>,
+    btf: KernelBtf,
+    snapshot_to: PathBuf,
+) -> Result<(Recording, StopReason), RecordError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
+    let mut sigusr1 = signal(SignalKind::user_defined1()).map_err(RecordError::Signals)?;
     let mut cx = open_context(opts, btf, argv)?;
     let mut collectors = families::collectors(&cx.opts);
     for c in collectors.iter_mut() {
@@ -282,6 +288,12 @@ async fn record_inner(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf) ->
         tokio::select! {
             _ = sigint.recv() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
+            _ = sigusr1.recv() => {
+                // A failed snapshot does not end the window.
+                if let Err(e) = write_snapshot(&mut cx, &mut collectors, &snapshot_to) {
+                    eprintln!("infertrace: snapshot not written: {e}");
+                }
+            }
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
             _ = tick.tick() => {
                 poll_due(&mut cx, &mut collectors, &mut due)?;
@@ -296,6 +308,26 @@ async fn record_inner(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf) ->
     status.clear();
     let recording = close(&mut cx, &mut collectors)?;
     Ok((recording, reason))
+}
+
+/// `serve.itr` -> `serve.snapshot.itr`, beside it.
+fn snapshot_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "infertrace".into());
+    out.with_file_name(format!("{stem}.snapshot.itr"))
+}
+
+/// SIGUSR1: the recording so far, written beside the output (atomically:
+/// a reader never sees half a file); the window goes on.
+fn write_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>], path: &Path) -> Result<(), RecordError> {
+    let rec = snapshot(cx, collectors)?;
+    let tmp = path.with_extension("itr.tmp");
+    let file = File::create(&tmp).map_err(|source| RecordError::Output { path: tmp.clone(), source })?;
+    rec.write_to(file, &tmp)?;
+    std::fs::rename(&tmp, path).map_err(|source| RecordError::Output { path: path.to_owned(), source })?;
+    if !cx.opts.quiet {
+        eprintln!("infertrace: snapshot of the first {:.1}s written to {}", rec.duration_ns as f64 / 1e9, path.display());
+    }
+    Ok(())
 }
 
 fn set_window_start(ebpf: &mut Ebpf, start: u64) -> Result<(), RecordError> {
