@@ -34,7 +34,7 @@ use aya_ebpf::{
     },
     macros::{map, uprobe, uretprobe},
     maps::{HashMap, RingBuf},
-    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+    programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use tracer_common::{
@@ -42,7 +42,7 @@ use tracer_common::{
     cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
-use crate::{count_drop, is_target};
+use crate::{count_drop, global, is_target, python, user_stack_id};
 
 #[map]
 pub static CUDA_STATS: HashMap<CudaKey, CudaStats> = HashMap::with_max_entries(16384, 0);
@@ -71,14 +71,6 @@ static CUDA_REGS_SP_OFFSET: u64 = 152;
 /// return address is on the stack at entry (x86_64).
 #[unsafe(no_mangle)]
 static CUDA_REGS_LR_OFFSET: u64 = u64::MAX;
-
-const BPF_F_USER_STACK: u64 = 1 << 8;
-
-#[inline(always)]
-fn global<T: Copy>(v: &T) -> T {
-    // SAFETY: globals live in .rodata, patched by the loader.
-    unsafe { core::ptr::read_volatile(v) }
-}
 
 #[inline(always)]
 fn read_user_u64(addr: u64) -> u64 {
@@ -188,10 +180,10 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         src,
         stream,
         fingerprint: fp,
-        py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_UPROBE),
+        py_stack: python::capture(tgid, tid, python::SCRATCH_UPROBE),
         caller: return_address(ctx),
         sp,
-        user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
+        user_stack: user_stack_id(ctx),
         depth: 0,
         active: 1,
         _pad: 0,
@@ -328,9 +320,9 @@ fn launch(ctx: &ProbeContext, func: u64) {
     if nested_launch(ctx, a, tgid) {
         return;
     }
-    let py_stack = crate::python::capture(tgid, pid_tgid as u32, crate::python::SCRATCH_UPROBE);
+    let py_stack = python::capture(tgid, pid_tgid as u32, python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
-        ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
+        user_stack_id(ctx)
     } else {
         -1
     };

@@ -4,6 +4,9 @@
 //! appear), which stays valid while the thread does not hold the GIL. The
 //! walk records (code object, instruction, checksum) per frame; names and
 //! lines are resolved in userspace.
+//!
+//! A helper module, not a probe family: it has no programs, the families
+//! call `capture`, and it imports from the crate root only.
 
 use aya_ebpf::{
     macros::map,
@@ -117,10 +120,11 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
     // BPF_NOEXIST: an existing entry with this hash is the same stack.
     match PY_STACKS.insert(&hash, scratch, 1) {
         Ok(()) => hash,
-        Err(e) if e == -17 => hash, // EEXIST
+        Err(-17) => hash, // EEXIST
         Err(_) => {
             count_drop(counters::PY_STACKS_LOST);
             0
         }
     }
 }
+
