@@ -7,6 +7,7 @@ pub mod btf_offsets;
 pub mod clock;
 pub mod cuda;
 pub mod doctor;
+pub mod ebpf_log;
 pub mod nvml;
 pub mod probe;
 pub mod process;
