@@ -34,7 +34,7 @@ use aya_ebpf::{
     },
     macros::{map, uprobe, uretprobe},
     maps::{HashMap, RingBuf},
-    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+    programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use tracer_common::{
@@ -42,7 +42,9 @@ use tracer_common::{
     cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
-use crate::{count_drop, is_target};
+use aya_log_ebpf::warn;
+
+use crate::{count_drop, debug_enabled, debug_log_allowed, global, is_target, python, user_stack_id};
 
 #[map]
 pub static CUDA_STATS: HashMap<CudaKey, CudaStats> = HashMap::with_max_entries(16384, 0);
@@ -72,17 +74,31 @@ static CUDA_REGS_SP_OFFSET: u64 = 152;
 #[unsafe(no_mangle)]
 static CUDA_REGS_LR_OFFSET: u64 = u64::MAX;
 
-const BPF_F_USER_STACK: u64 = 1 << 8;
-
+/// A u64 of user memory (`what`: which argument, for the diagnostic), 0
+/// when unreadable. These reads (stack arguments, the return address, an
+/// allocation's result) fail only on unmapped or non-resident memory.
 #[inline(always)]
-fn global<T: Copy>(v: &T) -> T {
-    // SAFETY: globals live in .rodata, patched by the loader.
-    unsafe { core::ptr::read_volatile(v) }
+fn read_user_u64(addr: u64, what: &'static str) -> u64 {
+    match unsafe { bpf_probe_read_user(addr as *const u64) } {
+        Ok(v) => v,
+        Err(e) => {
+            if debug_enabled() {
+                debug_read_failed(what, addr, e.into());
+            }
+            0
+        }
+    }
 }
 
-#[inline(always)]
-fn read_user_u64(addr: u64) -> u64 {
-    unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+/// `DEBUG_EBPF` only: a failed `bpf_probe_read_user` of a call's argument.
+#[inline(never)]
+fn debug_read_failed(what: &str, addr: u64, err: i64) {
+    if !debug_log_allowed() {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    warn!(&(), "cuda: pid {} tid {}: cannot read {} at {:x} (error {})", tgid, tid, what, addr, err);
 }
 
 #[inline(always)]
@@ -101,7 +117,7 @@ fn user_sp(ctx: &ProbeContext) -> u64 {
 #[inline(always)]
 fn return_address(ctx: &ProbeContext) -> u64 {
     let lr = global(&CUDA_REGS_LR_OFFSET);
-    if lr == u64::MAX { read_user_u64(user_sp(ctx)) } else { regs_u64(ctx, lr) }
+    if lr == u64::MAX { read_user_u64(user_sp(ctx), "the return address") } else { regs_u64(ctx, lr) }
 }
 
 /// Argument `n` (0-based) of the probed function at its entry: registers
@@ -110,7 +126,7 @@ fn return_address(ctx: &ProbeContext) -> u64 {
 fn arg_or_stack(ctx: &ProbeContext, n: usize, first_on_stack: usize) -> u64 {
     match ctx.arg::<u64>(n) {
         Some(v) => v,
-        None => read_user_u64(user_sp(ctx) + 8 * (n - first_on_stack + 1) as u64),
+        None => read_user_u64(user_sp(ctx) + 8 * (n - first_on_stack + 1) as u64, "a stack argument"),
     }
 }
 
@@ -131,6 +147,8 @@ fn fingerprint(addr: u64, len: u64) -> u64 {
         )
     };
     if ok != 0 {
+        // Not a diagnostic: a `cudaMemcpyDefault` source may be device
+        // memory, which the host cannot read.
         return 0;
     }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ len;
@@ -188,10 +206,10 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         src,
         stream,
         fingerprint: fp,
-        py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_UPROBE),
+        py_stack: python::capture(tgid, tid, python::SCRATCH_UPROBE),
         caller: return_address(ctx),
         sp,
-        user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
+        user_stack: user_stack_id(ctx),
         depth: 0,
         active: 1,
         _pad: 0,
@@ -328,9 +346,9 @@ fn launch(ctx: &ProbeContext, func: u64) {
     if nested_launch(ctx, a, tgid) {
         return;
     }
-    let py_stack = crate::python::capture(tgid, pid_tgid as u32, crate::python::SCRATCH_UPROBE);
+    let py_stack = python::capture(tgid, pid_tgid as u32, python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
-        ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
+        user_stack_id(ctx)
     } else {
         -1
     };
@@ -386,7 +404,7 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let dst = if api::returns_pointer(call.api) {
-        if rc == 0 { read_user_u64(call.dst) } else { 0 }
+        if rc == 0 { read_user_u64(call.dst, "the allocated pointer") } else { 0 }
     } else {
         call.dst
     };

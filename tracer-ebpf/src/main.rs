@@ -1,7 +1,20 @@
-//! infertrace kernel programs. One module per probe family; the maps that
-//! several families share live here.
+//! infertrace kernel programs.
+//!
+//! Module layout (no cycles):
+//! - probe families, one module each: `process`, `sched`, `syscalls`, `cuda`.
+//!   A family imports from this crate root (and the helper module below)
+//!   only, never from another family.
+//! - `python`: the CPython stack walker, a helper the families call; it has
+//!   no programs and imports from the crate root only.
+//! - this file: the maps that more than one module uses, and the small
+//!   helpers they share (target filter, drop counters, load-time globals,
+//!   the kernel-side debug-log gate).
 #![no_std]
 #![no_main]
+// Map keys and values are passed by reference on purpose: aya-ebpf's map
+// methods take `impl Borrow<K>`, and passing a struct by value can copy it
+// onto the 512-byte BPF stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 mod cuda;
 mod process;
@@ -10,9 +23,12 @@ mod sched;
 mod syscalls;
 
 use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    programs::tracing::StackIdContext,
 };
+use tracer_common::syscalls::SyscallStart;
 
 /// Processes (tgid) being traced, with `tracer_common::target_flags`.
 /// Userspace inserts the explicit targets; `process` adds forked children.
@@ -82,6 +98,96 @@ pub fn count_drop(idx: u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *p += 1 };
     }
+}
+
+/// Native stacks (user and kernel) of every family: off-CPU and CPU
+/// samples (`sched`), slow syscalls (`syscalls`), CUDA calls (`cuda`).
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+/// `bpf_get_stackid` flag: the user stack rather than the kernel's.
+pub const BPF_F_USER_STACK: u64 = 1 << 8;
+
+/// The id of the current user stack in `STACKS`, -1 when it could not be taken.
+#[inline(always)]
+pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
+}
+
+/// The syscall in flight, per thread (only the thread itself writes its
+/// entry): written by `syscalls` (sys_enter / sys_exit), read by `sched`
+/// (the off-CPU reason). Deliberately not a per-CPU slot: on this kernel
+/// the syscall tracepoints run preemptible, so a per-CPU protocol between
+/// sys_enter, sys_exit and sched_switch loses calls when a program is
+/// preempted.
+#[map]
+pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(65536, 0);
+
+/// `syscall_in_flight`'s number when the thread is in no syscall.
+pub const NO_SYSCALL: u32 = u32::MAX;
+
+/// The (nr, first argument) of the syscall `tid` is inside, `(NO_SYSCALL,
+/// 0)` if none (used by sched_switch for the off-CPU reason and GIL
+/// detection). Not an `Option`: LLVM leaves a `None`'s payload undefined and
+/// may spill that register, which the verifier rejects as uninitialised.
+#[inline(always)]
+pub fn syscall_in_flight(tid: u32) -> (u32, u64) {
+    // SAFETY: read-only use of the value.
+    match unsafe { SYSCALL_START.get(&tid) } {
+        Some(s) if s.ts != 0 => (s.nr, s.arg0),
+        _ => (NO_SYSCALL, 0),
+    }
+}
+
+/// Reads a load-time global (a `#[no_mangle] static` the loader may patch).
+#[inline(always)]
+pub fn global<T: Copy>(v: &T) -> T {
+    // SAFETY: globals live in .rodata, patched by the loader.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+/// Kernel-side diagnostics (aya-log records in `AYA_LOGS`): 0 off (the
+/// default), non-zero on. Set at load time by `record --debug-ebpf`. Every
+/// log site is behind this gate: with it off, a Python stack capture and a
+/// failed CUDA argument read pay one load and a branch, nothing else does,
+/// and the verifier, seeing the frozen 0, drops the dead diagnostic code
+/// (measured: the loaded programs grow by 0-20 instructions; with it on,
+/// by up to 3000, and loading them all takes ~0.6 s instead of ~0.2 s).
+#[unsafe(no_mangle)]
+static DEBUG_EBPF: u32 = 0;
+
+/// At most one diagnostic per CPU per this interval: a systematic fault (a
+/// wrong interpreter layout, say) would otherwise log on every sample.
+const DEBUG_LOG_INTERVAL_NS: u64 = 100_000_000;
+
+/// When the last diagnostic was emitted on this CPU.
+#[map]
+static DEBUG_LOG_LAST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether kernel-side diagnostics are on (`DEBUG_EBPF`). With them off,
+/// the default, this is one load and a branch; test the rare condition
+/// first where that is cheaper still.
+#[inline(always)]
+pub fn debug_enabled() -> bool {
+    global(&DEBUG_EBPF) != 0
+}
+
+/// Whether this CPU may log a diagnostic now (at most one per
+/// `DEBUG_LOG_INTERVAL_NS`); call it under `debug_enabled()`, right before
+/// the log line. Races between preemptible programs on one CPU only let an
+/// extra line through.
+#[inline(never)]
+pub fn debug_log_allowed() -> bool {
+    let Some(last) = DEBUG_LOG_LAST.get_ptr_mut(0) else { return false };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: per-CPU slot, one aligned u64.
+    unsafe {
+        if *last != 0 && now.saturating_sub(*last) < DEBUG_LOG_INTERVAL_NS {
+            return false;
+        }
+        *last = now;
+    }
+    true
 }
 
 #[cfg(not(test))]

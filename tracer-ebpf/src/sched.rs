@@ -6,7 +6,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, perf_event},
-    maps::{Array, HashMap, StackTrace},
+    maps::{Array, HashMap},
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
 };
 use tracer_common::{
@@ -15,7 +15,7 @@ use tracer_common::{
     syscalls::hist_bucket,
 };
 
-use crate::{count_drop, is_target, python, syscalls, window_start_ns};
+use crate::{count_drop, global, is_target, python, syscall_in_flight, window_start_ns, BPF_F_USER_STACK, NO_SYSCALL, STACKS};
 
 #[map]
 pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
@@ -28,9 +28,6 @@ pub static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(3276
 
 #[map]
 pub static RUNQ_HIST: HashMap<RunqKey, u64> = HashMap::with_max_entries(8192, 0);
-
-#[map]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 
 /// Off-CPU reason of a syscall number (`REASON_*`), filled by userspace.
 #[map]
@@ -54,15 +51,9 @@ static TASK_TGID_OFFSET: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_EXEC_OFFSET: u64 = 0;
 
-const BPF_F_USER_STACK: u64 = 1 << 8;
 /// `TASK_RUNNING` as `prev_state`: the thread was preempted.
 const TASK_RUNNING: u64 = 0;
 const TASK_DEAD: u64 = 0x80;
-
-#[inline(always)]
-fn global<T: Copy>(v: &T) -> T {
-    unsafe { core::ptr::read_volatile(v) }
-}
 
 /// (tgid, tid) of a task pointer.
 #[inline(always)]
@@ -199,8 +190,8 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         t.comm = comm;
     }
     let prev_state: u64 = ctx.arg(3);
-    let sys = syscalls::in_flight(tid);
-    t.in_syscall = sys.is_some() as u32;
+    let (nr, uaddr) = syscall_in_flight(tid);
+    t.in_syscall = (nr != NO_SYSCALL) as u32;
     t.since_ns = now;
     if prev_state & TASK_DEAD != 0 {
         t.state = STATE_DEAD;
@@ -210,16 +201,11 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         t.reason = REASON_OTHER;
     } else {
         t.state = STATE_OFF_CPU;
-        t.reason = match sys {
-            Some((nr, uaddr)) => {
-                let r = REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER);
-                if r == REASON_LOCK && python::is_gil_address(tgid, uaddr) { REASON_GIL } else { r }
-            }
-            None => REASON_OTHER,
-        };
-        let nr = match sys {
-            Some((nr, _)) => nr,
-            None => u32::MAX,
+        t.reason = if nr == NO_SYSCALL {
+            REASON_OTHER
+        } else {
+            let r = REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER);
+            if r == REASON_LOCK && python::is_gil_address(tgid, uaddr) { REASON_GIL } else { r }
         };
         let fresh = now.saturating_sub(t.stack_ns) >= global(&OFFCPU_STACK_INTERVAL_NS) || nr != t.stack_nr;
         if global(&OFFCPU_STACKS_ENABLED) != 0 && fresh {

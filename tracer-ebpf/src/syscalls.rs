@@ -6,7 +6,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
-    programs::{tracing::StackIdContext, BtfTracePointContext},
+    programs::BtfTracePointContext,
 };
 use tracer_common::{
     counters,
@@ -15,23 +15,14 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
-use crate::{count_drop, is_target, window_start_ns, TARGETS};
+use crate::{count_drop, global, is_target, python, user_stack_id, window_start_ns, SYSCALL_START, TARGETS};
 
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
 
-/// The syscall in flight, per thread (only the thread itself writes its
-/// entry). Deliberately not a per-CPU slot: on this kernel the syscall
-/// tracepoints run preemptible, so a per-CPU protocol between sys_enter,
-/// sys_exit and sched_switch loses calls when a program is preempted.
-#[map]
-pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(65536, 0);
-
 /// Syscalls slower than `SLOW_SYSCALL_NS`, by stacks.
 #[map]
 pub static SLOW_SYSCALLS: HashMap<SlowKey, SlowStats> = HashMap::with_max_entries(8192, 0);
-
-const BPF_F_USER_STACK: u64 = 1 << 8;
 
 #[map]
 pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(16384, 0);
@@ -69,12 +60,6 @@ static SLOW_SYSCALL_NS: u64 = 1_000_000;
 /// (x86_64 `orig_ax`, aarch64 `syscallno`).
 #[unsafe(no_mangle)]
 static PT_REGS_NR_OFFSET: u64 = 120;
-
-#[inline(always)]
-fn global<T: Copy>(v: &T) -> T {
-    // SAFETY: globals live in .rodata, patched by the loader.
-    unsafe { core::ptr::read_volatile(v) }
-}
 
 /// `sys_enter(struct pt_regs *regs, long id)`
 #[btf_tracepoint(function = "sys_enter")]
@@ -117,15 +102,6 @@ fn first_arg(ctx: &BtfTracePointContext) -> u64 {
     unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_ARG0_OFFSET)) as *const u64) }.unwrap_or(0)
 }
 
-/// The (nr, futex address) of the syscall `tid` is inside, if any (used by
-/// sched_switch for the off-CPU reason and GIL detection).
-#[inline(always)]
-pub fn in_flight(tid: u32) -> Option<(u32, u64)> {
-    // SAFETY: read-only use of the value.
-    let s = unsafe { SYSCALL_START.get(&tid)? };
-    if s.ts != 0 { Some((s.nr, s.arg0)) } else { None }
-}
-
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
@@ -162,8 +138,8 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
         pid: tgid,
         tid,
         nr,
-        user_stack: ctx.get_stackid(&crate::sched::STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1),
-        py_stack: crate::python::capture(tgid, tid, crate::python::SCRATCH_SYSCALL),
+        user_stack: user_stack_id(ctx),
+        py_stack: python::capture(tgid, tid, python::SCRATCH_SYSCALL),
     };
     match SLOW_SYSCALLS.get_ptr_mut(&key) {
         Some(p) => unsafe {

@@ -3,7 +3,7 @@
 //! place that names them all.
 
 use crate::{
-    collect::{Collector, FamilyTable, RecordOptions},
+    collect::{programs, Collector, FamilyTable, RecordOptions},
     cpu_samples::{self, CpuSampleCollector},
     cuda::{self, CudaCollector},
     nvml::{self, NvmlCollector},
@@ -14,8 +14,9 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 7] {
+pub fn tables() -> [&'static FamilyTable; 8] {
     [
+        &programs::CORE,
         &process::TABLE,
         &syscalls::TABLE,
         &sched::TABLE,

@@ -12,6 +12,7 @@ pub mod collect;
 pub mod cpu_samples;
 pub mod cuda;
 pub mod doctor;
+pub mod ebpf_log;
 pub mod elf;
 pub mod families;
 pub mod nvml;

@@ -25,7 +25,7 @@ use crate::{
         programs::{self, LoadError, LoadInputs},
         Collector, Context, TargetEvent,
     },
-    families,
+    ebpf_log, families,
     probe::ProbeError,
     procfs,
     recording::{HostInfo, Origin, Recording, FORMAT_VERSION},
@@ -185,6 +185,12 @@ fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Resul
     for n in notes {
         cx.sink.note(n);
     }
+    if cx.opts.debug_ebpf {
+        match ebpf_log::start(&mut cx.ebpf) {
+            Ok(log) => cx.ebpf_log = log,
+            Err(e) => cx.sink.note(format!("--debug-ebpf: {e}")),
+        }
+    }
     set_window_start(&mut cx.ebpf, cx.window_start)?;
     Ok(cx)
 }
@@ -307,6 +313,9 @@ async fn record_inner(
     };
     status.clear();
     let recording = close(&mut cx, &mut collectors)?;
+    if let Some(log) = cx.ebpf_log.take() {
+        log.finish().await;
+    }
     Ok((recording, reason))
 }
 

@@ -65,6 +65,8 @@ pub struct Context {
     pub targets: TargetSet,
     pub stacks: Stacks,
     pub sink: Sink,
+    /// The reader of the kernel's diagnostics (`--debug-ebpf`), if on.
+    pub ebpf_log: Option<crate::ebpf_log::EbpfLog>,
     events: VecDeque<TargetEvent>,
 }
 
@@ -82,6 +84,7 @@ impl Context {
             targets: TargetSet::default(),
             stacks: Stacks::default(),
             sink: Sink::default(),
+            ebpf_log: None,
             events: VecDeque::new(),
         }
     }

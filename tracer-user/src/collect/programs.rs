@@ -91,6 +91,18 @@ impl FamilyTable {
     }
 }
 
+/// What every family shares in the object (`tracer-ebpf/src/main.rs`):
+/// the target set, the window, the drop counters, the native stacks; and
+/// the switch for the kernel-side diagnostics (`record --debug-ebpf`).
+pub static CORE: FamilyTable = FamilyTable {
+    family: "core",
+    programs: &[],
+    globals: &[GlobalSpec {
+        name: crate::ebpf_log::DEBUG_GLOBAL,
+        value: |i| Ok(GlobalValue::U32(u32::from(i.opts.debug_ebpf))),
+    }],
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("global {name}: {detail}")]
