@@ -205,11 +205,13 @@ fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(
     Ok(())
 }
 
-/// Runs every collector's poll that is due, then delivers the events.
-fn poll_due(cx: &mut Context, collectors: &mut [Box<dyn Collector>], due: &mut [Instant]) -> Result<(), RecordError> {
+/// Runs every collector's poll that is due, then delivers the events. A
+/// poll due within half a tick is run now: the ticks are `tick` apart, and
+/// a poll that waited for the next one would run at twice its period.
+fn poll_due(cx: &mut Context, collectors: &mut [Box<dyn Collector>], due: &mut [Instant], tick: Duration) -> Result<(), RecordError> {
     let now = Instant::now();
     for (c, at) in collectors.iter_mut().zip(due.iter_mut()) {
-        if now >= *at {
+        if now + tick / 2 >= *at {
             *at = now + c.poll_every();
             c.poll(cx)?;
         }
@@ -255,7 +257,7 @@ fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Reco
         c.detach(cx);
     }
     let mut due = vec![Instant::now(); collectors.len()];
-    poll_due(cx, collectors, &mut due)?;
+    poll_due(cx, collectors, &mut due, Duration::ZERO)?;
     snapshot(cx, collectors)
 }
 
@@ -302,7 +304,7 @@ async fn record_inner(
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
             _ = tick.tick() => {
-                poll_due(&mut cx, &mut collectors, &mut due)?;
+                poll_due(&mut cx, &mut collectors, &mut due, tick_every)?;
                 let alive = cx.targets.alive_count();
                 status.show(t0.elapsed(), alive, collectors.iter().filter_map(|c| c.status()));
                 if alive == 0 {
