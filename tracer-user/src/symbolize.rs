@@ -134,6 +134,11 @@ impl Symbolizer {
     }
 
     /// Snapshot the file-backed executable mappings of a live process. Call on first sight and after exec; calling again replaces the snapshot. Errors are swallowed (process gone): returns false.
+    ///
+    /// A process that has exited but is not yet reaped (a zombie) still has
+    /// a /proc entry, with no mappings: that never replaces a snapshot (a
+    /// live process always maps some code), so a late re-snapshot cannot
+    /// erase what its stacks need.
     pub fn observe_process(&mut self, pid: u32) -> bool {
         let Ok(maps) = procfs::maps(pid) else {
             return false;
@@ -146,6 +151,9 @@ impl Symbolizer {
             let object = if entry.is_file() { self.object_for(pid, &entry) } else { None };
             let module = entry.path.as_ref().map(|_| entry.basename().to_owned());
             mappings.push(Mapping { start: entry.start, end: entry.end, offset: entry.offset, module, object });
+        }
+        if mappings.is_empty() {
+            return false;
         }
         mappings.sort_by_key(|m| m.start);
         self.processes.insert(pid, mappings);
@@ -466,6 +474,31 @@ mod tests {
         assert!(frames[0].function.contains("getpid"), "{frames:?}");
         assert_eq!(frames[0].module.as_deref(), Some(basename(&libc_path)));
         assert!(!s.observe_process(pid));
+    }
+
+    #[test]
+    fn a_zombie_keeps_its_snapshot() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default().file_name().is_none_or(|n| n != "sleep") {
+            assert!(std::time::Instant::now() < deadline, "child never exec'd sleep");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut s = Symbolizer::new();
+        assert!(s.observe_process(pid));
+        let before = s.processes[&pid].len();
+        assert!(before > 0);
+        child.kill().unwrap();
+        // Not reaped: a zombie, with a /proc entry and no mappings.
+        let zombie = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while crate::procfs::state(pid) != Some('Z') {
+            assert!(std::time::Instant::now() < zombie, "child never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!s.observe_process(pid), "a zombie's empty maps replaced the snapshot");
+        assert_eq!(s.processes[&pid].len(), before);
+        child.wait().unwrap();
     }
 
     #[test]
