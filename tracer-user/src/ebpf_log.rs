@@ -15,7 +15,7 @@
 //!
 //! Wiring, in the session:
 //!
-//! ```ignore
+//! ```text
 //! loader.override_global(ebpf_log::DEBUG_GLOBAL, &1u32, true); // before load
 //! let ebpf_log = ebpf_log::start(&mut ebpf)?; // after load, inside the runtime
 //! // ... the recording window ...
