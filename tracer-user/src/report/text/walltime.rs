@@ -151,7 +151,8 @@ type MergedStacks<'a> = BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])>;
 
 fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
     let mut m: MergedStacks<'a> = BTreeMap::new();
-    for s in rec.stacks.iter().filter(|s| s.kind == kind && s.reason == reason) {
+    // GIL stacks carry `reason: gil` (older recordings none): the kind says it all.
+    for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason)) {
         let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
         e.0 += stack_weight(s);
@@ -228,6 +229,26 @@ mod tests {
             off_cpu: crate::recording::OffCpuTimes { io_ns: io, ..Default::default() },
             runqueue_ns: rq,
         }
+    }
+
+    #[test]
+    fn gil_stacks_are_shown() {
+        let mut rec = crate::recording::tests::sample();
+        rec.threads = vec![thread(500, 0, 0, 500)];
+        let frame = Frame { function: "wait_for_gil".into(), file: None, line: None, kind: crate::recording::FrameKind::Python, module: None };
+        rec.stacks = vec![crate::recording::StackRecord {
+            kind: StackKind::Gil,
+            reason: Some(OffCpuReason::Gil),
+            pid: 1,
+            tid: 2,
+            samples: 0,
+            weight_ns: 7_000_000,
+            syscall: None,
+            frames: vec![frame],
+        }];
+        let mut out = String::new();
+        render(&mut out, &rec);
+        assert!(out.contains("== top GIL-wait stacks (7.00 ms total)") && out.contains("wait_for_gil"), "{out}");
     }
 
     #[test]
