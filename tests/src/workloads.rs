@@ -11,35 +11,7 @@ use crate::locations::{workload_dir, workspace_root};
 /// and returns the absolute path of the executable. Rebuilt when the source
 /// is newer. Needs `Need::Gcc`.
 pub fn workload(name: &str) -> PathBuf {
-    let src = workspace_root()
-        .join("tests/workloads")
-        .join(format!("{name}.c"));
-    let dir = workload_dir();
-    fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    let fresh = match (fs::metadata(&src), fs::metadata(&out)) {
-        (Ok(s), Ok(o)) => o.modified().unwrap() >= s.modified().unwrap(),
-        (Err(e), _) => panic!("workload source {}: {e}", src.display()),
-        _ => false,
-    };
-    if !fresh {
-        // Build under a unique name and rename, so concurrent builds are safe.
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let o = Command::new("gcc")
-            .args(["-O2", "-static", "-Wall", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .output()
-            .expect("running gcc");
-        assert!(
-            o.status.success(),
-            "gcc -O2 -static {} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        fs::rename(&tmp, &out).unwrap();
-    }
-    out.canonicalize().unwrap()
+    build(name, name, &["-O2"], &[])
 }
 
 /// Compiles `tests/workloads/<name>.c` like [`workload`] but with the extra
@@ -47,26 +19,32 @@ pub fn workload(name: &str) -> PathBuf {
 /// Use a distinct `tag` per flag set. Rebuilt when the source is newer.
 /// Needs `Need::Gcc`.
 pub fn workload_with_flags(name: &str, tag: &str, flags: &[&str]) -> PathBuf {
+    build(name, &format!("{name}-{tag}"), flags, &["-lpthread"])
+}
+
+/// `gcc FLAGS -static -Wall -o target/e2e-workloads/OUT_NAME <name>.c LIBS`,
+/// unless the executable is newer than the source.
+fn build(name: &str, out_name: &str, flags: &[&str], libs: &[&str]) -> PathBuf {
     let src = workspace_root()
         .join("tests/workloads")
         .join(format!("{name}.c"));
     let dir = workload_dir();
     fs::create_dir_all(&dir).unwrap();
-    let out_name = format!("{name}-{tag}");
-    let out = dir.join(&out_name);
+    let out = dir.join(out_name);
     let fresh = match (fs::metadata(&src), fs::metadata(&out)) {
         (Ok(s), Ok(o)) => o.modified().unwrap() >= s.modified().unwrap(),
         (Err(e), _) => panic!("workload source {}: {e}", src.display()),
         _ => false,
     };
     if !fresh {
+        // Build under a unique name and rename, so concurrent builds are safe.
         let tmp = dir.join(format!(".{out_name}.{}.tmp", std::process::id()));
         let o = Command::new("gcc")
             .args(flags)
             .args(["-static", "-Wall", "-o"])
             .arg(&tmp)
             .arg(&src)
-            .arg("-lpthread")
+            .args(libs)
             .output()
             .expect("running gcc");
         assert!(
