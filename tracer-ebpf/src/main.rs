@@ -108,10 +108,10 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 /// `bpf_get_stackid` flag: the user stack rather than the kernel's.
 pub const BPF_F_USER_STACK: u64 = 1 << 8;
 
-/// The id of the current user stack in `STACKS`, -1 when it could not be taken.
+/// The id of the current user stack in `STACKS`, `NO_STACK` (-1) when it could not be taken.
 #[inline(always)]
 pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
-    ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(-1)
+    ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(tracer_common::sched::NO_STACK)
 }
 
 /// The syscall in flight, per thread (only the thread itself writes its

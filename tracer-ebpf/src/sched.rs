@@ -15,7 +15,7 @@ use tracer_common::{
     syscalls::hist_bucket,
 };
 
-use crate::{count_drop, global, is_target, python, syscall_in_flight, window_start_ns, BPF_F_USER_STACK, NO_SYSCALL, STACKS};
+use crate::{count_drop, global, is_target, python, syscall_in_flight, user_stack_id, window_start_ns, NO_SYSCALL, STACKS};
 
 #[map]
 pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
@@ -209,7 +209,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         };
         let fresh = now.saturating_sub(t.stack_ns) >= global(&OFFCPU_STACK_INTERVAL_NS) || nr != t.stack_nr;
         if global(&OFFCPU_STACKS_ENABLED) != 0 && fresh {
-            t.user_stack = ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK);
+            t.user_stack = user_stack_id(ctx);
             t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
             t.py_stack = python::capture(tgid, tid, python::SCRATCH_SCHED);
             t.stack_ns = now;
@@ -296,7 +296,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     let key = SampleKey {
         pid: tgid,
         tid,
-        user_stack: ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(NO_STACK),
+        user_stack: user_stack_id(&ctx),
         kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
         py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
     };

@@ -112,7 +112,7 @@ fn references(text: &str) -> Vec<String> {
 }
 
 /// Resolves a reference made in `module` to the longest known module path.
-fn resolve(module: &ModPath, is_mod_file: bool, r: &str, known: &BTreeSet<ModPath>) -> Option<ModPath> {
+fn resolve(module: &ModPath, r: &str, known: &BTreeSet<ModPath>) -> Option<ModPath> {
     let mut segs: Vec<&str> = r.split("::").filter(|s| !s.is_empty()).collect();
     let mut base: ModPath = match segs.first() {
         Some(&"crate") => {
@@ -120,9 +120,8 @@ fn resolve(module: &ModPath, is_mod_file: bool, r: &str, known: &BTreeSet<ModPat
             Vec::new()
         }
         Some(&"super") => {
-            // `super` of a `mod.rs`/file module is its parent module.
+            // `super` is the parent module, for `mod.rs` and file modules alike.
             let mut b = module.clone();
-            let _ = is_mod_file;
             while segs.first() == Some(&"super") {
                 segs.remove(0);
                 b.pop();
@@ -152,9 +151,8 @@ fn graph() -> BTreeMap<ModPath, BTreeSet<ModPath>> {
         let text = fs::read_to_string(file).unwrap_or_default();
         // `#[cfg(test)]` modules may use anything: drop the tail from there.
         let text = text.split("#[cfg(test)]").next().unwrap_or("");
-        let is_mod = file.file_name().is_some_and(|n| n == "mod.rs");
         for r in references(text) {
-            if let Some(t) = resolve(m, is_mod, &r, &known) {
+            if let Some(t) = resolve(m, &r, &known) {
                 g.entry(m.clone()).or_default().insert(t);
             }
         }
