@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{collect, doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -73,7 +73,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
         /// CPU sampling frequency in Hz, on every CPU (0 turns sampling off).
-        #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
+        #[arg(short = 'F', long, default_value_t = collect::DEFAULT_FREQUENCY, value_name = "HZ")]
         frequency: u64,
         /// Syscall accounting only: no scheduler tracing, no CPU sampling (lowest overhead).
         #[arg(long)]
@@ -82,7 +82,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         #[arg(long)]
         no_offcpu_stacks: bool,
         /// Syscalls at least this slow get their Python and native stacks recorded (0 turns it off).
-        #[arg(long, value_parser = parse_duration_or_zero, default_value = "1ms", value_name = "DURATION")]
+        #[arg(long, value_parser = parse_duration_or_zero, default_value = collect::DEFAULT_SLOW_SYSCALL, value_name = "DURATION")]
         slow_syscall: Duration,
         /// Do not look for CPython in the targets (native stacks only).
         #[arg(long)]
@@ -248,6 +248,13 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flag_defaults_are_the_options_defaults() {
+        let d = collect::RecordOptions::default();
+        assert_eq!(parse_duration_or_zero(collect::DEFAULT_SLOW_SYSCALL).unwrap(), d.slow_syscall.unwrap());
+        assert_eq!((d.sched.frequency, d.gpu_sample_hz), (collect::DEFAULT_FREQUENCY, nvml::DEFAULT_HZ));
+    }
 
     #[test]
     fn durations() {

@@ -41,7 +41,7 @@ pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 pub const LIB_ENV: &str = "INFERTRACE_NVML_LIB";
 pub const MIN_HZ: u32 = 1;
 pub const MAX_HZ: u32 = 10;
-pub const DEFAULT_HZ: u32 = 5;
+pub const DEFAULT_HZ: u32 = crate::collect::DEFAULT_GPU_SAMPLE_HZ;
 /// How long [`Sampler::finish`] waits for the thread (nvmlInit can take
 /// seconds on a machine whose GPUs are not in persistence mode).
 const FINISH_WAIT: Duration = Duration::from_secs(5);

@@ -2,6 +2,14 @@
 
 use std::{path::PathBuf, time::Duration};
 
+/// `record -F`: CPU samples per second.
+pub const DEFAULT_FREQUENCY: u64 = 99;
+/// `record --gpu-sample-hz`: NVML readings per second.
+pub const DEFAULT_GPU_SAMPLE_HZ: u32 = 5;
+/// `record --slow-syscall`, as the flag's default text (checked against
+/// [`RecordOptions::default`] by the CLI's tests).
+pub const DEFAULT_SLOW_SYSCALL: &str = "1ms";
+
 #[derive(Clone, Copy, Debug)]
 pub struct SchedOptions {
     /// Scheduler accounting and CPU sampling on.
@@ -37,7 +45,7 @@ pub struct RecordOptions {
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
 impl Default for SchedOptions {
     fn default() -> Self {
-        SchedOptions { enabled: true, frequency: 99, offcpu_stacks: true }
+        SchedOptions { enabled: true, frequency: DEFAULT_FREQUENCY, offcpu_stacks: true }
     }
 }
 
@@ -50,7 +58,7 @@ impl Default for RecordOptions {
             python: true,
             cuda: true,
             cuda_driver: true,
-            gpu_sample_hz: 5,
+            gpu_sample_hz: DEFAULT_GPU_SAMPLE_HZ,
             debug_ebpf: false,
             command: Vec::new(),
             duration: None,
