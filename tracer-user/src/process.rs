@@ -199,8 +199,9 @@ impl Collector for ProcessCollector {
         Self::sweep(cx)
     }
 
+    /// The launched command's exit status is reaped by `poll` (the session
+    /// polls once more before the final snapshot).
     fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
-        cx.targets.reap_launched();
         for (i, name) in counters::NAMES.iter().enumerate() {
             let idx = i as u32;
             if counters::is_loss(idx) {

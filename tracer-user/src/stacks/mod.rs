@@ -70,17 +70,14 @@ impl Stacks {
             self.loaded = Some(Self::load(ebpf)?);
         }
         let Some(loaded) = self.loaded.as_ref() else { return Ok(Vec::new()) };
-        let ips = |id: i32| -> Vec<u64> {
-            if id < 0 {
-                return Vec::new();
-            }
-            loaded.native.get(&(id as u32)).cloned().unwrap_or_default()
+        let ips = |id: i32| -> &[u64] {
+            let ips = u32::try_from(id).ok().and_then(|id| loaded.native.get(&id));
+            ips.map(Vec::as_slice).unwrap_or(&[])
         };
-        let (kips, uips) = (ips(kernel_stack), ips(user_stack));
-        let mut kernel = self.symbolizer.kernel_frames(&kips);
+        let mut kernel = self.symbolizer.kernel_frames(ips(kernel_stack));
         let ours = kernel.iter().take_while(|f| is_tracing_frame(&f.function)).count();
         kernel.drain(..ours);
-        let native = self.symbolizer.user_frames(pid, &uips);
+        let native = self.symbolizer.user_frames(pid, ips(user_stack));
         let python = if py_stack != 0 { self.python.frames(py_stack, &loaded.py_stacks) } else { Vec::new() };
         Ok(merge(kernel, native, python))
     }
