@@ -34,7 +34,11 @@ pub mod counters {
     /// A CUDA call aggregate, launch counter or in-flight slot could not be
     /// created (map full), or a per-call CUDA event was dropped (ring buffer full).
     pub const CUDA_LOST: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// A code object's copy (what resolves its frames after the process
+    /// exits) could not be stored: map full. Its frames still resolve while
+    /// the process lives.
+    pub const PY_CODES_FULL: u32 = 10;
+    pub const COUNT: u32 = 11;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -47,12 +51,13 @@ pub mod counters {
         "python_stacks_truncated",
         "python_stacks_lost",
         "cuda_lost",
+        "python_code_copies_map_full",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events
     /// that were kept but reported, like truncated stacks).
     pub const fn is_loss(idx: u32) -> bool {
-        idx != PY_STACKS_TRUNCATED
+        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL
     }
 }
 

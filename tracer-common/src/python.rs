@@ -25,6 +25,21 @@ pub struct PyLayout {
     /// u8 frame owner (3.11+), else `ABSENT`; owners >= 3 are C-stack shims.
     pub frame_owner: u32,
     pub code_firstlineno: u32,
+    /// tstate -> next thread state of the interpreter.
+    pub tstate_next: u32,
+    /// tstate -> `thread_id` (the `pthread_t` of its thread: on x86_64 the
+    /// thread's FS base).
+    pub tstate_thread_id: u32,
+    /// code -> the name copied in the kernel: `co_qualname` (3.11+) or `co_name`.
+    pub code_name: u32,
+    pub code_filename: u32,
+    /// code -> `co_linetable` (3.10+) or `co_lnotab`.
+    pub code_linetable: u32,
+    pub _pad: u32,
+    /// Address of the main interpreter's thread-list head pointer
+    /// (`&interp->threads.head`), 0 when unknown: the kernel finds a new
+    /// thread's state there on its first event (see `PyTstateMiss`).
+    pub threads_head: u64,
 }
 
 /// One captured frame, as read (the kernel does not branch on versions).
@@ -55,6 +70,60 @@ pub struct PyStack {
     pub _pad: u32,
     pub frames: [PyFrameRec; PY_MAX_DEPTH],
 }
+
+/// Bytes of a code object copied from its start (covers every field read).
+pub const CODE_BYTES: usize = 160;
+/// Bytes copied from the start of the name `str` (header included).
+pub const NAME_BYTES: usize = 128;
+/// Bytes copied from the start of the file name `str` (header included).
+pub const FILENAME_BYTES: usize = 256;
+/// Bytes copied from the start of the line table `bytes` (header included).
+pub const LINETABLE_BYTES: usize = 640;
+
+/// Key of `PY_CODES`: a code object of a process, as a frame saw it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyCodeKey {
+    pub pid: u32,
+    /// `co_firstlineno` (as in `PyFrameRec::checksum`).
+    pub checksum: u32,
+    pub code: u64,
+}
+
+/// A code object copied in the kernel the first time a new stack holds it,
+/// so that its frames resolve after the process is gone: the raw bytes of
+/// the object and of the three objects it points to (name, file name, line
+/// table), each from its start. `lens[i]` is how many bytes of part i were
+/// read (0: unreadable, e.g. a page not resident); userspace decodes them
+/// with the same layout it uses on live memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PyCodeRaw {
+    /// Addresses the parts were read from: code, name, file name, line table.
+    pub addrs: [u64; 4],
+    pub lens: [u32; 4],
+    pub code: [u8; CODE_BYTES],
+    pub name: [u8; NAME_BYTES],
+    pub filename: [u8; FILENAME_BYTES],
+    pub linetable: [u8; LINETABLE_BYTES],
+}
+
+/// Value of `PY_TSTATE_MISS`: a thread whose state the kernel looked for
+/// and did not find, and the list head it walked then. The list is walked
+/// again when its head changes (CPython puts new thread states first) or
+/// `PY_TSTATE_RETRY_NS` later (a state is bound to its thread after it is
+/// listed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyTstateMiss {
+    pub head: u64,
+    pub ts_ns: u64,
+}
+
+/// See `PyTstateMiss`.
+pub const PY_TSTATE_RETRY_NS: u64 = 1_000_000;
+/// Thread states the kernel walks per interpreter when looking for a thread's.
+pub const PY_MAX_THREAD_WALK: u32 = 256;
 
 /// Address range of a process's GIL state (`struct _gil_runtime_state`):
 /// a futex wait inside it is a GIL wait.
@@ -90,6 +159,9 @@ mod pod {
     unsafe impl aya::Pod for super::PyFrameRec {}
     unsafe impl aya::Pod for super::PyStack {}
     unsafe impl aya::Pod for super::GilRange {}
+    unsafe impl aya::Pod for super::PyCodeKey {}
+    unsafe impl aya::Pod for super::PyCodeRaw {}
+    unsafe impl aya::Pod for super::PyTstateMiss {}
     unsafe impl aya::Pod for super::SlowKey {}
     unsafe impl aya::Pod for super::SlowStats {}
 }
@@ -100,7 +172,10 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(core::mem::size_of::<PyLayout>(), 32);
+        assert_eq!(core::mem::size_of::<PyLayout>(), 64);
+        assert_eq!(core::mem::size_of::<PyCodeKey>(), 16);
+        assert_eq!(core::mem::size_of::<PyCodeRaw>(), 48 + CODE_BYTES + NAME_BYTES + FILENAME_BYTES + LINETABLE_BYTES);
+        assert_eq!(core::mem::size_of::<PyTstateMiss>(), 16);
         assert_eq!(core::mem::size_of::<PyFrameRec>(), 24);
         assert_eq!(core::mem::size_of::<PyStack>(), 16 + 24 * PY_MAX_DEPTH);
         assert_eq!(core::mem::size_of::<SlowKey>(), 24);

@@ -14,7 +14,7 @@ use tracer_common::{
     target_flags,
 };
 
-use crate::{bump_targets_gen, count_drop, is_target, TARGETS};
+use crate::{bump_targets_gen, count_drop, is_target, python, TARGETS};
 
 #[map]
 pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
@@ -82,13 +82,19 @@ pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// `sched_process_exit(struct task_struct *p, ...)`: reported for the main
-/// thread only; userspace confirms the whole group is gone through /proc.
+/// `sched_process_exit(struct task_struct *p, ...)`, for every exiting
+/// thread of a target: its Python thread state is forgotten (its id may
+/// be reused); reported for the main thread only; userspace confirms the
+/// whole group is gone through /proc.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if tgid == pid_tgid as u32 && is_target(tgid) {
+    if !is_target(tgid) {
+        return 0;
+    }
+    python::forget_thread(pid_tgid as u32);
+    if tgid == pid_tgid as u32 {
         emit(KIND_EXIT, tgid, 0);
     }
     0

@@ -1,24 +1,33 @@
 //! CPython stack walk in the kernel. Userspace provides, per process, the
 //! struct layout of its interpreter (`PY_LAYOUT`) and, per thread, the
 //! address of its `PyThreadState` (`PY_TSTATE`, refreshed as threads
-//! appear), which stays valid while the thread does not hold the GIL. The
-//! walk records (code object, instruction, checksum) per frame; names and
-//! lines are resolved in userspace.
+//! appear), which stays valid while the thread does not hold the GIL. A
+//! thread userspace has not listed yet (one just started) is found here on
+//! its first event, by walking the interpreter's thread list for the state
+//! whose `thread_id` (its `pthread_t`) is the thread's own (`find_tstate`).
+//! The walk records (code object, instruction, checksum) per frame; names
+//! and lines are resolved in userspace, from the process's memory or, once
+//! it has exited, from the copy of each code object taken here the first
+//! time a new stack holds it (`PY_CODES`).
 //!
 //! A helper module, not a probe family: it has no programs, the families
 //! call `capture`, and it imports from the crate root only.
 
 use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use aya_log_ebpf::warn;
 use tracer_common::{
     counters,
-    python::{GilRange, PyFrameRec, PyLayout, PyStack, ABSENT, PY_MAX_DEPTH},
+    python::{
+        GilRange, PyCodeKey, PyCodeRaw, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
+        FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS,
+    },
 };
 
-use crate::{count_drop, debug_enabled, debug_log_allowed};
+use crate::{count_drop, debug_enabled, debug_log_allowed, global};
 
 #[map]
 pub static PY_LAYOUT: HashMap<u32, PyLayout> = HashMap::with_max_entries(4096, 0);
@@ -28,6 +37,27 @@ pub static PY_TSTATE: HashMap<u32, u64> = HashMap::with_max_entries(32768, 0);
 
 #[map]
 pub static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(8192, 0);
+
+/// Threads whose state `find_tstate` looked for in vain, and when.
+#[map]
+pub static PY_TSTATE_MISS: HashMap<u32, PyTstateMiss> = HashMap::with_max_entries(32768, 0);
+
+/// Code objects copied when a new stack first held them: what resolves
+/// their frames once the process has exited. Userspace moves the entries
+/// out as it reads them.
+#[map]
+pub static PY_CODES: HashMap<PyCodeKey, PyCodeRaw> = HashMap::with_max_entries(8192, 0);
+
+/// Scratch for a code object's copy (too big for the BPF stack), one per
+/// calling context like `PY_SCRATCH`.
+#[map]
+static PY_CODE_SCRATCH: PerCpuArray<PyCodeRaw> = PerCpuArray::with_max_entries(4, 0);
+
+/// Offset of the FS base in `struct task_struct` (`thread.fsbase`, x86_64),
+/// set at load time from the kernel's BTF; `u64::MAX` where unknown (other
+/// architectures): new threads then wait for userspace's thread list.
+#[unsafe(no_mangle)]
+static PY_TASK_FSBASE_OFFSET: u64 = u64::MAX;
 
 #[map]
 pub static GIL_RANGE: HashMap<u32, GilRange> = HashMap::with_max_entries(4096, 0);
@@ -83,7 +113,13 @@ fn read_u64(addr: u64) -> u64 {
 pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
     let Some(layout) = (unsafe { PY_LAYOUT.get(&pid) }) else { return 0 };
     let layout = *layout;
-    let Some(tstate) = (unsafe { PY_TSTATE.get(&tid) }).copied() else { return 0 };
+    let tstate = match unsafe { PY_TSTATE.get(&tid) } {
+        Some(t) => *t,
+        None => find_tstate(tid, &layout),
+    };
+    if tstate == 0 {
+        return 0;
+    }
     let Some(scratch) = PY_SCRATCH.get_ptr_mut(scratch_slot) else { return 0 };
     let scratch = unsafe { &mut *scratch };
     let mut frame = read_u64(tstate + layout.tstate_frame as u64);
@@ -130,14 +166,185 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
         hash = 1;
     }
     // BPF_NOEXIST: an existing entry with this hash is the same stack.
-    match PY_STACKS.insert(&hash, scratch, 1) {
-        Ok(()) => hash,
+    match PY_STACKS.insert(&hash, &*scratch, 1) {
+        Ok(()) => {
+            remember_codes(pid, scratch, &layout, scratch_slot);
+            hash
+        }
         Err(-17) => hash, // EEXIST
         Err(_) => {
             count_drop(counters::PY_STACKS_LOST);
             0
         }
     }
+}
+
+/// The state of the current thread `tid`, found in its interpreter's
+/// thread list (the last state whose `thread_id` is the thread's
+/// `pthread_t`: a state CPython has created for a thread not yet started
+/// still holds its creator's) and remembered in `PY_TSTATE`; 0 when it is
+/// not there (yet). A miss is remembered too, and the list walked again
+/// only when its head changed or `PY_TSTATE_RETRY_NS` later, so that a
+/// process's threads that never run Python cost one short walk per
+/// millisecond at most.
+#[inline(never)]
+fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
+    let fs_off = global(&PY_TASK_FSBASE_OFFSET);
+    if fs_off == u64::MAX || layout.threads_head == 0 || bpf_get_current_pid_tgid() as u32 != tid {
+        return 0;
+    }
+    let head = read_u64(layout.threads_head);
+    if head == 0 {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(m) = unsafe { PY_TSTATE_MISS.get(&tid) } {
+        if m.head == head && now.wrapping_sub(m.ts_ns) < PY_TSTATE_RETRY_NS {
+            return 0;
+        }
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let fsbase = unsafe { bpf_probe_read_kernel((task + fs_off) as *const u64) }.unwrap_or(0);
+    if fsbase == 0 {
+        return 0;
+    }
+    let mut walk = WalkCtx {
+        fsbase,
+        ts: head,
+        found: 0,
+        id_off: layout.tstate_thread_id as u64,
+        next_off: layout.tstate_next as u64,
+    };
+    let callback = walk_step as *const () as *mut core::ffi::c_void;
+    // SAFETY: the helper calls `walk_step(i, &mut walk)` until it returns 1.
+    unsafe { aya_ebpf::helpers::generated::bpf_loop(PY_MAX_THREAD_WALK, callback, (&mut walk as *mut WalkCtx).cast(), 0) };
+    let found = walk.found;
+    if found == 0 {
+        let _ = PY_TSTATE_MISS.insert(&tid, &PyTstateMiss { head, ts_ns: now }, 0);
+        return 0;
+    }
+    if PY_TSTATE.insert(&tid, &found, 0).is_err() {
+        count_drop(counters::PY_STACKS_LOST);
+    }
+    let _ = PY_TSTATE_MISS.remove(&tid);
+    found
+}
+
+/// `find_tstate`'s walk, on its stack.
+#[repr(C)]
+struct WalkCtx {
+    fsbase: u64,
+    /// The thread state to look at next (0: the end of the list).
+    ts: u64,
+    /// The last one whose `thread_id` is `fsbase`.
+    found: u64,
+    id_off: u64,
+    next_off: u64,
+}
+
+/// `bpf_loop` callback: one thread state of `find_tstate`'s walk (a loop
+/// the verifier checks once, not once per possible thread).
+extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `find_tstate` passes its `WalkCtx`.
+    let w = unsafe { &mut *(ctx as *mut WalkCtx) };
+    if w.ts == 0 {
+        return 1;
+    }
+    if read_u64(w.ts + w.id_off) == w.fsbase {
+        w.found = w.ts;
+    }
+    w.ts = read_u64(w.ts + w.next_off);
+    0
+}
+
+/// Forgets thread `tid` (it exited: its id may be reused).
+#[inline(always)]
+pub fn forget_thread(tid: u32) {
+    let _ = PY_TSTATE.remove(&tid);
+    let _ = PY_TSTATE_MISS.remove(&tid);
+}
+
+/// What `remember_frame` needs, on the stack of `remember_codes`.
+#[repr(C)]
+struct CodesCtx {
+    pid: u32,
+    slot: u32,
+    code_name: u32,
+    code_filename: u32,
+    code_linetable: u32,
+    _pad: u32,
+}
+
+/// Copies the code objects of a stack seen for the first time that are not
+/// copied yet (`PY_CODES`), one frame per `bpf_loop` iteration: the
+/// verifier checks the loop body once rather than once per possible frame
+/// (unrolled, the three programs that walk stacks took ~0.4 s to load).
+#[inline(never)]
+fn remember_codes(pid: u32, stack: &PyStack, layout: &PyLayout, slot: u32) {
+    // SAFETY: a plain read of map memory.
+    let len = unsafe { core::ptr::read_volatile(&stack.len) }.min(PY_MAX_DEPTH as u32);
+    let mut ctx = CodesCtx {
+        pid,
+        slot,
+        code_name: layout.code_name,
+        code_filename: layout.code_filename,
+        code_linetable: layout.code_linetable,
+        _pad: 0,
+    };
+    let callback = remember_frame as *const () as *mut core::ffi::c_void;
+    // SAFETY: the helper calls `remember_frame(i, &mut ctx)` for i < len.
+    unsafe { aya_ebpf::helpers::generated::bpf_loop(len, callback, (&mut ctx as *mut CodesCtx).cast(), 0) };
+}
+
+/// `bpf_loop` callback: copies the code object of frame `i` of the stack in
+/// `PY_SCRATCH[ctx.slot]` (the one just stored), unless already copied.
+extern "C" fn remember_frame(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `remember_codes` passes its `CodesCtx`.
+    let c = unsafe { &*(ctx as *const CodesCtx) };
+    let Some(stack) = PY_SCRATCH.get_ptr(c.slot) else { return 1 };
+    let Some(f) = (unsafe { &*stack }).frames.get(i as usize) else { return 1 };
+    if f._pad >= FRAME_OWNED_BY_CSTACK || f.code == 0 {
+        return 0;
+    }
+    let (code, checksum) = (f.code, f.checksum);
+    let key = PyCodeKey { pid: c.pid, checksum, code };
+    if unsafe { PY_CODES.get(&key) }.is_some() {
+        return 0;
+    }
+    let Some(raw) = PY_CODE_SCRATCH.get_ptr_mut(c.slot) else { return 1 };
+    // SAFETY: per-CPU slot of this calling context.
+    let raw = unsafe { &mut *raw };
+    raw.addrs[0] = code;
+    raw.lens[0] = read_part(&mut raw.code, code);
+    let name = read_u64(code + c.code_name as u64);
+    raw.addrs[1] = name;
+    raw.lens[1] = read_part(&mut raw.name, name);
+    let filename = read_u64(code + c.code_filename as u64);
+    raw.addrs[2] = filename;
+    raw.lens[2] = read_part(&mut raw.filename, filename);
+    let table = read_u64(code + c.code_linetable as u64);
+    raw.addrs[3] = table;
+    raw.lens[3] = read_part(&mut raw.linetable, table);
+    // BPF_NOEXIST; EEXIST: another CPU copied it meanwhile.
+    if let Err(e) = PY_CODES.insert(&key, raw, 1) {
+        if e != -17 {
+            count_drop(counters::PY_CODES_FULL);
+        }
+    }
+    0
+}
+
+/// Fills `buf` from user address `addr`; returns the bytes read: `N`, or
+/// 0 when the read failed (unmapped or not resident, or `addr` 0).
+/// Branch-free: it runs four times per copied code object.
+#[inline(always)]
+fn read_part<const N: usize>(buf: &mut [u8; N], addr: u64) -> u32 {
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(buf.as_mut_ptr().cast(), N as u32, addr as *const core::ffi::c_void)
+    };
+    // rc is 0 or a negative errno: its sign bit says which.
+    let failed = (rc as u64 >> 63) as u32;
+    N as u32 * (1 - failed)
 }
 
 /// `DEBUG_EBPF` only: a walk that found no frame because the thread state

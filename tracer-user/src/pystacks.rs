@@ -18,15 +18,35 @@ use tracer_common::{
 };
 
 use crate::{
-    collect::{Collector, Context, FamilyTable, TargetEvent},
+    collect::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
     probe::{self, ProbeError},
     procfs,
     python::{Interpreter, PythonError},
     recording::{Origin, Recording},
 };
 
-/// No programs, no globals: the layout goes through the `PY_LAYOUT` map.
-pub static TABLE: FamilyTable = FamilyTable { family: "python", programs: &[], globals: &[] };
+/// No programs of its own (the layout goes through the `PY_LAYOUT` map);
+/// one global: where a task's FS base is, by which the kernel recognises a
+/// new thread's `PyThreadState` (its `thread_id` is the thread's
+/// `pthread_t`, the FS base on x86_64).
+pub static TABLE: FamilyTable = FamilyTable {
+    family: "python",
+    programs: &[],
+    globals: &[GlobalSpec { name: "PY_TASK_FSBASE_OFFSET", value: |i| Ok(GlobalValue::U64(task_fsbase_offset(i))) }],
+};
+
+/// `offsetof(struct task_struct, thread.fsbase)`, `u64::MAX` when unknown
+/// (not x86_64, or no such member in the kernel's BTF).
+fn task_fsbase_offset(i: &LoadInputs<'_>) -> u64 {
+    if !cfg!(target_arch = "x86_64") {
+        return u64::MAX;
+    }
+    let o = &i.btf.offsets;
+    match (o.member_offset("task_struct", "thread"), o.member_offset("thread_struct", "fsbase")) {
+        (Ok(a), Ok(b)) => u64::from(a) + u64::from(b),
+        _ => u64::MAX,
+    }
+}
 
 /// How long a process that may still be starting CPython (just exec'd,
 /// libpython not mapped yet, interpreter not initialized) is retried.
@@ -34,14 +54,32 @@ const STARTUP_RETRY: Duration = Duration::from_secs(10);
 /// Processes that do not look like Python at all are retried this long
 /// (the dynamic loader maps libpython right after exec).
 const NON_PYTHON_RETRY: Duration = Duration::from_secs(1);
-/// How often the thread maps are refreshed and starting interpreters retried.
+/// How often the thread maps are refreshed (a backstop: the kernel finds a
+/// new thread's state on its first event) and starting interpreters retried.
 const REFRESH: Duration = Duration::from_millis(25);
+/// How often a process that may be starting CPython is retried in its
+/// first `EAGER_FOR`: its interpreter is up milliseconds after exec, and
+/// until its layout is published its samples carry no Python frames.
+const EAGER_RETRY: Duration = Duration::from_millis(4);
+const EAGER_FOR: Duration = Duration::from_millis(250);
 /// How often new stacks are resolved while their processes are alive.
 const RESOLVE: Duration = Duration::from_millis(300);
 
 struct Pending {
     since: Instant,
+    last_try: Instant,
     last_error: Option<String>,
+    /// Named like Python or maps a libpython (else tried at the slow pace:
+    /// looking for an interpreter reads ELF files).
+    python_like: bool,
+}
+
+impl Pending {
+    fn due(&self, now: Instant) -> bool {
+        let eager = self.python_like && now.duration_since(self.since) < EAGER_FOR;
+        let every = if eager { EAGER_RETRY } else { REFRESH };
+        now.duration_since(self.last_try) + EAGER_RETRY / 2 >= every
+    }
 }
 
 /// The Python processes being traced.
@@ -52,12 +90,19 @@ pub struct PythonCollector {
     pending: HashMap<u32, Pending>,
     /// tid -> tstate currently in the kernel map, per pid.
     published: HashMap<u32, Vec<u32>>,
+    last_refresh: Instant,
     last_resolve: Instant,
 }
 
 impl Default for PythonCollector {
     fn default() -> Self {
-        PythonCollector { examined: HashMap::new(), pending: HashMap::new(), published: HashMap::new(), last_resolve: Instant::now() }
+        PythonCollector {
+            examined: HashMap::new(),
+            pending: HashMap::new(),
+            published: HashMap::new(),
+            last_refresh: Instant::now(),
+            last_resolve: Instant::now(),
+        }
     }
 }
 
@@ -77,8 +122,11 @@ impl PythonCollector {
 
     fn try_attach(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
         let retry = |this: &mut Self, err: Option<String>| {
-            let p = this.pending.entry(pid).or_insert(Pending { since: Instant::now(), last_error: None });
+            let now = Instant::now();
+            let p = this.pending.entry(pid).or_insert(Pending { since: now, last_try: now, last_error: None, python_like: false });
+            p.last_try = now;
             p.last_error = err;
+            p.python_like = looks_like_python(pid);
         };
         match Interpreter::attach(pid) {
             Ok(Some(interp)) => {
@@ -97,10 +145,11 @@ impl PythonCollector {
 
     /// Examines again the processes whose CPython may still be starting.
     fn retry_pending(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        let pids: Vec<u32> = self.pending.keys().copied().collect();
+        let now = Instant::now();
+        let pids: Vec<u32> = self.pending.iter().filter(|(_, p)| p.due(now)).map(|(pid, _)| *pid).collect();
         for pid in pids {
             let Some(p) = self.pending.get(&pid) else { continue };
-            let limit = if looks_like_python(pid) { STARTUP_RETRY } else { NON_PYTHON_RETRY };
+            let limit = if p.python_like { STARTUP_RETRY } else { NON_PYTHON_RETRY };
             if !procfs::is_alive(pid) {
                 // Gone before it could be read (short-lived children): nothing to say.
                 self.pending.remove(&pid);
@@ -182,15 +231,21 @@ impl Collector for PythonCollector {
     }
 
     fn poll_every(&self) -> Duration {
-        REFRESH
+        EAGER_RETRY
     }
 
-    /// New threads get their thread state into the kernel map here: until
-    /// then their samples carry native frames only.
+    /// Retries starting interpreters (each at its own pace, see
+    /// `Pending::due`); every `REFRESH`, re-reads the thread lists into the
+    /// kernel map (new threads are found by the kernel itself on their
+    /// first event; this keeps the map right where it cannot, e.g. more
+    /// threads than it walks).
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         self.retry_pending(cx)?;
-        for pid in cx.stacks.python.pids() {
-            self.refresh(cx, pid)?;
+        if self.last_refresh.elapsed() + EAGER_RETRY / 2 >= REFRESH {
+            self.last_refresh = Instant::now();
+            for pid in cx.stacks.python.pids() {
+                self.refresh(cx, pid)?;
+            }
         }
         if self.last_resolve.elapsed() >= RESOLVE {
             self.last_resolve = Instant::now();

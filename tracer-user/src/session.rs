@@ -243,6 +243,13 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;
     }
+    // Once every family has resolved its stacks: Python frames that could
+    // not be resolved, per process and cause.
+    for (pid, problems) in cx.stacks.python.problems() {
+        for (i, text) in problems.into_iter().enumerate() {
+            cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
+        }
+    }
     rec.targets = cx.targets.to_targets();
     cx.sink.fill(&mut rec);
     rec.sort_stacks();

@@ -127,6 +127,9 @@ impl Interpreter {
             pthread_tid: Cell::new(None),
             gil: None,
             codes: HashMap::new(),
+            bad_copies: Default::default(),
+            partial_codes: Default::default(),
+            unresolved: Default::default(),
         };
         if minor == 13 {
             interp.validate_debug_offsets()?;

@@ -5,10 +5,13 @@
 
 use std::collections::HashMap;
 
+use tracer_common::python::PyCodeRaw;
+
 use super::{
+    captured::Captured,
     layout::{self, InstrKind},
     linetable,
-    proc::{le_u32, le_u64},
+    proc::{le_u32, le_u64, ReadMem},
     Interpreter, PythonError,
 };
 use crate::recording::{Frame, FrameKind};
@@ -35,12 +38,41 @@ pub(super) struct CodeInfo {
     code_start: u64,
     /// Line per instruction value already asked for.
     lines: HashMap<u64, Option<u32>>,
+    /// Decoded from a kernel copy that cut the file name or the line table.
+    partial: bool,
+}
+
+/// Why a code object's frames could not be resolved (counted per code
+/// object, reported per process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unresolved {
+    /// The process was gone when its stacks were resolved and the kernel
+    /// had no copy of the code object (its copy map was full).
+    ExitedNoCopy,
+    /// The kernel's copy lacked the code object itself (unreadable then).
+    CopyUnreadable,
+    /// A different code object is now at that address (the kernel's
+    /// `co_firstlineno` differs) and there is no copy.
+    Replaced,
+    /// The process's memory could not be read there.
+    Unreadable,
+}
+
+impl Unresolved {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Unresolved::ExitedNoCopy => "process gone and no kernel copy (copy map full)",
+            Unresolved::CopyUnreadable => "kernel copy unreadable",
+            Unresolved::Replaced => "code object freed and its address reused",
+            Unresolved::Unreadable => "memory unreadable",
+        }
+    }
 }
 
 impl Interpreter {
-    fn read_code(&self, code: u64) -> Result<CodeInfo, PythonError> {
+    fn read_code(&self, m: &impl ReadMem, code: u64) -> Result<CodeInfo, PythonError> {
         let o = &self.offsets;
-        let buf = self.mem.bytes(code, o.code_read_len())?;
+        let buf = m.bytes(code, o.code_read_len())?;
         if let Some(ty) = self.code_type {
             let got = le_u64(&buf, layout::OB_TYPE);
             if got != ty {
@@ -48,26 +80,30 @@ impl Interpreter {
             }
         }
         let name_ptr = le_u64(&buf, o.code_qualname.unwrap_or(o.code_name));
-        let name = match self.read_str(name_ptr) {
+        let (name, name_cut) = match self.read_str(m, name_ptr) {
             Ok(n) => n,
             // A qualname can be missing on odd code objects; the name will do.
-            Err(_) if o.code_qualname.is_some() => self.read_str(le_u64(&buf, o.code_name))?,
+            Err(_) if o.code_qualname.is_some() => self.read_str(m, le_u64(&buf, o.code_name))?,
             Err(e) => return Err(e),
         };
+        let (filename, file_cut) = self.read_str(m, le_u64(&buf, o.code_filename))?;
+        let (table, table_cut) = self.read_bytes(m, le_u64(&buf, o.code_linetable))?;
         Ok(CodeInfo {
             name,
-            filename: self.read_str(le_u64(&buf, o.code_filename))?,
+            filename,
             firstlineno: le_u32(&buf, o.code_firstlineno) as i32,
-            table: self.read_bytes(le_u64(&buf, o.code_linetable))?,
+            table,
             code_start: code + o.code_adaptive.unwrap_or(0),
             lines: HashMap::new(),
+            partial: name_cut || file_cut || table_cut,
         })
     }
 
-    /// A `str` object (compact ASCII, compact, or legacy).
-    fn read_str(&self, addr: u64) -> Result<String, PythonError> {
+    /// A `str` object (compact ASCII, compact, or legacy), and whether it
+    /// was cut (a kernel copy shorter than the string: its text ends in `…`).
+    fn read_str(&self, m: &impl ReadMem, addr: u64) -> Result<(String, bool), PythonError> {
         let o = &self.offsets;
-        let hdr = self.mem.bytes(addr, o.unicode_compact_data as usize + 8)?;
+        let hdr = m.bytes(addr, o.unicode_compact_data as usize + 8)?;
         let len = le_u64(&hdr, layout::UNICODE_LENGTH);
         let state = le_u32(&hdr, layout::UNICODE_STATE);
         let kind = u64::from((state >> 2) & 7);
@@ -82,8 +118,10 @@ impl Interpreter {
             // Legacy string: `data.any` follows the compact header.
             (false, _) => le_u64(&hdr, o.unicode_compact_data),
         };
-        let raw = self.mem.bytes(data, (len * kind) as usize)?;
-        Ok(match kind {
+        let want = (len * kind) as usize;
+        let raw = m.bytes(data, want)?;
+        let cut = raw.len() < want;
+        let mut text: String = match kind {
             1 => raw.iter().map(|&b| char::from(b)).collect(),
             2 => char::decode_utf16(raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
                 .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
@@ -91,19 +129,92 @@ impl Interpreter {
             _ => raw
                 .chunks_exact(4)
                 .map(|c| {
-                    char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or(char::REPLACEMENT_CHARACTER)
+                    char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or(char::REPLACEMENT_CHARACTER)
                 })
                 .collect(),
-        })
+        };
+        if cut {
+            text.push('…');
+        }
+        Ok((text, cut))
     }
 
-    /// A `bytes` object's contents.
-    fn read_bytes(&self, addr: u64) -> Result<Vec<u8>, PythonError> {
-        let len = self.mem.u64(addr + layout::OB_SIZE)?;
+    /// A `bytes` object's contents, and whether they were cut (a kernel
+    /// copy shorter than the object).
+    fn read_bytes(&self, m: &impl ReadMem, addr: u64) -> Result<(Vec<u8>, bool), PythonError> {
+        let len = m.u64(addr + layout::OB_SIZE)?;
         if len > MAX_TABLE {
             return Err(self.layout_err(format!("{addr:#x}: bytes of length {len}")));
         }
-        self.mem.bytes(addr + layout::BYTES_DATA, len as usize)
+        let b = m.bytes(addr + layout::BYTES_DATA, len as usize)?;
+        let cut = (b.len() as u64) < len;
+        Ok((b, cut))
+    }
+
+    /// Takes the kernel's copy of code object `code` (`co_firstlineno`
+    /// `checksum`): it resolves the object's frames from now on, unless a
+    /// complete read of it is cached already. A copy that cut the file name
+    /// or the line table gives way to the live object while the process
+    /// can still be read.
+    pub fn add_captured(&mut self, code: u64, checksum: u32, raw: &PyCodeRaw) {
+        let key = (code, checksum);
+        if matches!(self.codes.get(&key), Some(Some(c)) if !c.partial) {
+            return;
+        }
+        let copy = Captured::new(self.pid, raw);
+        let decoded = if copy.has_code() { self.read_code(&copy, code).ok() } else { None };
+        let Some(info) = decoded.filter(|c| c.firstlineno as u32 == checksum) else {
+            self.bad_copies.insert(key);
+            return;
+        };
+        let info = if info.partial {
+            match self.read_code(&self.mem, code) {
+                Ok(live) if live.firstlineno as u32 == checksum => live,
+                _ => info,
+            }
+        } else {
+            info
+        };
+        if self.codes.len() >= MAX_CACHED_CODES {
+            self.codes.clear();
+        }
+        if info.partial {
+            self.partial_codes.insert(key);
+        }
+        self.codes.insert(key, Some(info));
+    }
+
+    /// Why code object `key` could not be read live.
+    fn unresolved_cause(&self, key: (u64, u32), live: &Result<CodeInfo, PythonError>) -> Unresolved {
+        if self.bad_copies.contains(&key) {
+            return Unresolved::CopyUnreadable;
+        }
+        match live {
+            Ok(_) => Unresolved::Replaced,
+            Err(_) if !crate::procfs::is_alive(self.pid) => Unresolved::ExitedNoCopy,
+            Err(_) => Unresolved::Unreadable,
+        }
+    }
+
+    /// One line per cause of unresolved code objects and one for the
+    /// objects resolved from cut copies; empty when all resolved fully.
+    pub fn resolution_problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.unresolved.is_empty() {
+            let total: u64 = self.unresolved.values().sum();
+            let causes: Vec<String> = self.unresolved.iter().map(|(c, n)| format!("{n} {}", c.describe())).collect();
+            out.push(format!(
+                "{total} Python code objects could not be resolved (their frames show as [unknown]): {}",
+                causes.join(", ")
+            ));
+        }
+        if !self.partial_codes.is_empty() {
+            out.push(format!(
+                "{} Python code objects were resolved from kernel copies that cut their file name or line table (the process had exited): a file name ends in …, a line past the copy is unknown",
+                self.partial_codes.len()
+            ));
+        }
+        out
     }
 
     /// Resolves one frame captured by the kernel: the code object address,
@@ -119,7 +230,15 @@ impl Interpreter {
             if self.codes.len() >= MAX_CACHED_CODES {
                 self.codes.clear();
             }
-            let info = self.read_code(code).ok().filter(|c| c.firstlineno as u32 == checksum);
+            let live = self.read_code(&self.mem, code);
+            let info = match live {
+                Ok(c) if c.firstlineno as u32 == checksum => Some(c),
+                ref other => {
+                    let cause = self.unresolved_cause(key, other);
+                    *self.unresolved.entry(cause).or_insert(0) += 1;
+                    None
+                }
+            };
             self.codes.insert(key, info);
         }
         let kind = self.offsets.instr_kind;
@@ -141,7 +260,11 @@ impl Interpreter {
                     InstrKind::LastiUnits => i64::from(instr as u32 as i32) * 2,
                     InstrKind::Pointer => instr.wrapping_sub(info.code_start) as i64,
                 };
-                let l = linetable::line_for(format, &info.table, info.firstlineno, addr);
+                let l = if info.partial {
+                    linetable::line_for_prefix(format, &info.table, info.firstlineno, addr)
+                } else {
+                    linetable::line_for(format, &info.table, info.firstlineno, addr)
+                };
                 if info.lines.len() < 4096 {
                     info.lines.insert(instr, l);
                 }

@@ -223,6 +223,14 @@ impl Offsets {
             frame_instr: u(self.frame_instr),
             frame_owner: self.frame_owner.map_or(ABSENT, u),
             code_firstlineno: u(self.code_firstlineno),
+            tstate_next: u(self.tstate_next),
+            tstate_thread_id: u(self.tstate_thread_id),
+            code_name: u(self.code_qualname.unwrap_or(self.code_name)),
+            code_filename: u(self.code_filename),
+            code_linetable: u(self.code_linetable),
+            _pad: 0,
+            // Known once the process is read (`Interpreter::layout`).
+            threads_head: 0,
         }
     }
 

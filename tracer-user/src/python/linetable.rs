@@ -33,6 +33,33 @@ pub fn line_for(format: LineFormat, table: &[u8], firstlineno: i32, addr: i64) -
     u32::try_from(line).ok()
 }
 
+/// `line_for` over the first bytes of a table (a copy that cut it): `None`
+/// for an instruction past what those bytes cover, rather than a guess.
+pub fn line_for_prefix(format: LineFormat, table: &[u8], firstlineno: i32, addr: i64) -> Option<u32> {
+    if addr < 0 {
+        return line_for(format, table, firstlineno, addr);
+    }
+    let table = match format {
+        // Pairs: drop a lone last byte; an address at or past the sum of
+        // the increments may belong to a pair that was cut.
+        LineFormat::Lnotab => {
+            let t = &table[..table.len() & !1];
+            let covered: i64 = t.chunks_exact(2).map(|p| i64::from(p[0])).sum();
+            if addr >= covered {
+                return None;
+            }
+            t
+        }
+        LineFormat::Linetable310 => &table[..table.len() & !1],
+        // Entries: drop the last one (its varints may be cut).
+        LineFormat::Locations => match table.iter().rposition(|b| b & 0x80 != 0) {
+            Some(last) => &table[..last],
+            None => &[][..],
+        },
+    };
+    line_for(format, table, firstlineno, addr)
+}
+
 /// 3.8/3.9 `PyCode_Addr2Line`: walk the pairs while the accumulated address
 /// stays <= `addr`.
 fn lnotab(table: &[u8], firstlineno: i32, addr: i64) -> Option<i32> {
@@ -164,6 +191,21 @@ mod tests {
             }
         }
         assert!(checked > 3000, "only {checked} instructions checked");
+    }
+
+    #[test]
+    fn a_cut_table_answers_only_what_it_covers() {
+        // 3.11+ entries: one-line forms of 2 code units each (4 bytes), lines +1 each.
+        let full = [0x80 | (11 << 3) | 1, 0x80 | (11 << 3) | 1, 0x80 | (11 << 3) | 1];
+        assert_eq!(line_for(LineFormat::Locations, &full, 10, 9), Some(13));
+        assert_eq!(line_for_prefix(LineFormat::Locations, &full, 10, 0), Some(11));
+        assert_eq!(line_for_prefix(LineFormat::Locations, &full, 10, 4), Some(12));
+        assert_eq!(line_for_prefix(LineFormat::Locations, &full, 10, 9), None, "the last entry may be cut");
+        // lnotab: (addr incr, line incr) pairs; past the covered bytes: unknown.
+        let lnotab = [4, 1, 4, 1, 4];
+        assert_eq!(line_for_prefix(LineFormat::Lnotab, &lnotab, 10, 5), Some(11));
+        assert_eq!(line_for_prefix(LineFormat::Lnotab, &lnotab, 10, 8), None);
+        assert_eq!(line_for_prefix(LineFormat::Lnotab, &lnotab, 10, -2), Some(10));
     }
 
     #[test]

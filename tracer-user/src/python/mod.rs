@@ -34,6 +34,7 @@
 //! `crate::report::dump`.
 
 mod attach;
+mod captured;
 mod code;
 mod elf;
 mod frames;
@@ -43,14 +44,17 @@ mod proc;
 mod threads;
 mod validate;
 
-use std::{cell::Cell, collections::HashMap, io, path::PathBuf};
-#[cfg(test)]
-use std::collections::HashSet;
+use std::{
+    cell::Cell,
+    collections::{BTreeMap, HashMap, HashSet},
+    io,
+    path::PathBuf,
+};
 
 pub use code::UNKNOWN_FUNCTION;
 pub use layout::{PyLayout, ABSENT};
 
-use code::CodeInfo;
+use code::{CodeInfo, Unresolved};
 use layout::Offsets;
 use proc::Mem;
 #[cfg(test)]
@@ -115,6 +119,12 @@ pub struct Interpreter {
     gil: Option<(u64, u64)>,
     /// (code address, co_firstlineno) -> code object; `None` = unreadable.
     codes: HashMap<(u64, u32), Option<CodeInfo>>,
+    /// Code objects whose kernel copy could not be decoded.
+    bad_copies: HashSet<(u64, u32)>,
+    /// Code objects resolved from a kernel copy that cut a part.
+    partial_codes: HashSet<(u64, u32)>,
+    /// Code objects left unresolved, by cause.
+    unresolved: BTreeMap<Unresolved, u64>,
 }
 
 impl std::fmt::Debug for Interpreter {
@@ -153,8 +163,16 @@ impl Interpreter {
         self.runtime
     }
 
+    /// The kernel's view of this interpreter, with the address of its
+    /// (first) interpreter's thread-list head when it can be read now.
     pub fn layout(&self) -> PyLayout {
-        self.offsets.py_layout()
+        let o = &self.offsets;
+        let mut l = o.py_layout();
+        l.threads_head = match self.mem.u64(self.runtime + o.runtime_interpreters_head) {
+            Ok(interp) if interp != 0 => interp + o.interp_threads_head,
+            _ => 0,
+        };
+        l
     }
 
     /// [start, end) of the interpreter's GIL state (`struct

@@ -102,6 +102,29 @@ impl Mem {
     }
 }
 
+/// Where code objects are read from: the live process ([`Mem`]) or the
+/// copy the kernel took of one (`super::captured::Captured`).
+pub trait ReadMem {
+    /// `len` bytes at `addr`. A copy may return fewer (the bytes it has);
+    /// the live process never does (a short read is an error).
+    fn bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, PythonError>;
+
+    fn u64(&self, addr: u64) -> Result<u64, PythonError> {
+        let b = self.bytes(addr, 8)?;
+        Ok(le_u64(&b, 0))
+    }
+}
+
+impl ReadMem for Mem {
+    fn bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, PythonError> {
+        Mem::bytes(self, addr, len)
+    }
+
+    fn u64(&self, addr: u64) -> Result<u64, PythonError> {
+        Mem::u64(self, addr)
+    }
+}
+
 /// Little-endian field readers over a byte slice (zero when out of range).
 pub fn le_u64(b: &[u8], off: u64) -> u64 {
     let o = off as usize;

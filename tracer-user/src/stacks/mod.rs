@@ -67,6 +67,7 @@ impl Stacks {
         py_stack: u64,
     ) -> Result<Vec<Frame>, ProbeError> {
         if self.loaded.is_none() {
+            self.python.take_copies(ebpf)?;
             self.loaded = Some(Self::load(ebpf)?);
         }
         let Some(loaded) = self.loaded.as_ref() else { return Ok(Vec::new()) };

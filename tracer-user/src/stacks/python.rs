@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aya::{maps::HashMap as BpfHashMap, Ebpf};
-use tracer_common::python::{PyStack, FRAME_OWNED_BY_CSTACK};
+use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK};
 
 use crate::{
     probe::{self, ProbeError},
@@ -33,12 +33,40 @@ impl PyFrames {
         self.interpreters.keys().copied().collect()
     }
 
-    /// Resolves the stacks captured since the last call, while their
-    /// processes are alive (code objects are read from their memory).
+    /// Moves the kernel's copies of code objects (`PY_CODES`) to their
+    /// interpreters: they resolve frames after the process is gone. The
+    /// entries are removed from the kernel map once taken, so that it does
+    /// not fill up in a long recording.
+    pub fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        let mut map: BpfHashMap<_, PyCodeKey, PyCodeRaw> = probe::hash_map(ebpf, "PY_CODES")?;
+        let keys: Vec<PyCodeKey> = map.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            if let (Ok(raw), Some(interp)) = (map.get(&key, 0), self.interpreters.get_mut(&key.pid)) {
+                interp.add_captured(key.code, key.checksum, &raw);
+            }
+            let _ = map.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Per process, what could not be resolved fully (see
+    /// `Interpreter::resolution_problems`).
+    pub fn problems(&self) -> BTreeMap<u32, Vec<String>> {
+        self.interpreters
+            .iter()
+            .map(|(pid, i)| (*pid, i.resolution_problems()))
+            .filter(|(_, p)| !p.is_empty())
+            .collect()
+    }
+
+    /// Resolves the stacks captured since the last call, from the kernel's
+    /// copies of their code objects or, for code objects not copied, from
+    /// the memory of the (live) processes.
     pub fn resolve_new(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
         if self.interpreters.is_empty() {
             return Ok(());
         }
+        self.take_copies(ebpf)?;
         let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
         let fresh: Vec<u64> = map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect();
         for id in fresh {
