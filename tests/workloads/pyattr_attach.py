@@ -4,8 +4,10 @@ tests (tests/tests/python_attribution.rs); CPython 3.8 .. 3.13.
 Prints `ready PID` on stdout, sleeps 0.5 s, then works in early_work() until a
 line arrives on stdin (the tracer is attached by then). Then it starts two new
 threads running Late.run for SECONDS each (each prints `late tid TID` on
-stdout when it starts), joins them, prints `done` and exits 0 while the
-tracer is still recording.
+stdout when it starts) and one whose first act is a 0.3 s sleep in
+first_sleep() (it prints `sleeper tid TID line LINE` after it, LINE being
+the sleep's), joins them, prints `done` and exits 0 while the tracer is
+still recording.
 
     pyattr_attach.py SECONDS
 """
@@ -41,6 +43,13 @@ class Late:
             burn(2000)
 
 
+def first_sleep():
+    time.sleep(0.3)
+    line = first_sleep.__code__.co_firstlineno + 1
+    sys.stdout.write("sleeper tid %d line %d\n" % (threading.get_native_id(), line))
+    sys.stdout.flush()
+
+
 def main():
     seconds = float(sys.argv[1])
     go = threading.Event()
@@ -54,6 +63,7 @@ def main():
     time.sleep(0.5)
     early_work(go)
     threads = [threading.Thread(target=Late(seconds).run, name="late%d" % i) for i in range(2)]
+    threads.append(threading.Thread(target=first_sleep, name="sleeper"))
     for t in threads:
         t.start()
     for t in threads:

@@ -78,7 +78,7 @@ pub const NAME_BYTES: usize = 128;
 /// Bytes copied from the start of the file name `str` (header included).
 pub const FILENAME_BYTES: usize = 256;
 /// Bytes copied from the start of the line table `bytes` (header included).
-pub const LINETABLE_BYTES: usize = 640;
+pub const LINETABLE_BYTES: usize = 2048;
 
 /// Key of `PY_CODES`: a code object of a process, as a frame saw it.
 #[repr(C)]

@@ -22,7 +22,7 @@ use aya_log_ebpf::warn;
 use tracer_common::{
     counters,
     python::{
-        GilRange, PyCodeKey, PyCodeRaw, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
+        GilRange, PyCodeKey, PyCodeRaw, CODE_BYTES, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
         FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS,
     },
 };
@@ -46,7 +46,7 @@ pub static PY_TSTATE_MISS: HashMap<u32, PyTstateMiss> = HashMap::with_max_entrie
 /// their frames once the process has exited. Userspace moves the entries
 /// out as it reads them.
 #[map]
-pub static PY_CODES: HashMap<PyCodeKey, PyCodeRaw> = HashMap::with_max_entries(8192, 0);
+pub static PY_CODES: HashMap<PyCodeKey, PyCodeRaw> = HashMap::with_max_entries(4096, 0);
 
 /// Scratch for a code object's copy (too big for the BPF stack), one per
 /// calling context like `PY_SCRATCH`.
@@ -315,16 +315,16 @@ extern "C" fn remember_frame(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: per-CPU slot of this calling context.
     let raw = unsafe { &mut *raw };
     raw.addrs[0] = code;
-    raw.lens[0] = read_part(&mut raw.code, code);
+    raw.lens[0] = read_part(&mut raw.code, code, CODE_BYTES as u64);
     let name = read_u64(code + c.code_name as u64);
     raw.addrs[1] = name;
-    raw.lens[1] = read_part(&mut raw.name, name);
+    raw.lens[1] = read_part(&mut raw.name, name, str_size(name));
     let filename = read_u64(code + c.code_filename as u64);
     raw.addrs[2] = filename;
-    raw.lens[2] = read_part(&mut raw.filename, filename);
+    raw.lens[2] = read_part(&mut raw.filename, filename, str_size(filename));
     let table = read_u64(code + c.code_linetable as u64);
     raw.addrs[3] = table;
-    raw.lens[3] = read_part(&mut raw.linetable, table);
+    raw.lens[3] = read_part(&mut raw.linetable, table, bytes_size(table));
     // BPF_NOEXIST; EEXIST: another CPU copied it meanwhile.
     if let Err(e) = PY_CODES.insert(&key, raw, 1) {
         if e != -17 {
@@ -334,17 +334,43 @@ extern "C" fn remember_frame(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
-/// Fills `buf` from user address `addr`; returns the bytes read: `N`, or
-/// 0 when the read failed (unmapped or not resident, or `addr` 0).
-/// Branch-free: it runs four times per copied code object.
+/// Fills `buf` with up to `want` bytes from user address `addr` (no more
+/// than the buffer holds); where that fails (the object ends near the end
+/// of a mapping), with what is left of `addr`'s page. Returns the bytes
+/// read, 0 when none could be.
 #[inline(always)]
-fn read_part<const N: usize>(buf: &mut [u8; N], addr: u64) -> u32 {
-    let rc = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(buf.as_mut_ptr().cast(), N as u32, addr as *const core::ffi::c_void)
+fn read_part<const N: usize>(buf: &mut [u8; N], addr: u64, want: u64) -> u32 {
+    if addr == 0 {
+        return 0;
+    }
+    let mut size = if want < N as u64 { want as u32 } else { N as u32 };
+    let read = |buf: &mut [u8; N], size: u32| unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(buf.as_mut_ptr().cast(), size, addr as *const core::ffi::c_void)
     };
-    // rc is 0 or a negative errno: its sign bit says which.
-    let failed = (rc as u64 >> 63) as u32;
-    N as u32 * (1 - failed)
+    if read(buf, size) == 0 {
+        return size;
+    }
+    let in_page = (4096 - (addr & 4095)) as u32;
+    if in_page < size {
+        size = in_page;
+        if read(buf, size) == 0 {
+            return size;
+        }
+    }
+    0
+}
+
+/// Bytes a `str` object at `addr` may take: the largest header (a compact
+/// non-ASCII one) plus 4 bytes per character, from its `length`.
+#[inline(always)]
+fn str_size(addr: u64) -> u64 {
+    72 + read_u64(addr + 16).saturating_mul(4)
+}
+
+/// Bytes of a `bytes` object at `addr`: its header and `ob_size` bytes.
+#[inline(always)]
+fn bytes_size(addr: u64) -> u64 {
+    32 + read_u64(addr + 16)
 }
 
 /// `DEBUG_EBPF` only: a walk that found no frame because the thread state
