@@ -269,6 +269,13 @@ impl Collector for PythonCollector {
         }
         // A stack cut at the depth limit is kept (its leaf frames are
         // there): reported, not counted as lost.
+        let full = probe::counter(&mut cx.ebpf, counters::PY_CODES_FULL)?;
+        if full > 0 {
+            let text = format!(
+                "{full} Python code objects could not be copied in the kernel (python_code_copies_map_full): their frames resolve only while their process lives"
+            );
+            cx.sink.state_note("python_code_copies_map_full", text);
+        }
         let n = probe::counter(&mut cx.ebpf, counters::PY_STACKS_TRUNCATED)?;
         if n > 0 {
             let text = format!("{n} Python stacks were deeper than {PY_MAX_DEPTH} frames and were cut at their root end");
