@@ -8,9 +8,12 @@ os._exit(0) at once: the tracer's userspace cannot read the process's
 memory after that. Writes `cpu WORK_S TAIL_S` (thread CPU seconds) and
 `tail line LINE` on stderr first.
 
-    pyattr_exit.py SECONDS TAIL
+    pyattr_exit.py SECONDS TAIL [kill]
+
+With `kill`, it ends by SIGKILL-ing itself instead (a crash).
 """
 import os
+import signal
 import sys
 import time
 
@@ -45,6 +48,8 @@ def main():
     t2 = time.thread_time()
     sys.stderr.write("cpu %.6f %.6f\n" % (t1 - t0, t2 - t1))
     sys.stderr.flush()
+    if sys.argv[3:] == ["kill"]:
+        os.kill(os.getpid(), signal.SIGKILL)
     os._exit(0)
 
 
