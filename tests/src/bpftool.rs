@@ -158,7 +158,13 @@ pub fn entry_key_bytes(e: &Value) -> Option<Vec<u8>> {
 /// looks for a BPF map named TARGETS held by `pid` and dumps it. Returns
 /// `None` if no such map is visible (then callers fall back to a delay).
 pub fn tracer_targets_contain(tracer: u32, target: u32) -> Option<bool> {
-    let entries = tracer_map_entries(tracer, "TARGETS")?;
+    tracer_map_has_pid(tracer, "TARGETS", target)
+}
+
+/// Whether map `name` of tracer `pid`, keyed by a pid (u32), has `key`;
+/// `None` if no such map is visible.
+pub fn tracer_map_has_pid(tracer: u32, name: &str, target: u32) -> Option<bool> {
+    let entries = tracer_map_entries(tracer, name)?;
     let want = target.to_le_bytes();
     Some(entries.iter().any(|e| {
         if let Some(k) = e["formatted"]["key"].as_u64() {
@@ -167,6 +173,14 @@ pub fn tracer_targets_contain(tracer: u32, target: u32) -> Option<bool> {
         let key = entry_key_bytes(e).unwrap_or_default();
         key.len() >= 4 && key[..4] == want
     }))
+}
+
+/// Waits until tracer `tracer` has published the Python layout of `target`
+/// to the kernel (`PY_LAYOUT`): by then every program is attached and the
+/// target's Python stacks are walked. Panics after 15 s.
+pub fn wait_python_attached(tracer: u32, target: u32) {
+    let ok = poll(Duration::from_secs(15), || tracer_map_has_pid(tracer, "PY_LAYOUT", target).unwrap_or(false).then_some(()));
+    assert!(ok.is_some(), "infertrace (pid {tracer}) did not publish the Python layout of pid {target} within 15 s");
 }
 
 /// Waits until tracer `tracer` is tracing `target`: its programs are loaded

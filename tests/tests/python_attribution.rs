@@ -780,6 +780,7 @@ fn attach_covers_new_threads_and_target_exit() {
         let tpid = tracer.id();
         let mut guard = KillOnDrop::new(tpid);
         wait_attached(tpid, pid, &before);
+        wait_python_attached(tpid, pid);
         // Let the main thread's early_work be sampled, then start the threads.
         std::thread::sleep(Duration::from_millis(500));
         writeln!(w.stdin.as_mut().unwrap(), "go").unwrap();
@@ -827,8 +828,21 @@ fn attach_covers_new_threads_and_target_exit() {
             let total: u64 = mine.iter().map(|s| samples(s)).sum();
             // Its own Python frames: Late.run, or threading's bootstrap
             // code around it (`_bootstrap_inner`, `_set_tstate_lock`...).
+            // Samples in the thread's native start and exit (glibc's
+            // start_thread, the kernel's do_exit: no interpreter frame)
+            // are not Python time and are left out.
+            let in_python = |s: &Value| {
+                !py_frames(s).is_empty()
+                    || frames(s).iter().any(|f| {
+                        let m = f["module"].as_str().unwrap_or("");
+                        m.starts_with("libpython") || m.starts_with("python")
+                    })
+            };
+            let outside: u64 = mine.iter().filter(|s| !in_python(s)).map(|s| samples(s)).sum();
+            let total = total - outside;
             let (covered, not): (Vec<&&&Value>, Vec<&&&Value>) = mine
                 .iter()
+                .filter(|s| in_python(s))
                 .partition(|s| py_frames(s).last().is_some_and(|f| f["function"] == boot));
             let with_py: u64 = covered.iter().map(|s| samples(s)).sum();
             let in_run: u64 = mine.iter().filter(|s| has_py_function(s, &run)).map(|s| samples(s)).sum();
@@ -838,7 +852,7 @@ fn attach_covers_new_threads_and_target_exit() {
                 .map(|s| render(s))
                 .collect();
             desc.push(format!(
-                "late tid {tid}: {with_py}/{total} cpu samples ({:.1}%) with its Python frames, {in_run} under {run}",
+                "late tid {tid}: {with_py}/{total} cpu samples in the interpreter ({:.1}%) with its Python frames, {in_run} under {run}, {outside} outside it",
                 pct(with_py, total)
             ));
             if total < 20 {
