@@ -568,9 +568,7 @@ fn exits_right_after_work(py: &Python, how: &str) -> Result<String, String> {
         "work {in_work} samples (its CPU time says {want_work:.1}), tail {in_tail} ({want_tail:.1}), {with_py} with Python frames, load {}",
         load_avg()
     );
-    // (Samples before the interpreter's layout reached the kernel, a
-    // few ms after start-up, have no Python frames.)
-    ensure!(in_work as f64 >= 0.7 * want_work - 1.0, "{summary}: too few samples under work()");
+    ensure!(in_work as f64 >= 0.8 * want_work - 1.0, "{summary}: too few samples under work()");
     ensure!(in_tail as f64 >= (0.5 * want_tail - 1.0).max(1.0), "{summary}: too few samples at tail() (generated_tail.py:3-6)");
     Ok(summary)
 }
