@@ -22,7 +22,9 @@
 //!   `pthread_t`, i.e. the address of glibc's (or musl's) `struct pthread`,
 //!   whose `tid` field is found by looking, at every 4-byte offset of the
 //!   threads' `struct pthread`s, for the one that holds a distinct live
-//!   thread id of the process for every thread (glibc's 0x2d0 preferred).
+//!   thread id of the process for every thread (glibc's 0x2d0 preferred);
+//!   both are ids in the process's own PID namespace (a container's,
+//!   `unshare -p`), translated to ours through `NSpid` (`procfs::ThreadIdMap`).
 //!
 //! The code: [`Interpreter::attach`] and the version detection are in
 //! `attach`, the checks of the layout against the live process in
@@ -43,7 +45,12 @@ mod proc;
 mod threads;
 mod validate;
 
-use std::{cell::Cell, collections::HashMap, io, path::PathBuf};
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    io,
+    path::PathBuf,
+};
 #[cfg(test)]
 use std::collections::HashSet;
 
@@ -93,6 +100,17 @@ impl PythonError {
     fn io(context: impl std::fmt::Display, source: io::Error) -> PythonError {
         PythonError::Io { context: context.to_string(), source }
     }
+
+    /// The kernel refused to let us read the process's memory or files
+    /// (EPERM, EACCES).
+    pub fn permission_denied(&self) -> bool {
+        match self {
+            PythonError::Io { source, .. } | PythonError::Memory { source, .. } => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
+    }
 }
 
 pub use crate::recording::ThreadDump;
@@ -111,6 +129,8 @@ pub struct Interpreter {
     code_type: Option<u64>,
     /// Before 3.11: offset of `tid` in `struct pthread`, once found.
     pthread_tid: Cell<Option<u64>>,
+    /// The process's own thread ids (what CPython stores) -> ours.
+    thread_ids: RefCell<crate::procfs::ThreadIdMap>,
     /// [start, end) of the GIL state, when located and plausible.
     gil: Option<(u64, u64)>,
     /// (code address, co_firstlineno) -> code object; `None` = unreadable.
