@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{collect, doctor, nvml, procfs, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{collect, doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -176,20 +176,6 @@ fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<S
     })
 }
 
-/// The hint for a `dump` that could not attach, when one helps: root only
-/// where a permission was refused and we lack CAP_SYS_PTRACE (the other
-/// errors say what was found).
-fn dump_hint(e: &python::PythonError) -> Option<&'static str> {
-    const CAP_SYS_PTRACE: u32 = 19;
-    match e {
-        python::PythonError::NotInitialized { .. } => Some("retry once the interpreter has started"),
-        _ if e.permission_denied() && procfs::own_effective_caps().is_none_or(|c| c & (1 << CAP_SYS_PTRACE) == 0) => {
-            Some("run as root: reading another user's process needs CAP_SYS_PTRACE")
-        }
-        _ => None,
-    }
-}
-
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Doctor => {
@@ -202,10 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut interp = match python::Interpreter::attach(pid) {
                 Ok(Some(i)) => i,
                 Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython 3.8-3.13 stacks)"),
-                Err(e) => match dump_hint(&e) {
-                    Some(hint) => bail!("{e} (hint: {hint})"),
-                    None => bail!("{e}"),
-                },
+                Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {
