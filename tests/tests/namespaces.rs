@@ -643,3 +643,57 @@ fn cuda_sites_attached_in_namespaces() {
         env.check_sites(&rep, pid, &ns.files_dir(&dir), &expected, 100)
     });
 }
+
+// ---------------------------------------------------------------------------
+// The dump's hint
+
+/// `dump -p` of a namespaced root process by user nobody (a copy of the
+/// binary, no capabilities): refused, and the one error line says to run as
+/// root; as root the same process dumps (above). The hint is not given for
+/// what root would not fix: an unsupported version (tests/tests/python_dump.rs
+/// checks the message) says which versions are.
+#[test]
+fn dump_suggests_root_only_when_refused() {
+    let test = "dump_suggests_root_only_when_refused";
+    require!(test, Root, Binary, Unshare, Setpriv);
+    let Some(py) = pyenv_python(3, 12).or_else(|| system_python().map(|p| p.0)) else {
+        skip(test, "a CPython 3.8 .. 3.13");
+        return;
+    };
+    let dir = TempDir::new("ns-dump-nobody");
+    let argv = Ns::Pid.argv(&dir, &py, &[&ns_work()], &[dir.join("files/ns_work.py").into(), SECONDS.into(), "attach".into()]);
+    let w = Workload::start(&argv, &[]);
+    assert_eq!(w.line("ready"), "ready 1");
+    let b = dir.join("infertrace");
+    fs::copy(bin(), &b).unwrap();
+    let as_nobody = run_cmd(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+            .arg(&b)
+            .args(["dump", "-p", &w.pid.to_string()]),
+        RUN_TIMEOUT,
+    );
+    assert!(!as_nobody.status.success(), "dump as nobody succeeded\n{}", as_nobody.describe());
+    let line = single_error_line(&as_nobody);
+    assert!(line.contains("(hint: run as root"), "{line}");
+
+    let unsupported = pyenv_python(3, 7).or_else(|| pyenv_python(3, 6));
+    let Some(old) = unsupported else {
+        skip(test, "pyenv CPython 3.7 or 3.6 (an unsupported version)");
+        return;
+    };
+    let mut child = Command::new(&old)
+        .args(["-c", "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _guard = KillOnDrop::new(child.id());
+    let mut l = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut l).unwrap();
+    let r = run_infertrace(["dump", "-p", &child.id().to_string()]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = single_error_line(&r);
+    assert!(line.contains("is not supported") && !line.contains("root"), "{line}");
+}
