@@ -284,7 +284,8 @@ fn check_attribution(rep: &Report, pid: u32, py: &PythonExe, files_dir: &Path) -
         m["burn"],
         samples(&main)
     );
-    ensure!(in_burn >= 100, "main thread: {summary} (expected >= 100 at burn)");
+    // 1.5 s at 199 Hz is ~300 samples on an idle CPU; the machine may be busy.
+    ensure!(in_burn >= 50, "main thread: {summary} (expected >= 50 at burn)");
     ensure!(precision >= 95.0 && recall >= 80.0, "main thread: {summary}; others: {}", others());
 
     let blocker = rep.thread_named("blocker");
