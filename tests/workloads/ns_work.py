@@ -9,7 +9,7 @@ pipe nobody writes, line @idle). `launch`: idles STARTUP_S (a launched
 interpreter is found and its threads published within ~25 ms of its
 start). `attach`: prints `ready NSPID` on stdout and waits for a line on
 stdin in wait_go() (line @wait): the tracer attaches meanwhile. Then a
-thread named `blocker` (its kernel comm) sleeps STARTUP_S, then SECONDS in
+thread named `blocker` (its kernel comm) sleeps SETTLE_S, then SECONDS in
 block() (line @block) while the main thread burns CPU in burn() (line @burn) for SECONDS;
 writes `done` on stderr and exits 0.
 
@@ -21,6 +21,9 @@ import threading
 import time
 
 STARTUP_S = 0.3
+# A new thread's state reaches the tracer within ~25 ms (polled); a busy
+# machine can delay the tracer's poll by hundreds of milliseconds.
+SETTLE_S = 0.6
 PR_SET_NAME = 15
 
 
@@ -36,8 +39,7 @@ def block(seconds):
     import ctypes  # here: the main thread's start-up stays short
 
     ctypes.CDLL(None).prctl(PR_SET_NAME, b"blocker", 0, 0, 0)
-    # A new thread's state reaches the tracer within ~25 ms (polled).
-    time.sleep(STARTUP_S)
+    time.sleep(SETTLE_S)
     time.sleep(seconds)  # @block
 
 
