@@ -99,7 +99,7 @@ impl Ns {
             v.extend(["sh", "-c", PRIVATE_SH, "sh"].map(OsString::from));
             v.push(files_dir.clone().into());
             v.push(prefix.into());
-            v.extend(files.iter().map(|f| OsString::from(f)));
+            v.extend(files.iter().map(OsString::from));
             v.push("--".into());
             v.push(inside.into());
         }
