@@ -18,6 +18,8 @@ pub enum Need {
     Strace,
     Bpftool,
     Setpriv,
+    /// util-linux's `unshare` (new PID and mount namespaces).
+    Unshare,
 }
 
 /// Every executable named `prog` on PATH, in PATH order (as found, not
@@ -62,6 +64,7 @@ fn missing(need: Need) -> Option<String> {
         Need::Strace => (!in_path("strace")).then(|| "strace".to_string()),
         Need::Bpftool => (!in_path("bpftool")).then(|| "bpftool".to_string()),
         Need::Setpriv => (!in_path("setpriv")).then(|| "setpriv".to_string()),
+        Need::Unshare => (!in_path("unshare")).then(|| "unshare (util-linux)".to_string()),
     }
 }
 

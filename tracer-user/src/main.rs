@@ -188,7 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut interp = match python::Interpreter::attach(pid) {
                 Ok(Some(i)) => i,
                 Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython 3.8-3.13 stacks)"),
-                Err(e) => bail!("{e} (hint: run as root; CPython 3.8-3.13 is supported)"),
+                Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {

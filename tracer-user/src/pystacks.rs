@@ -68,7 +68,7 @@ const RESOLVE: Duration = Duration::from_millis(300);
 struct Pending {
     since: Instant,
     last_try: Instant,
-    last_error: Option<String>,
+    last_error: Option<PythonError>,
     /// Named like Python or maps a libpython (else tried at the slow pace:
     /// looking for an interpreter reads ELF files).
     python_like: bool,
@@ -121,7 +121,7 @@ impl PythonCollector {
     }
 
     fn try_attach(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
-        let retry = |this: &mut Self, err: Option<String>| {
+        let retry = |this: &mut Self, err: Option<PythonError>| {
             let now = Instant::now();
             let p = this.pending.entry(pid).or_insert(Pending { since: now, last_try: now, last_error: None, python_like: false });
             p.last_try = now;
@@ -138,7 +138,7 @@ impl PythonCollector {
                 self.pending.remove(&pid);
                 cx.sink.note(format!("pid {pid}: CPython {version} is not supported (3.8 to 3.13 are); traced natively"));
             }
-            Err(e) => retry(self, Some(e.to_string())),
+            Err(e) => retry(self, Some(e)),
         }
         Ok(())
     }
@@ -151,8 +151,12 @@ impl PythonCollector {
             let Some(p) = self.pending.get(&pid) else { continue };
             let limit = if p.python_like { STARTUP_RETRY } else { NON_PYTHON_RETRY };
             if !procfs::is_alive(pid) {
-                // Gone before it could be read (short-lived children): nothing to say.
-                self.pending.remove(&pid);
+                // Gone before it could be read (short-lived children):
+                // nothing to say, unless its structures were misread (a
+                // layout error is no start-up race: it would stay).
+                if let Some(e @ PythonError::Layout { .. }) = self.pending.remove(&pid).and_then(|p| p.last_error) {
+                    cx.sink.note(format!("pid {pid}: {e}; traced natively"));
+                }
                 continue;
             }
             if p.since.elapsed() > limit {
@@ -257,10 +261,14 @@ impl Collector for PythonCollector {
     fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
         cx.stacks.python.resolve_new(&mut cx.ebpf)?;
         if cx.window_end.is_some() {
-            // Processes still pending (and alive) at the end of the window.
+            // Processes still pending at the end of the window: alive, or
+            // gone with their structures misread (as in `retry_pending`).
             for (pid, p) in self.pending.drain() {
-                if let (true, Some(e)) = (procfs::is_alive(pid), p.last_error) {
-                    cx.sink.note(format!("pid {pid}: {e}; traced natively"));
+                match p.last_error {
+                    Some(e) if procfs::is_alive(pid) || matches!(e, PythonError::Layout { .. }) => {
+                        cx.sink.note(format!("pid {pid}: {e}; traced natively"))
+                    }
+                    _ => {}
                 }
             }
         }

@@ -1,12 +1,15 @@
 //! Everything read from /proc: facts about processes and threads (here),
-//! their mappings ([`maps`]) and their files by the paths they see
-//! ([`root`]). Every value here comes from outside the tool, so every
+//! their mappings ([`maps`]), their files by the paths they see
+//! ([`root`]) and their thread ids in their own PID namespace
+//! ([`nspid`]). Every value here comes from outside the tool, so every
 //! accessor returns `Option`/`Result`, never panics.
 
 mod maps;
+mod nspid;
 mod root;
 
 pub use maps::{maps, open_mapped, open_mapped_via, parse_maps, MappedFile, MapsLine};
+pub use nspid::{nspid, ThreadIdMap};
 pub use root::{open_in_root, resolve_in_root};
 
 use std::{fs, io, path::PathBuf};

@@ -4,7 +4,11 @@
 //! `Py_GetVersion` string, or the file name), picking the layout of that
 //! version, validating it against the process, and locating the GIL.
 
-use std::{cell::Cell, collections::HashMap, path::PathBuf};
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    path::PathBuf,
+};
 
 use super::{
     elf,
@@ -125,6 +129,7 @@ impl Interpreter {
             runtime: bias.wrapping_add(info.symbol("_PyRuntime").unwrap_or(0)),
             code_type: info.symbol("PyCode_Type").map(|a| bias.wrapping_add(a)),
             pthread_tid: Cell::new(None),
+            thread_ids: RefCell::new(crate::procfs::ThreadIdMap::new(pid)),
             gil: None,
             codes: HashMap::new(),
             bad_copies: Default::default(),

@@ -22,7 +22,9 @@
 //!   `pthread_t`, i.e. the address of glibc's (or musl's) `struct pthread`,
 //!   whose `tid` field is found by looking, at every 4-byte offset of the
 //!   threads' `struct pthread`s, for the one that holds a distinct live
-//!   thread id of the process for every thread (glibc's 0x2d0 preferred).
+//!   thread id of the process for every thread (glibc's 0x2d0 preferred);
+//!   both are ids in the process's own PID namespace (a container's,
+//!   `unshare -p`), translated to ours through `NSpid` (`procfs::ThreadIdMap`).
 //!
 //! The code: [`Interpreter::attach`] and the version detection are in
 //! `attach`, the checks of the layout against the live process in
@@ -45,7 +47,7 @@ mod threads;
 mod validate;
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
     collections::{BTreeMap, HashMap, HashSet},
     io,
     path::PathBuf,
@@ -97,6 +99,37 @@ impl PythonError {
     fn io(context: impl std::fmt::Display, source: io::Error) -> PythonError {
         PythonError::Io { context: context.to_string(), source }
     }
+
+    /// The kernel refused to let us read the process's memory or files
+    /// (EPERM, EACCES).
+    pub fn permission_denied(&self) -> bool {
+        match self {
+            PythonError::Io { source, .. } | PythonError::Memory { source, .. } => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
+    }
+
+    /// What to do about it, in a few words. Root is suggested only where a
+    /// permission was refused to a process without CAP_SYS_PTRACE.
+    pub fn hint(&self) -> &'static str {
+        const CAP_SYS_PTRACE: u32 = 19;
+        match self {
+            _ if self.permission_denied() => {
+                if crate::procfs::own_effective_caps().is_some_and(|c| c & (1 << CAP_SYS_PTRACE) != 0) {
+                    "refused even with CAP_SYS_PTRACE: check kernel.yama.ptrace_scope and the security modules"
+                } else {
+                    "run as root: reading another user's process needs CAP_SYS_PTRACE"
+                }
+            }
+            PythonError::NotPython { .. } | PythonError::Unsupported { .. } => "CPython 3.8 to 3.13 is supported",
+            PythonError::NotInitialized { .. } => "retry once the interpreter has started",
+            PythonError::Io { .. } | PythonError::Memory { .. } => "retry; the process may have exited",
+            PythonError::Elf { .. } => "the interpreter's file could not be read as CPython's",
+            PythonError::Layout { .. } => "this build's structures differ from upstream CPython's for its version",
+        }
+    }
 }
 
 pub use crate::recording::ThreadDump;
@@ -115,6 +148,8 @@ pub struct Interpreter {
     code_type: Option<u64>,
     /// Before 3.11: offset of `tid` in `struct pthread`, once found.
     pthread_tid: Cell<Option<u64>>,
+    /// The process's own thread ids (what CPython stores) -> ours.
+    thread_ids: RefCell<crate::procfs::ThreadIdMap>,
     /// [start, end) of the GIL state, when located and plausible.
     gil: Option<(u64, u64)>,
     /// (code address, co_firstlineno) -> code object; `None` = unreadable.
@@ -207,6 +242,21 @@ mod tests {
         let e = PythonError::Unsupported { version: "2.7.18".into() };
         assert_eq!(e.to_string(), "CPython 2.7.18 is not supported (supported: 3.8 to 3.13)");
     }
+
+    #[test]
+    fn root_is_suggested_only_for_a_refused_permission() {
+        let layout = PythonError::Layout { pid: 1, version: "3.12.1".into(), message: "x".into() };
+        let memory = |errno| PythonError::Memory { pid: 1, addr: 8, len: 8, source: io::Error::from_raw_os_error(errno) };
+        let io = PythonError::io("/proc/1/maps", io::Error::from_raw_os_error(libc::EACCES));
+        for e in [&layout, &memory(libc::ESRCH), &PythonError::Unsupported { version: "3.7.16".into() }] {
+            assert!(!e.permission_denied() && !e.hint().contains("root"), "{e}: {}", e.hint());
+        }
+        let ptrace = crate::procfs::own_effective_caps().is_some_and(|c| c & (1 << 19) != 0);
+        for e in [&memory(libc::EPERM), &io] {
+            assert!(e.permission_denied(), "{e}");
+            assert_eq!(e.hint().contains("run as root"), !ptrace, "{e}: {}", e.hint());
+        }
+    }
 }
 
 /// Checks against live interpreters that are our own children (no root, no
@@ -235,8 +285,16 @@ mod live_tests {
     }
 
     fn start(python: &std::path::Path) -> Sleeper {
+        start_in(python, &[])
+    }
+
+    /// [`start`] under the command `wrapper` (`unshare -p -f`), if any.
+    fn start_in(python: &std::path::Path, wrapper: &[&str]) -> Sleeper {
         use std::io::BufRead;
-        let mut c = Command::new(python)
+        let mut argv: Vec<&std::ffi::OsStr> = wrapper.iter().map(|a| std::ffi::OsStr::new(*a)).collect();
+        argv.push(python.as_os_str());
+        let mut c = Command::new(argv[0])
+            .args(&argv[1..])
             .args(["-c", "import threading, time\nt = threading.Thread(target=time.sleep, args=(60,), daemon=True)\nt.start()\nprint('ready', flush=True)\ntime.sleep(60)"])
             .stdout(Stdio::piped())
             .spawn()
@@ -245,6 +303,40 @@ mod live_tests {
         std::io::BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready");
         Sleeper(c)
+    }
+
+    /// In a PID namespace of its own (`unshare -p -f`, root needed) the
+    /// interpreter stores that namespace's thread ids: translated, they are
+    /// the process's threads as we know them, each once (and before 3.11
+    /// glibc's `struct pthread` tid offset is still the one found).
+    #[test]
+    fn namespaced_thread_ids_are_translated() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || infertrace_e2e::which("unshare").is_none() {
+            infertrace_e2e::skip("python::live_tests::namespaced_thread_ids_are_translated", "root and unshare (util-linux)");
+            return;
+        }
+        for py in pythons() {
+            let s = start_in(&py, &["unshare", "-p", "-f", "--kill-child"]);
+            // The interpreter: unshare's child, pid 1 in its namespace.
+            let pid = crate::procfs::thread_ids(s.0.id())
+                .iter()
+                .find_map(|t| {
+                    let children = std::fs::read_to_string(format!("/proc/{}/task/{t}/children", s.0.id())).ok()?;
+                    children.split_whitespace().next()?.parse::<u32>().ok()
+                })
+                .expect("unshare's child");
+            assert_eq!(crate::procfs::nspid(pid, pid).and_then(|v| v.last().copied()), Some(1), "{}", py.display());
+            let i = Interpreter::attach(pid).unwrap().unwrap();
+            let states = i.thread_states().unwrap();
+            let tids: Vec<u32> = states.iter().map(|t| t.0).collect();
+            let unique: HashSet<u32> = tids.iter().copied().collect();
+            assert_eq!(unique.len(), tids.len(), "{}: {tids:?}", py.display());
+            assert_eq!(unique, crate::procfs::thread_ids(pid).into_iter().collect::<HashSet<_>>(), "{}", py.display());
+            if i.offsets.tstate_native_thread_id.is_none() {
+                assert_eq!(i.pthread_tid.get(), Some(GLIBC_PTHREAD_TID), "{}", py.display());
+            }
+        }
     }
 
     #[test]

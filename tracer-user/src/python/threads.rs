@@ -2,8 +2,10 @@
 //! interpreter, and the kernel thread id of each (`native_thread_id` from
 //! 3.11; before, the `tid` field of glibc's or musl's `struct pthread`
 //! that `thread_id` points to, its offset calibrated on the live threads).
+//! Both hold the id the process knows its thread by, in its own PID
+//! namespace: translated to ours through `procfs::ThreadIdMap` (NSpid).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::{
     proc::le_u32,
@@ -54,11 +56,14 @@ impl Interpreter {
         Ok(out)
     }
 
-    /// Kernel thread id of each thread state (`None`: not a live thread).
+    /// Kernel thread id of each thread state, as we (and the kernel
+    /// programs) know it (`None`: not a live thread).
     pub(super) fn tids(&self, tstates: &[TState]) -> Vec<Option<u32>> {
-        let tasks: HashSet<u32> = crate::procfs::thread_ids(self.pid).into_iter().collect();
+        // The process's own id of each live thread -> ours.
+        let tasks: HashMap<u32, u32> = self.thread_ids.borrow_mut().threads();
+        let ours = |own: u32| tasks.get(&own).copied();
         if self.offsets.tstate_native_thread_id.is_some() {
-            return tstates.iter().map(|t| u32::try_from(t.thread_id).ok().filter(|tid| tasks.contains(tid))).collect();
+            return tstates.iter().map(|t| u32::try_from(t.thread_id).ok().and_then(ours)).collect();
         }
         // pthread_t -> struct pthread -> tid. A struct pthread may end
         // before PTHREAD_SCAN bytes (musl): read what is mapped.
@@ -66,9 +71,7 @@ impl Interpreter {
             .iter()
             .map(|t| if t.thread_id == 0 { Vec::new() } else { self.mem.bytes_lossy(t.thread_id, PTHREAD_SCAN) })
             .collect();
-        let at = |off: u64| -> Vec<Option<u32>> {
-            pthreads.iter().map(|b| Some(le_u32(b, off)).filter(|tid| tasks.contains(tid))).collect()
-        };
+        let at = |off: u64| -> Vec<Option<u32>> { pthreads.iter().map(|b| ours(le_u32(b, off))).collect() };
         if let Some(off) = self.pthread_tid.get() {
             let r = at(off);
             if r.iter().any(Option::is_some) {
