@@ -13,7 +13,7 @@ use aya::{
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK},
+    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
     target_flags,
 };
 
@@ -30,11 +30,18 @@ use crate::{
 /// Fork following needs tracefs (the classic `task_newtask` tracepoint).
 const NEWTASK: ProgramSpec =
     ProgramSpec { name: "task_newtask", kind: ProgramKind::TracePoint { category: "task", name: "task_newtask" } };
+/// Executable mappings (`mmap` enter and exit): tracefs too.
+const MMAP_ENTER: ProgramSpec =
+    ProgramSpec { name: "sys_enter_mmap", kind: ProgramKind::TracePoint { category: "syscalls", name: "sys_enter_mmap" } };
+const MMAP_EXIT: ProgramSpec =
+    ProgramSpec { name: "sys_exit_mmap", kind: ProgramKind::TracePoint { category: "syscalls", name: "sys_exit_mmap" } };
 
 pub static TABLE: FamilyTable = FamilyTable {
     family: "process",
     programs: &[
         NEWTASK,
+        MMAP_ENTER,
+        MMAP_EXIT,
         ProgramSpec { name: "sched_process_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } },
         ProgramSpec { name: "sched_process_exit", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exit" } },
     ],
@@ -46,6 +53,18 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec {
             name: "NEWTASK_FLAGS_OFFSET",
             value: |i| Ok(GlobalValue::U32(i.tracepoint_field("task", "task_newtask", "clone_flags", 32))),
+        },
+        GlobalSpec {
+            name: "MMAP_PROT_OFFSET",
+            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_enter_mmap", "prot", 32))),
+        },
+        GlobalSpec {
+            name: "MMAP_FD_OFFSET",
+            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_enter_mmap", "fd", 48))),
+        },
+        GlobalSpec {
+            name: "MMAP_RET_OFFSET",
+            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_exit_mmap", "ret", 16))),
         },
     ],
 };
@@ -87,6 +106,7 @@ impl ProcessCollector {
                 KIND_FORK => TargetEvent::Forked { pid: ev.pid, parent: ev.ppid, comm: comm_string(&ev.comm) },
                 KIND_EXEC => TargetEvent::Execed { pid: ev.pid, comm: comm_string(&ev.comm) },
                 KIND_EXIT => TargetEvent::Exited { pid: ev.pid },
+                KIND_MAPPED => TargetEvent::Mapped { pid: ev.pid, ts_ns: ev.ts_ns },
                 _ => continue,
             });
         }
@@ -121,12 +141,15 @@ impl Collector for ProcessCollector {
 
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
-            if spec.name == NEWTASK.name && cx.tracefs.is_none() {
-                cx.sink.note("tracefs unavailable: forked children are not followed");
+            if matches!(spec.kind, ProgramKind::TracePoint { .. }) && cx.tracefs.is_none() {
                 continue;
             }
             self.links.attach(cx, spec)?;
         }
+        if cx.tracefs.is_none() {
+            cx.sink.note("tracefs unavailable: forked children are not followed, and libraries loaded later are found by a re-scan every 100 ms (calls made sooner are missed)");
+        }
+        cx.mappings_followed = cx.tracefs.is_some();
         let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
         self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?);
         Ok(())
@@ -171,6 +194,22 @@ impl Collector for ProcessCollector {
                     st.refresh();
                 }
             }
+            TargetEvent::Mapped { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// The kernel wakes the session when it writes to `PROC_EVENTS`: an
+    /// exec or a new executable mapping is delivered at once, not at the
+    /// next poll (a library dlopen'd may be called right after).
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.events.as_ref().map(|rb| rb.as_fd())
+    }
+
+    fn wake(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        for ev in self.drain() {
+            cx.emit(ev);
         }
         Ok(())
     }
