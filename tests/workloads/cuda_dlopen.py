@@ -18,7 +18,9 @@ Usage: cuda_dlopen.py MODE, MODE one of
            file), exit 0 (3 after $PROBE_WAIT_S seconds, default 20)
 
 $WAIT_FILE: wait (polling every ms) until that file exists before loading
-(a process a tracer attaches to while it waits). $STAY_S (default 1.0):
+(a process a tracer attaches to while it waits). $BEFORE_S (default 0):
+seconds to sleep before loading (an interpreter that runs a while before
+it loads CUDA, as one importing torch does). $STAY_S (default 1.0):
 seconds to stay after the calls. Lines the tests look for carry a `# @name`
 marker.
 """
@@ -41,6 +43,7 @@ def size(n):
 
 
 def wait_for_go():
+    time.sleep(float(os.environ.get("BEFORE_S", "0")))
     path = os.environ.get("WAIT_FILE")
     while path and not os.path.exists(path):
         time.sleep(0.001)

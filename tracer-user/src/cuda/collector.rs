@@ -130,8 +130,9 @@ impl CudaCollector {
         if !self.searched.insert(((root_meta.dev(), root_meta.ino()), facts.clone())) {
             return Ok(());
         }
+        let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
         for found in search::candidates(&root, &facts, cx.opts.cuda_driver) {
-            self.probe_found(cx, pid, &root, &found)?;
+            self.probe_found(cx, pid, &root, &found, &mapped)?;
         }
         Ok(())
     }
@@ -141,7 +142,16 @@ impl CudaCollector {
     /// uprobes are attached through `/proc/self/fd/N` of the opened file:
     /// the kernel probes exactly the inode checked, whatever the target
     /// does to its paths meanwhile.
-    fn probe_found(&mut self, cx: &mut Context, pid: u32, root: &Path, found: &search::Found) -> Result<(), ProbeError> {
+    /// `mapped`: the inodes the target maps (a file among them was loaded
+    /// before it could be probed; the note says so).
+    fn probe_found(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        root: &Path,
+        found: &search::Found,
+        mapped: &HashSet<u64>,
+    ) -> Result<(), ProbeError> {
         let Ok(file) = open_in_root(root, Path::new(&found.path)) else { return Ok(()) };
         let Ok(meta) = file.metadata() else { return Ok(()) };
         let identity = (meta.dev(), meta.ino());
@@ -169,8 +179,13 @@ impl CudaCollector {
             return Ok(());
         }
         let driver = functions.iter().any(|f| api::is_driver_name(f));
+        let when = if mapped.contains(&identity.1) {
+            "probed once it was loaded (earlier calls missed)"
+        } else {
+            "probed before it was loaded"
+        };
         cx.sink.note_on(Topic::Gpu, format!(
-            "pid {pid}: CUDA {} {shown} (in {}): {} functions probed before it was loaded",
+            "pid {pid}: CUDA {} {shown} (in {}): {} functions {when}",
             if driver { "driver" } else { "runtime" },
             found.source.describe(),
             functions.len()
@@ -300,7 +315,9 @@ impl CudaCollector {
         if !self.ensure_loaded(cx)? {
             return Ok(None);
         }
+        let attach_start = clock::monotonic_ns();
         let (functions, errors) = programs::attach_file(&mut cx.ebpf, &attach_path, &symbols)?;
+        let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
         }
@@ -311,7 +328,8 @@ impl CudaCollector {
         // How long its code ran unprobed: calls made in that window are
         // missed (docs/cuda.md, "Libraries loaded later").
         let late = mapped_at.map_or(String::new(), |t| {
-            format!(" {:.1} ms after it was mapped", clock::monotonic_ns().saturating_sub(t) as f64 / 1e6)
+            let ms = clock::monotonic_ns().saturating_sub(t) as f64 / 1e6;
+            format!(" {ms:.1} ms after it was mapped (attaching took {attach_ms:.1} ms)")
         });
         cx.sink.note_on(Topic::Gpu, format!(
             "pid {pid}: CUDA {} {shown}{}: {} functions probed{late}",
@@ -428,8 +446,12 @@ impl Collector for CudaCollector {
         "cuda"
     }
 
-    /// The uprobes are loaded when a first CUDA library is found.
-    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    /// The uprobe programs are loaded (through the verifier) now, not when
+    /// a first CUDA library is found: that takes tens of ms, during which a
+    /// target that just exec'd would run on and could load and call the
+    /// library unprobed. They are attached per library file found.
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.ensure_loaded(cx)?;
         Ok(())
     }
 
