@@ -368,11 +368,9 @@ impl Wakers {
                         guard.clear_ready();
                         woken.push(*i);
                     }
-                    // An error on a ring buffer's descriptor: take it as a
-                    // wake (the collector reads what is there); the ticks
-                    // still poll.
-                    std::task::Poll::Ready(Err(_)) => woken.push(*i),
-                    std::task::Poll::Pending => {}
+                    // An error from the reactor: no wake (taking it for one
+                    // would spin); the ticks still poll that collector.
+                    std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => {}
                 }
             }
             if woken.is_empty() {
