@@ -30,18 +30,11 @@ use crate::{
 /// Fork following needs tracefs (the classic `task_newtask` tracepoint).
 const NEWTASK: ProgramSpec =
     ProgramSpec { name: "task_newtask", kind: ProgramKind::TracePoint { category: "task", name: "task_newtask" } };
-/// Executable mappings (`mmap` enter and exit): tracefs too.
-const MMAP_ENTER: ProgramSpec =
-    ProgramSpec { name: "sys_enter_mmap", kind: ProgramKind::TracePoint { category: "syscalls", name: "sys_enter_mmap" } };
-const MMAP_EXIT: ProgramSpec =
-    ProgramSpec { name: "sys_exit_mmap", kind: ProgramKind::TracePoint { category: "syscalls", name: "sys_exit_mmap" } };
 
 pub static TABLE: FamilyTable = FamilyTable {
     family: "process",
     programs: &[
         NEWTASK,
-        MMAP_ENTER,
-        MMAP_EXIT,
         ProgramSpec { name: "sched_process_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } },
         ProgramSpec { name: "sched_process_exit", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exit" } },
     ],
@@ -53,18 +46,6 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec {
             name: "NEWTASK_FLAGS_OFFSET",
             value: |i| Ok(GlobalValue::U32(i.tracepoint_field("task", "task_newtask", "clone_flags", 32))),
-        },
-        GlobalSpec {
-            name: "MMAP_PROT_OFFSET",
-            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_enter_mmap", "prot", 32))),
-        },
-        GlobalSpec {
-            name: "MMAP_FD_OFFSET",
-            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_enter_mmap", "fd", 48))),
-        },
-        GlobalSpec {
-            name: "MMAP_RET_OFFSET",
-            value: |i| Ok(GlobalValue::U32(i.tracepoint_field("syscalls", "sys_exit_mmap", "ret", 16))),
         },
     ],
 };
@@ -141,15 +122,14 @@ impl Collector for ProcessCollector {
 
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
-            if matches!(spec.kind, ProgramKind::TracePoint { .. }) && cx.tracefs.is_none() {
+            if spec.name == NEWTASK.name && cx.tracefs.is_none() {
+                cx.sink.note("tracefs unavailable: forked children are not followed");
                 continue;
             }
             self.links.attach(cx, spec)?;
         }
-        if cx.tracefs.is_none() {
-            cx.sink.note("tracefs unavailable: forked children are not followed, and libraries loaded later are found by a re-scan every 100 ms (calls made sooner are missed)");
-        }
-        cx.mappings_followed = cx.tracefs.is_some();
+        // The syscall family's `sys_exit` reports executable mappings here.
+        cx.mappings_followed = true;
         let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
         self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?);
         Ok(())

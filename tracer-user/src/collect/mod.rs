@@ -73,8 +73,9 @@ pub struct Context {
     /// The reader of the kernel's diagnostics (`--debug-ebpf`), if on.
     pub ebpf_log: Option<crate::ebpf_log::EbpfLog>,
     /// Whether the process follower reports every executable mapping of a
-    /// target ([`TargetEvent::Mapped`]); without tracefs it cannot, and a
-    /// collector that needs new libraries re-scans the maps instead.
+    /// target ([`TargetEvent::Mapped`], from the syscall family's
+    /// `sys_exit`); when not, a collector that needs new libraries
+    /// re-scans the maps instead.
     pub mappings_followed: bool,
     events: VecDeque<TargetEvent>,
 }

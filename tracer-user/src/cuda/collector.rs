@@ -446,12 +446,12 @@ impl Collector for CudaCollector {
         "cuda"
     }
 
-    /// The uprobe programs are loaded (through the verifier) now, not when
-    /// a first CUDA library is found: that takes tens of ms, during which a
-    /// target that just exec'd would run on and could load and call the
-    /// library unprobed. They are attached per library file found.
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.ensure_loaded(cx)?;
+    /// The uprobe programs are loaded when a first CUDA library is found
+    /// (loading them at the start would cost every recording tens of ms,
+    /// and their release after a SIGKILL was seen to take seconds under
+    /// load); a launched command's libraries are searched before it is
+    /// released, so that load does not race with it.
+    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
     }
 
