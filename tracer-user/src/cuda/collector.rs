@@ -8,7 +8,7 @@
 //! found when the kernel reports the target's new executable mapping
 //! ([`TargetEvent::Mapped`], delivered at once: the session wakes on the
 //! process follower's ring buffer), then its maps are scanned again; without
-//! those events (no tracefs), every 100 ms. Each poll replays the per-call
+//! those events (`Context::mappings_followed` false), every 100 ms. Each poll replays the per-call
 //! events ([`replay`](super::replay)) and, every 4 s, moves the entries of
 //! threads that exited out of the kernel maps.
 
