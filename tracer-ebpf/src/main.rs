@@ -23,12 +23,12 @@ mod sched;
 mod syscalls;
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::tracing::StackIdContext,
 };
-use tracer_common::syscalls::SyscallStart;
+use tracer_common::{proc_events::ProcEvent, syscalls::SyscallStart};
 
 /// Processes (tgid) being traced, with `tracer_common::target_flags`.
 /// Userspace inserts the explicit targets; `process` adds forked children.
@@ -90,6 +90,30 @@ pub fn bump_targets_gen() {
         // A lost concurrent increment still changes the value: good enough.
         unsafe { *g += 1 };
     }
+}
+
+/// Lifecycle records for the process follower (`tracer_common::proc_events`):
+/// fork/exec/exit from `process`, executable mappings from `syscalls`.
+#[map]
+pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Sends one `ProcEvent` (counted in `PROC_EVENTS_RINGBUF_FULL` when the
+/// ring is full).
+pub fn emit_proc_event(kind: u32, pid: u32, ppid: u32) {
+    let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
+        count_drop(tracer_common::counters::PROC_EVENTS_RINGBUF_FULL);
+        return;
+    };
+    let ev = ProcEvent {
+        kind,
+        pid,
+        ppid,
+        _pad: 0,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    entry.write(ev);
+    entry.submit(0);
 }
 
 #[inline(always)]

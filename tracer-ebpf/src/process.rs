@@ -1,23 +1,21 @@
 //! Following targets: children forked by a target become targets (in the
 //! kernel, so no early syscall is missed), and fork/exec of targets is
-//! reported to userspace through a small ring buffer (rare events only).
+//! reported to userspace through a small ring buffer (`PROC_EVENTS`, in
+//! the crate root: `syscalls` reports there the executable file mappings
+//! of targets too). Rare events only.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, tracepoint},
-    maps::RingBuf,
+    helpers::bpf_get_current_pid_tgid,
+    macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK},
+    proc_events::{KIND_EXEC, KIND_EXIT, KIND_FORK},
     target_flags,
 };
 
-use crate::{bump_targets_gen, count_drop, is_target, python, TARGETS};
-
-#[map]
-pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+use crate::{bump_targets_gen, count_drop, emit_proc_event, is_target, python, TARGETS};
 
 /// Field offsets in the `task/task_newtask` tracepoint record, read by
 /// userspace from tracefs before load (formats differ between kernels).
@@ -27,23 +25,6 @@ static NEWTASK_PID_OFFSET: u32 = 8;
 static NEWTASK_FLAGS_OFFSET: u32 = 32;
 
 const CLONE_THREAD: u64 = 0x0001_0000;
-
-fn emit(kind: u32, pid: u32, ppid: u32) {
-    let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
-        count_drop(counters::PROC_EVENTS_RINGBUF_FULL);
-        return;
-    };
-    let ev = ProcEvent {
-        kind,
-        pid,
-        ppid,
-        _pad: 0,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    entry.write(ev);
-    entry.submit(0);
-}
 
 /// Runs in the parent, in `copy_process`, once the child has its pid.
 #[tracepoint(category = "task", name = "task_newtask")]
@@ -68,7 +49,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         count_drop(counters::TARGETS_FULL);
     }
     bump_targets_gen();
-    emit(KIND_FORK, child, parent);
+    emit_proc_event(KIND_FORK, child, parent);
     0
 }
 
@@ -77,7 +58,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if is_target(tgid) {
-        emit(KIND_EXEC, tgid, 0);
+        emit_proc_event(KIND_EXEC, tgid, 0);
     }
     0
 }
@@ -95,7 +76,7 @@ pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     }
     python::forget_thread(pid_tgid as u32);
     if tgid == pid_tgid as u32 {
-        emit(KIND_EXIT, tgid, 0);
+        emit_proc_event(KIND_EXIT, tgid, 0);
     }
     0
 }

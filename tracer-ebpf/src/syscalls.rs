@@ -15,7 +15,10 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
-use crate::{count_drop, global, is_target, python, user_stack_id, window_start_ns, SYSCALL_START, TARGETS};
+use crate::{
+    count_drop, emit_proc_event, global, is_target, python, user_stack_id, window_start_ns, SYSCALL_START, TARGETS,
+};
+use tracer_common::proc_events::KIND_MAPPED;
 
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);
@@ -53,6 +56,18 @@ static NR_FUTEX: u32 = 202;
 /// Offset of the first syscall argument in `struct pt_regs` (x86_64 `di`).
 #[unsafe(no_mangle)]
 static PT_REGS_ARG0_OFFSET: u64 = 112;
+/// `mmap`'s number and the offsets of its `prot` and `fd` arguments in
+/// `struct pt_regs`: a target's executable file mapping is reported to the
+/// process follower (`KIND_MAPPED` in `PROC_EVENTS`) when the call returns.
+#[unsafe(no_mangle)]
+static NR_MMAP: u32 = 9;
+#[unsafe(no_mangle)]
+static PT_REGS_ARG2_OFFSET: u64 = 96;
+#[unsafe(no_mangle)]
+static PT_REGS_ARG4_OFFSET: u64 = 72;
+const PROT_EXEC: u64 = 0x4;
+/// `SyscallStart::arg0` of an `mmap` that maps a file executable.
+const MMAP_EXEC_FILE: u64 = 1;
 /// Syscalls at least this slow get a user and Python stack (0: off).
 #[unsafe(no_mangle)]
 static SLOW_SYSCALL_NS: u64 = 1_000_000;
@@ -81,7 +96,13 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let arg0 = if nr == global(&NR_FUTEX) { first_arg(&ctx) } else { 0 };
+    let arg0 = if nr == global(&NR_FUTEX) {
+        first_arg(&ctx)
+    } else if nr == global(&NR_MMAP) {
+        exec_file_mmap(&ctx)
+    } else {
+        0
+    };
     let start = SyscallStart { ts: now, nr, tid, arg0 };
     match SYSCALL_START.get_ptr_mut(&tid) {
         // SAFETY: map value pointer; only this thread writes its entry.
@@ -102,6 +123,21 @@ fn first_arg(ctx: &BtfTracePointContext) -> u64 {
     unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_ARG0_OFFSET)) as *const u64) }.unwrap_or(0)
 }
 
+/// `MMAP_EXEC_FILE` when the `mmap` entered maps a file (fd >= 0) with
+/// `PROT_EXEC` (the dynamic loader bringing in a library), else 0.
+#[inline(never)]
+fn exec_file_mmap(ctx: &BtfTracePointContext) -> u64 {
+    let regs: u64 = ctx.arg(0);
+    let read = |off: u64| unsafe { bpf_probe_read_kernel((regs + off) as *const u64) }.unwrap_or(0);
+    let prot = read(global(&PT_REGS_ARG2_OFFSET));
+    let fd = read(global(&PT_REGS_ARG4_OFFSET)) as i64;
+    if prot & PROT_EXEC != 0 && fd >= 0 {
+        MMAP_EXEC_FILE
+    } else {
+        0
+    }
+}
+
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
@@ -112,15 +148,18 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let tid = pid_tgid as u32;
     let now = unsafe { bpf_ktime_get_ns() };
     let ret: i64 = ctx.arg(1);
-    let (start_ns, nr) = match take_start(tid) {
+    let (start_ns, nr, arg0) = match take_start(tid) {
         Some(v) => v,
         None => match in_flight_at_attach(&ctx, pid_tgid, ret) {
             // In flight at attach time: timed from the window start.
-            Some(nr) => (window_start_ns(), nr),
+            Some(nr) => (window_start_ns(), nr, 0),
             None => return 0,
         },
     };
     let tgid = (pid_tgid >> 32) as u32;
+    if nr == global(&NR_MMAP) && arg0 == MMAP_EXEC_FILE && !(-4095..0).contains(&ret) {
+        emit_proc_event(KIND_MAPPED, tgid, tid);
+    }
     let ns = now.saturating_sub(start_ns);
     let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
     account(tgid, tid, nr, ns, errno);
@@ -156,14 +195,14 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
 
 /// The (start, nr) of `tid`'s syscall in flight, consumed.
 #[inline(always)]
-fn take_start(tid: u32) -> Option<(u64, u32)> {
+fn take_start(tid: u32) -> Option<(u64, u32, u64)> {
     let p = SYSCALL_START.get_ptr_mut(&tid)?;
     // SAFETY: map value pointer, owned by this thread.
     unsafe {
         if (*p).ts == 0 {
             return None;
         }
-        let v = ((*p).ts, (*p).nr);
+        let v = ((*p).ts, (*p).nr, (*p).arg0);
         (*p).ts = 0;
         Some(v)
     }

@@ -40,12 +40,15 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
         list.push(Box::new(SchedCollector::default()));
         list.push(Box::new(CpuSampleCollector::default()));
     }
-    if opts.python {
-        list.push(Box::new(PythonCollector::default()));
-    }
+    // CUDA before Python: a target's exec reaches the CUDA collector first,
+    // which probes what the new program can load before it gets to load it
+    // (the Python collector's examination of the interpreter takes longer).
     if opts.cuda {
         list.push(Box::new(CudaCollector::default()));
         list.push(Box::new(NvmlCollector::default()));
+    }
+    if opts.python {
+        list.push(Box::new(PythonCollector::default()));
     }
     list.push(Box::new(ProcessCollector::default()));
     list

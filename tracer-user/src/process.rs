@@ -13,7 +13,7 @@ use aya::{
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK},
+    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
     target_flags,
 };
 
@@ -91,6 +91,7 @@ impl ProcessCollector {
                 KIND_FORK => TargetEvent::Forked { pid: ev.pid, parent: ev.ppid, comm: comm_string(&ev.comm) },
                 KIND_EXEC => TargetEvent::Execed { pid: ev.pid, comm: comm_string(&ev.comm) },
                 KIND_EXIT => TargetEvent::Exited { pid: ev.pid },
+                KIND_MAPPED => TargetEvent::Mapped { pid: ev.pid, ts_ns: ev.ts_ns },
                 _ => continue,
             });
         }
@@ -131,6 +132,8 @@ impl Collector for ProcessCollector {
             }
             self.links.attach(cx, spec)?;
         }
+        // The syscall family's `sys_exit` reports executable mappings here.
+        cx.mappings_followed = true;
         let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
         self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?);
         Ok(())
@@ -175,15 +178,24 @@ impl Collector for ProcessCollector {
                     st.refresh();
                 }
             }
+            TargetEvent::Mapped { .. } => {}
         }
         Ok(())
     }
 
-    /// Fork, exec and exit reach the other collectors within this: a new
-    /// Python process is examined, and a library it loads found, as soon
-    /// as it starts (the ring is small and cheap to read).
-    fn poll_every(&self) -> Duration {
-        Duration::from_millis(4)
+    /// The kernel wakes the session when it writes to `PROC_EVENTS`: an
+    /// exec or a new executable mapping is delivered at once, not at the
+    /// next poll (a library dlopen'd may be called right after).
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.events.as_ref().map(|rb| rb.as_fd())
+    }
+
+    fn wake(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        for ev in self.drain() {
+            cx.emit(ev);
+        }
+        Ok(())
     }
 
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {

@@ -231,6 +231,7 @@ impl Collector for PythonCollector {
             TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } => self.examine(cx, *pid, false),
             TargetEvent::Execed { pid, .. } => self.examine(cx, *pid, true),
             TargetEvent::Exited { pid } => self.exited(cx, *pid),
+            TargetEvent::Mapped { .. } => Ok(()),
         }
     }
 

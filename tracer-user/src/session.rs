@@ -293,6 +293,7 @@ async fn record_inner(
     if let Some(l) = cx.targets.launched.as_mut() {
         l.release()?;
     }
+    let wakers = Wakers::new(&collectors, &mut cx);
     let status = StatusLine::new(cx.opts.quiet);
     let t0 = Instant::now();
     let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
@@ -310,6 +311,12 @@ async fn record_inner(
                 }
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
+            woken = wakers.ready() => {
+                for i in woken {
+                    collectors[i].wake(&mut cx)?;
+                }
+                dispatch(&mut cx, &mut collectors)?;
+            }
             _ = tick.tick() => {
                 poll_due(&mut cx, &mut collectors, &mut due, tick_every)?;
                 let alive = cx.targets.alive_count();
@@ -326,6 +333,61 @@ async fn record_inner(
         log.finish().await;
     }
     Ok((recording, reason))
+}
+
+/// The collectors' [`wake_fd`](Collector::wake_fd)s, registered with the
+/// runtime (a duplicate of each descriptor, so no borrow of the collector
+/// is held across the loop): the session wakes as soon as the kernel writes
+/// to one of those ring buffers, rather than at the next tick.
+struct Wakers(Vec<(usize, tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>)>);
+
+impl Wakers {
+    fn new(collectors: &[Box<dyn Collector>], cx: &mut Context) -> Wakers {
+        let mut v = Vec::new();
+        for (i, c) in collectors.iter().enumerate() {
+            let Some(fd) = c.wake_fd() else { continue };
+            let registered = fd.try_clone_to_owned().and_then(|owned| {
+                // SAFETY: an OwnedFd's descriptor stays open and the same
+                // until the AsyncFd that owns it is dropped.
+                unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+                    .map_err(std::io::Error::from)
+            });
+            match registered {
+                Ok(a) => v.push((i, a)),
+                Err(e) => cx.sink.note(format!("{}: events wait for the next poll ({e})", c.name())),
+            }
+        }
+        Wakers(v)
+    }
+
+    /// The indexes of the collectors whose descriptor is readable, once at
+    /// least one is (never, with none). Readiness is cleared before the
+    /// collector reads, so a record written meanwhile wakes again.
+    async fn ready(&self) -> Vec<usize> {
+        if self.0.is_empty() {
+            return std::future::pending().await;
+        }
+        std::future::poll_fn(|task| {
+            let mut woken = Vec::new();
+            for (i, fd) in &self.0 {
+                match fd.poll_read_ready(task) {
+                    std::task::Poll::Ready(Ok(mut guard)) => {
+                        guard.clear_ready();
+                        woken.push(*i);
+                    }
+                    // An error from the reactor: no wake (taking it for one
+                    // would spin); the ticks still poll that collector.
+                    std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => {}
+                }
+            }
+            if woken.is_empty() {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(woken)
+            }
+        })
+        .await
+    }
 }
 
 /// `serve.itr` -> `serve.snapshot.itr`, beside it.

@@ -45,6 +45,11 @@ pub enum TargetEvent {
     Forked { pid: u32, parent: u32, comm: String },
     Execed { pid: u32, comm: String },
     Exited { pid: u32 },
+    /// A target mapped a file executable (the dynamic loader brought in a
+    /// library, dlopen), at `ts_ns` (CLOCK_MONOTONIC, when `mmap`
+    /// returned); the mapping is in its maps now. Sent only while
+    /// [`Context::mappings_followed`].
+    Mapped { pid: u32, ts_ns: u64 },
 }
 
 /// What every collector shares during one recording.
@@ -67,6 +72,11 @@ pub struct Context {
     pub sink: Sink,
     /// The reader of the kernel's diagnostics (`--debug-ebpf`), if on.
     pub ebpf_log: Option<crate::ebpf_log::EbpfLog>,
+    /// Whether the process follower reports every executable mapping of a
+    /// target ([`TargetEvent::Mapped`], from the syscall family's
+    /// `sys_exit`); when not, a collector that needs new libraries
+    /// re-scans the maps instead.
+    pub mappings_followed: bool,
     events: VecDeque<TargetEvent>,
 }
 
@@ -85,6 +95,7 @@ impl Context {
             stacks: Stacks::default(),
             sink: Sink::default(),
             ebpf_log: None,
+            mappings_followed: false,
             events: VecDeque::new(),
         }
     }
@@ -132,6 +143,19 @@ pub trait Collector {
 
     /// Periodic work: drain ring buffers, retire dead threads, re-scan.
     fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    /// A descriptor that becomes readable when this collector has
+    /// something that should not wait for the next poll (a ring buffer the
+    /// kernel wakes); the session then calls [`wake`](Self::wake) at once.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// [`wake_fd`](Self::wake_fd) became readable: take what is there
+    /// (events go to [`Context::emit`], delivered right after).
+    fn wake(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
     }
 

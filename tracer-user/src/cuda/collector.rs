@@ -1,12 +1,22 @@
-//! The CUDA collector's lifecycle: it looks for libcudart/libcuda in each
-//! target's mappings ([`discovery`](super::discovery)) and puts uprobes on
-//! every file once (shared by all the processes that map it; the kernel
-//! filters on the target set); every 100 ms it re-scans the targets whose
-//! mappings changed (PyTorch loads CUDA lazily, with dlopen), replays the
-//! per-call events ([`replay`](super::replay)) and, every 4 s, moves the
-//! entries of threads that exited out of the kernel maps.
+//! The CUDA collector's lifecycle: when a target appears or execs, it
+//! probes every libcudart/libcuda the target could load
+//! ([`search`](super::search): its LD_LIBRARY_PATH, its interpreter's
+//! site-packages, the loader cache...) before it loads one, and those it
+//! has mapped ([`discovery`](super::discovery)); uprobes go on every file
+//! once (shared by all the processes that map it; the kernel filters on the
+//! target set). A library loaded later from elsewhere (dlopen of a path) is
+//! found when the kernel reports the target's new executable mapping
+//! ([`TargetEvent::Mapped`], delivered at once: the session wakes on the
+//! process follower's ring buffer), then its maps are scanned again; without
+//! those events (`Context::mappings_followed` false), every 100 ms. Each poll replays the per-call
+//! events ([`replay`](super::replay)) and, every 4 s, moves the entries of
+//! threads that exited out of the kernel maps.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
 
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
@@ -19,11 +29,13 @@ use super::{
     findings::Thresholds,
     programs,
     replay::Replay,
+    search::{self, TargetFacts},
 };
 use crate::{
     collect::{Collector, Context, TargetEvent, Topic},
     probe::{self, ProbeError},
-    procfs,
+    clock,
+    procfs::{self, open_in_root},
     recording::{Origin, Recording},
     symbolize::{Symbolizer, UNKNOWN},
 };
@@ -36,6 +48,9 @@ const NAME_KERNELS_EVERY_POLLS: u64 = 4;
 pub(super) struct Attached {
     pub path: String,
     pub functions: Vec<&'static str>,
+    /// The targets seen mapping it (empty for a file probed up front that
+    /// no target has mapped yet, or whose user exited before its maps were
+    /// read).
     pub pids: BTreeSet<u32>,
 }
 
@@ -59,6 +74,12 @@ pub struct CudaCollector {
     /// (maps device, inode) -> identity of a probed file, or None (not a
     /// CUDA runtime, or could not be opened).
     examined: HashMap<(String, u64), Option<(u64, u64)>>,
+    /// Identities of the files [`search`](super::search) found that are
+    /// not CUDA libraries (or could not be probed): not opened again.
+    not_cuda: HashSet<(u64, u64)>,
+    /// (root identity, facts) already searched: forks and shims that
+    /// share them are not searched twice.
+    searched: HashSet<((u64, u64), TargetFacts)>,
     procs: BTreeMap<u32, ProcState>,
     pub(super) replay: Replay,
     pub(super) kernel_names: HashMap<(u32, u64), String>,
@@ -82,10 +103,104 @@ impl CudaCollector {
         !self.attached.is_empty()
     }
 
+    /// Whether there is something to report: a target mapped a probed
+    /// library, or calls were counted (a target that exited before its
+    /// maps were read, on a library probed up front).
+    fn used(&self, ebpf: &mut Ebpf) -> Result<bool, ProbeError> {
+        if self.attached.values().any(|a| !a.pids.is_empty()) || self.replay.events > 0 || !self.retired_stats.is_empty() {
+            return Ok(true);
+        }
+        if self.attached.is_empty() {
+            return Ok(false);
+        }
+        let stats: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+        if stats.keys().next().is_some() {
+            return Ok(true);
+        }
+        let launches: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        Ok(launches.keys().next().is_some())
+    }
+
+    /// Probes, before the target loads one, every CUDA library it could
+    /// load ([`search::candidates`]), unless this (root, facts) was
+    /// searched already.
+    fn search(&mut self, cx: &mut Context, pid: u32, facts: TargetFacts) -> Result<(), ProbeError> {
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let Ok(root_meta) = std::fs::metadata(&root) else { return Ok(()) };
+        if !self.searched.insert(((root_meta.dev(), root_meta.ino()), facts.clone())) {
+            return Ok(());
+        }
+        let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
+        for found in search::candidates(&root, &facts, cx.opts.cuda_driver) {
+            self.probe_found(cx, pid, &root, &found, &mapped)?;
+        }
+        Ok(())
+    }
+
+    /// Opens a file [`search`](super::search) found (inside the target's
+    /// root) and probes it when it is a CUDA library not probed yet. The
+    /// uprobes are attached through `/proc/self/fd/N` of the opened file:
+    /// the kernel probes exactly the inode checked, whatever the target
+    /// does to its paths meanwhile.
+    /// `mapped`: the inodes the target maps (a file among them was loaded
+    /// before it could be probed; the note says so).
+    fn probe_found(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        root: &Path,
+        found: &search::Found,
+        mapped: &HashSet<u64>,
+    ) -> Result<(), ProbeError> {
+        let Ok(file) = open_in_root(root, Path::new(&found.path)) else { return Ok(()) };
+        let Ok(meta) = file.metadata() else { return Ok(()) };
+        let identity = (meta.dev(), meta.ino());
+        if !meta.is_file() || self.attached.contains_key(&identity) || self.not_cuda.contains(&identity) {
+            return Ok(());
+        }
+        let symbols = match discovery::cuda_symbols(&file) {
+            Ok(s) if !s.is_empty() => s,
+            _ => {
+                self.not_cuda.insert(identity);
+                return Ok(());
+            }
+        };
+        if !self.ensure_loaded(cx)? {
+            return Ok(());
+        }
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &by_fd, &symbols)?;
+        let shown = &found.path;
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
+        }
+        if functions.is_empty() {
+            self.not_cuda.insert(identity);
+            return Ok(());
+        }
+        let driver = functions.iter().any(|f| api::is_driver_name(f));
+        let when = if mapped.contains(&identity.1) {
+            "probed once it was loaded (earlier calls missed)"
+        } else {
+            "probed before it was loaded"
+        };
+        cx.sink.note_on(Topic::Gpu, format!(
+            "pid {pid}: CUDA {} {shown} (in {}): {} functions {when}",
+            if driver { "driver" } else { "runtime" },
+            found.source.describe(),
+            functions.len()
+        ));
+        self.attached.insert(identity, Attached { path: shown.clone(), functions, pids: BTreeSet::new() });
+        Ok(())
+    }
+
     /// Scan a target's maps; attach probes to any libcudart not yet
-    /// attached. Returns notes (one-line messages). The target is re-scanned
-    /// by every [`poll`](Self::poll) until it exits.
-    fn scan(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
+    /// attached, and (when its executable, environment or libpython
+    /// changed) to those it could load ([`search`](Self::search)).
+    /// `mapped_at`: the kernel's time of the executable mapping that made
+    /// this scan, if one did (the note of a library probed now says how
+    /// long after it was mapped).
+    fn scan(&mut self, cx: &mut Context, pid: u32, mapped_at: Option<u64>) -> Result<(), ProbeError> {
         let st = self.procs.entry(pid).or_insert_with(|| ProcState { alive: true, ..Default::default() });
         if !st.alive {
             st.alive = true;
@@ -101,6 +216,8 @@ impl CudaCollector {
         }
         st.maps_hash = h;
         let maps = discovery::parse_maps(&text);
+        let libpython = maps.iter().find(|m| m.basename().starts_with("libpython")).map(|m| m.path().to_owned());
+        self.search(cx, pid, TargetFacts::read(pid, libpython))?;
         let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
         // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
@@ -114,7 +231,7 @@ impl CudaCollector {
             let identity = match self.examined.get(&key) {
                 Some(known) => *known,
                 None => {
-                    let id = self.examine(cx, pid, &cand)?;
+                    let id = self.examine(cx, pid, &cand, mapped_at)?;
                     self.examined.insert(key, id);
                     id
                 }
@@ -159,7 +276,13 @@ impl CudaCollector {
 
     /// Opens a candidate file and probes it when it holds a CUDA runtime;
     /// returns its identity when probed (now or before).
-    fn examine(&mut self, cx: &mut Context, pid: u32, cand: &discovery::Candidate) -> Result<Option<(u64, u64)>, ProbeError> {
+    fn examine(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        cand: &discovery::Candidate,
+        mapped_at: Option<u64>,
+    ) -> Result<Option<(u64, u64)>, ProbeError> {
         let shown = cand.line.path().to_owned();
         let (opened, attach_path) = match discovery::open_mapped(pid, &cand.line) {
             Ok(o) => o,
@@ -192,7 +315,9 @@ impl CudaCollector {
         if !self.ensure_loaded(cx)? {
             return Ok(None);
         }
+        let attach_start = clock::monotonic_ns();
         let (functions, errors) = programs::attach_file(&mut cx.ebpf, &attach_path, &symbols)?;
+        let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
         }
@@ -200,8 +325,14 @@ impl CudaCollector {
             return Ok(None);
         }
         let driver = functions.iter().any(|f| api::is_driver_name(f));
+        // How long its code ran unprobed: calls made in that window are
+        // missed (docs/cuda.md, "Libraries loaded later").
+        let late = mapped_at.map_or(String::new(), |t| {
+            let ms = clock::monotonic_ns().saturating_sub(t) as f64 / 1e6;
+            format!(" {ms:.1} ms after it was mapped (attaching took {attach_ms:.1} ms)")
+        });
         cx.sink.note_on(Topic::Gpu, format!(
-            "pid {pid}: CUDA {} {shown}{}: {} functions probed",
+            "pid {pid}: CUDA {} {shown}{}: {} functions probed{late}",
             if driver { "driver" } else { "runtime" },
             if cand.is_exe { " (linked statically)" } else { "" },
             functions.len()
@@ -315,28 +446,50 @@ impl Collector for CudaCollector {
         "cuda"
     }
 
-    /// The uprobes are loaded when a first CUDA library is found.
+    /// The uprobe programs are loaded when a first CUDA library is found
+    /// (loading them at the start would cost every recording tens of ms,
+    /// and their release after a SIGKILL was seen to take seconds under
+    /// load); a launched command's libraries are searched before it is
+    /// released, so that load does not race with it.
     fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
     }
 
     fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
         match ev {
-            // A launched command is scanned at its exec.
-            TargetEvent::Appeared { origin: Origin::Launched, .. } | TargetEvent::Exited { .. } => Ok(()),
-            TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } => {
-                self.scan(cx, *pid)
+            // A launched command, held before its exec, is scanned at its
+            // exec; what it will load is searched now, from what it will
+            // exec (the command, with our environment and directory): no
+            // race with its start.
+            TargetEvent::Appeared { pid, origin: Origin::Launched } => {
+                let Some(l) = cx.targets.launched.as_ref() else { return Ok(()) };
+                let facts = TargetFacts {
+                    exe: std::fs::canonicalize(&l.path).ok().and_then(|p| p.to_str().map(str::to_owned)),
+                    argv0: l.argv.first().cloned(),
+                    libpython: None,
+                    environ: std::env::vars().collect(),
+                    cwd: std::env::current_dir().ok().and_then(|p| p.to_str().map(str::to_owned)),
+                };
+                self.search(cx, *pid, facts)
             }
+            TargetEvent::Exited { .. } => Ok(()),
+            TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } => {
+                self.scan(cx, *pid, None)
+            }
+            TargetEvent::Mapped { pid, ts_ns } => self.scan(cx, *pid, Some(*ts_ns)),
         }
     }
 
-    /// Re-scans the known targets whose maps changed (libraries loaded
-    /// with dlopen), replays the events, names kernels, retires threads.
+    /// Replays the events, names kernels, retires threads; without the
+    /// kernel's mapping events, re-scans the known targets whose maps
+    /// changed (libraries loaded with dlopen).
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         self.polls += 1;
-        let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
-        for pid in pids {
-            self.scan(cx, pid)?;
+        if !cx.mappings_followed {
+            let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
+            for pid in pids {
+                self.scan(cx, pid, None)?;
+            }
         }
         self.drain();
         if self.polls.is_multiple_of(NAME_KERNELS_EVERY_POLLS) {
@@ -349,7 +502,7 @@ impl Collector for CudaCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        if self.active() {
+        if self.used(&mut cx.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
         }
         Ok(())

@@ -1,7 +1,8 @@
 //! CUDA runtime and driver tracing, collector side: [`collector`] (the
 //! lifecycle: finding libraries, probing them, replaying events),
 //! [`programs`] (the kernel programs and globals), [`report`] (the CUDA part
-//! of a recording), [`discovery`] (which mapped files hold CUDA), [`replay`]
+//! of a recording), [`discovery`] (which mapped files hold CUDA),
+//! [`search`] (which files a target could load CUDA from), [`replay`]
 //! (per-call events in order) and [`findings`] (the detector's rules).
 
 mod collector;
@@ -10,6 +11,7 @@ pub mod findings;
 pub mod programs;
 pub mod replay;
 mod report;
+pub mod search;
 
 pub use collector::CudaCollector;
 pub use findings::Thresholds;

@@ -138,7 +138,16 @@ impl CudaCollector {
         let summaries: Vec<SiteSummary> = summaries.into_values().collect();
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
 
-        let mut libs: Vec<&Attached> = self.attached.values().collect();
+        // The libraries some target used: mapped, or (probed up front, the
+        // user gone before its maps were read) one of whose functions was
+        // counted.
+        let counted: BTreeSet<String> =
+            stats.iter().map(|(k, _)| api_name(k.api)).chain(launches.iter().map(|(k, _)| api_name(k.api))).collect();
+        let mut libs: Vec<&Attached> = self
+            .attached
+            .values()
+            .filter(|a| !a.pids.is_empty() || a.functions.iter().any(|f| counted.contains(*f)))
+            .collect();
         libs.sort_by(|a, b| a.path.cmp(&b.path));
         report.libraries = libs
             .into_iter()

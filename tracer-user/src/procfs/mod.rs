@@ -92,6 +92,23 @@ pub fn cmdline(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The environment a process started with (`/proc/PID/environ`: what it
+/// was exec'd with, not later `setenv`s), as (name, value) pairs; empty
+/// when unreadable.
+pub fn environ(pid: u32) -> Vec<(String, String)> {
+    fs::read(proc_path(pid, "environ"))
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .filter_map(|kv| {
+                    let kv = String::from_utf8_lossy(kv);
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k.to_owned(), v.to_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The thread group a tid belongs to (works for any tid, not just leaders).
 pub fn tgid_of(tid: u32) -> Option<u32> {
     let status = fs::read_to_string(proc_path(tid, "status")).ok()?;

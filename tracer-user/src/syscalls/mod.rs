@@ -60,6 +60,9 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec { name: "NR_CLONE3", value: |i| Ok(GlobalValue::U32(i.arch.nr_clone_family.3)) },
         GlobalSpec { name: "PT_REGS_NR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_nr_offset)) },
         GlobalSpec { name: "PT_REGS_ARG0_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg0_offset)) },
+        GlobalSpec { name: "NR_MMAP", value: |i| Ok(GlobalValue::U32(i.arch.nr_mmap)) },
+        GlobalSpec { name: "PT_REGS_ARG2_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg2_offset)) },
+        GlobalSpec { name: "PT_REGS_ARG4_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg4_offset)) },
         GlobalSpec {
             name: "SLOW_SYSCALL_NS",
             value: |i| Ok(GlobalValue::U64(i.opts.slow_syscall.map(|d| d.as_nanos() as u64).unwrap_or(0))),

@@ -32,6 +32,11 @@ pub struct ArchConstants {
     pub regs_nr_offset: u64,
     /// Offset of the first syscall argument.
     pub regs_arg0_offset: u64,
+    /// `mmap`'s number, and the offsets of its third (`prot`) and fifth
+    /// (`fd`) arguments.
+    pub nr_mmap: u32,
+    pub regs_arg2_offset: u64,
+    pub regs_arg4_offset: u64,
     /// Offsets of the user stack pointer and of the link register (u64::MAX:
     /// none, the return address is on the stack) for the CUDA uprobes.
     pub regs_sp_offset: u64,
@@ -49,6 +54,9 @@ pub fn arch_constants() -> Option<ArchConstants> {
             nr_clone_family: (56, 57, 58, 435),
             regs_nr_offset: 15 * 8,
             regs_arg0_offset: 14 * 8,
+            nr_mmap: 9,
+            regs_arg2_offset: 12 * 8,
+            regs_arg4_offset: 9 * 8,
             regs_sp_offset: 19 * 8,
             regs_lr_offset: u64::MAX,
         }),
@@ -60,6 +68,9 @@ pub fn arch_constants() -> Option<ArchConstants> {
             nr_clone_family: (220, u32::MAX, u32::MAX, 435),
             regs_nr_offset: 31 * 8 + 4 * 8,
             regs_arg0_offset: 0,
+            nr_mmap: 222,
+            regs_arg2_offset: 2 * 8,
+            regs_arg4_offset: 4 * 8,
             regs_sp_offset: 31 * 8,
             regs_lr_offset: 30 * 8,
         }),
