@@ -569,7 +569,9 @@ impl CudaEnv {
             let v: Vec<&Value> = calls.iter().filter(|c| c["api"] == api && c["site"]["line"] == line).collect();
             ensure!(
                 v.len() == 1 && v[0]["count"] == count && v[0]["bytes"] == bytes,
-                "{api} at @{marker} (line {line}): {v:?}, expected {count} calls of {bytes} bytes"
+                "{api} at @{marker} (line {line}): {v:?}, expected {count} calls of {bytes} bytes ({counted} calls in all; cuda.notes {}; notes {:?})",
+                cuda["notes"],
+                notes(rep)
             );
         }
         ensure!(counted == total, "{counted} calls counted, expected {total}");
