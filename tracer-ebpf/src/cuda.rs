@@ -409,7 +409,7 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         call.dst
     };
     let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
-        count_drop(counters::CUDA_LOST);
+        count_drop(counters::CUDA_EVENTS_LOST);
         return 0;
     };
     entry.write(CudaEvent {

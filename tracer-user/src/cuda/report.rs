@@ -36,7 +36,7 @@ impl CudaCollector {
         }
         self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
         // Allocations still live count as leaks; the replay goes on after a snapshot.
-        let mut replay = self.replay.clone();
+        let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
         replay.close(start + window_ns / 2);
         let stats: Vec<(CudaKey, CudaStats)> = {
             let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
