@@ -6,7 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aya::maps::HashMap as BpfHashMap;
-use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
+use tracer_common::{
+    counters,
+    cuda::{api, CudaKey, CudaStats, LaunchKey},
+};
 
 use super::{
     collector::{symbolize_function, Attached, CudaCollector},
@@ -27,7 +30,6 @@ impl CudaCollector {
     /// The report so far: reads the kernel aggregates, resolves sites,
     /// runs the detector over a copy of the replayed events.
     pub(super) fn report(&mut self, cx: &mut Context) -> Result<CudaReport, ProbeError> {
-        self.drain();
         let (start, end) = (cx.window_start, cx.now_or_end());
         let window_ns = end.saturating_sub(start);
         let mut report = CudaReport { window_ns, ..Default::default() };
@@ -35,13 +37,18 @@ impl CudaCollector {
             return Ok(report);
         }
         self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
-        // Allocations still live count as leaks; the replay goes on after a snapshot.
-        let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
-        replay.close(start + window_ns / 2);
+        // The aggregates first, then the events: every call counted has
+        // had its event submitted, so a call without one was lost (while
+        // recording, calls that return in between are only in the events).
         let stats: Vec<(CudaKey, CudaStats)> = {
             let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
             map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
         };
+        report.events_lost = probe::counter(&mut cx.ebpf, counters::CUDA_EVENTS_LOST)?;
+        report.calls_lost = probe::counter(&mut cx.ebpf, counters::CUDA_LOST)?;
+        // Allocations still live count as leaks; the replay goes on after a snapshot.
+        let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
+        replay.close(start + window_ns / 2);
         let launches: Vec<(LaunchKey, u64)> = {
             let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, "CUDA_LAUNCHES")?;
             map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
@@ -67,6 +74,7 @@ impl CudaCollector {
                 return_codes: BTreeMap::new(),
                 pinned: None,
                 pageable: None,
+                events_lost: 0,
             });
             c.count += v.count;
             c.bytes += v.bytes;
@@ -76,10 +84,12 @@ impl CudaCollector {
         }
         for (key, raws) in &raw_of_call {
             let c = calls.get_mut(key).expect("call key");
+            let mut events = 0;
             for raw in raws {
                 if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
                     for (rc, n) in codes {
                         *c.return_codes.entry(*rc).or_default() += n;
+                        events += n;
                     }
                 }
                 if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
@@ -87,6 +97,7 @@ impl CudaCollector {
                     *c.pageable.get_or_insert(0) += q;
                 }
             }
+            c.events_lost = c.count.saturating_sub(events);
         }
         report.calls = calls.into_values().collect();
         report.calls.sort_by(|a, b| {
@@ -137,6 +148,19 @@ impl CudaCollector {
         }
         let summaries: Vec<SiteSummary> = summaries.into_values().collect();
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+        // What the detector missed at each site (in the whole process for
+        // `copy_time_share`, which sums its sites): the calls counted there
+        // whose event was lost.
+        let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
+        let mut lost_in: HashMap<u32, u64> = HashMap::new();
+        for c in report.calls.iter().filter(|c| c.events_lost > 0) {
+            *lost_at.entry((c.pid, &c.site)).or_default() += c.events_lost;
+            *lost_in.entry(c.pid).or_default() += c.events_lost;
+        }
+        for f in &mut report.findings {
+            let n = if f.kind == "copy_time_share" { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
+            f.events_lost = n.copied().unwrap_or(0);
+        }
 
         let mut libs: Vec<&Attached> = self.attached.values().collect();
         libs.sort_by(|a, b| a.path.cmp(&b.path));

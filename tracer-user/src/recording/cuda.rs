@@ -61,6 +61,11 @@ pub struct CudaCall {
     pub pinned: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pageable: Option<u64>,
+    /// Calls of this row (counted above) whose per-call event was lost
+    /// (ring buffer full, `cuda_events_lost`): `return_codes`, `pinned` and
+    /// `pageable` miss them, and the detector did not see them.
+    #[serde(default)]
+    pub events_lost: u64,
 }
 
 /// Launches of one kernel from one site.
@@ -123,6 +128,11 @@ pub struct Finding {
     pub time_ns: u64,
     pub message: String,
     pub advice: String,
+    /// Calls at this site whose per-call event was lost (ring buffer full):
+    /// the detector did not see them, so `count`, `bytes` and `time_ns` are
+    /// a lower bound. 0: nothing lost at this site.
+    #[serde(default)]
+    pub events_lost: u64,
 }
 
 /// A libcudart (or an executable with cudart inside) that was probed.
@@ -150,6 +160,16 @@ pub struct CudaReport {
     /// One-line notices (libraries probed later, probes that failed, NVML...).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Per-call events lost in all (ring buffer full, `cuda_events_lost`):
+    /// `calls` and `launches` are still exact, the findings and the
+    /// per-call columns are not (a site whose events were all lost may lack
+    /// a finding).
+    #[serde(default)]
+    pub events_lost: u64,
+    /// Calls or launches missing from `calls` and `launches` (an aggregate
+    /// map full, or a call whose return was never seen: `cuda_lost`).
+    #[serde(default)]
+    pub calls_lost: u64,
 }
 
 pub fn kind_name(kind: u32) -> Option<&'static str> {
