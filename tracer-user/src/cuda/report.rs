@@ -148,9 +148,10 @@ impl CudaCollector {
         }
         let summaries: Vec<SiteSummary> = summaries.into_values().collect();
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
-        // What the detector missed at each site (in the whole process for
-        // `copy_time_share`, which sums its sites): the calls counted there
-        // whose event was lost.
+        // What the detector missed: the calls counted whose event was lost,
+        // at the finding's site, or in its whole process for the findings
+        // that pair a copy with the thread's next call (made from any
+        // line) or sum the process's sites.
         let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
         let mut lost_in: HashMap<u32, u64> = HashMap::new();
         for c in report.calls.iter().filter(|c| c.events_lost > 0) {
@@ -158,7 +159,7 @@ impl CudaCollector {
             *lost_in.entry(c.pid).or_default() += c.events_lost;
         }
         for f in &mut report.findings {
-            let n = if f.kind == "copy_time_share" { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
+            let n = if f.events_lost_process_wide() { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
             f.events_lost = n.copied().unwrap_or(0);
         }
 

@@ -128,11 +128,21 @@ pub struct Finding {
     pub time_ns: u64,
     pub message: String,
     pub advice: String,
-    /// Calls at this site whose per-call event was lost (ring buffer full):
-    /// the detector did not see them, so `count`, `bytes` and `time_ns` are
-    /// a lower bound. 0: nothing lost at this site.
+    /// Calls whose per-call event was lost (ring buffer full) where the
+    /// finding looked: at its site, or in its whole process for
+    /// `sync_after_copy`, `tiny_dtoh_sync` (a copy and the thread's next
+    /// call, from any line) and `copy_time_share`. The detector did not see
+    /// them: `count`, `bytes` and `time_ns` are a lower bound. 0: nothing lost there.
     #[serde(default)]
     pub events_lost: u64,
+}
+
+impl Finding {
+    /// Whether [`events_lost`](Self::events_lost) counts the whole
+    /// process's lost events (else the site's).
+    pub fn events_lost_process_wide(&self) -> bool {
+        matches!(self.kind.as_str(), "sync_after_copy" | "tiny_dtoh_sync" | "copy_time_share")
+    }
 }
 
 /// A libcudart (or an executable with cudart inside) that was probed.

@@ -118,8 +118,9 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         if f.events_lost > 0 {
             let _ = writeln!(
                 out,
-                "      incomplete: {} calls at this site lost their per-call event (cuda_events_lost): the counts above are a lower bound",
-                f.events_lost
+                "      incomplete: {} calls {} lost their per-call event (cuda_events_lost): the counts above are a lower bound",
+                f.events_lost,
+                if f.events_lost_process_wide() { "in this process" } else { "at this site" }
             );
         }
         let _ = writeln!(out, "      advice: {}", f.advice);
