@@ -254,6 +254,8 @@ impl CudaCollector {
                 r.bytes += v.bytes;
                 r.total_ns += v.total_ns;
                 r.errors += v.errors;
+                r.sync_pairs += v.sync_pairs;
+                r.sync_pair_ns += v.sync_pair_ns;
             }
         }
         {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use aya::maps::HashMap as BpfHashMap;
 use tracer_common::{
     counters,
-    cuda::{api, CudaKey, CudaStats, LaunchKey},
+    cuda::{api, CudaKey, CudaStats, LaunchKey, KIND_DEFAULT},
 };
 
 use super::{
@@ -146,12 +146,49 @@ impl CudaCollector {
             let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
             s.allocs.merge(obs);
         }
+        // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
+        // are exact when events were lost: each such figure of the detector
+        // is at least the kernel's. (Without loss the replay's are the same
+        // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
+        let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        for (k, v) in &stats {
+            let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
+            if !copy && !api::is_sync(k.api) {
+                continue;
+            }
+            let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, &mut sites, cx)?;
+            let s = kernel.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            if copy {
+                let o = s.copies.entry(k.kind).or_default();
+                o.count += v.count;
+                o.bytes += v.bytes;
+                o.ns += v.total_ns;
+                o.errors += v.errors;
+                if api::is_async_copy(k.api) {
+                    o.async_count += v.count;
+                    o.sync_pairs += v.sync_pairs;
+                    o.sync_pair_ns += v.sync_pair_ns;
+                } else {
+                    o.sync_copies += v.count;
+                }
+            } else {
+                s.syncs.count += v.count;
+                s.syncs.ns += v.total_ns;
+                s.syncs.after_copy += v.sync_pairs;
+            }
+        }
+        for (key, k) in kernel {
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            for (kind, ko) in k.copies {
+                s.copies.entry(kind).or_default().at_least(&ko);
+            }
+            s.syncs.at_least(&k.syncs);
+        }
         let summaries: Vec<SiteSummary> = summaries.into_values().collect();
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
         // What the detector missed: the calls counted whose event was lost,
-        // at the finding's site, or in its whole process for the findings
-        // that pair a copy with the thread's next call (made from any
-        // line) or sum the process's sites.
+        // at the finding's site (in its whole process for `copy_time_share`,
+        // which sums the process's sites).
         let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
         let mut lost_in: HashMap<u32, u64> = HashMap::new();
         for c in report.calls.iter().filter(|c| c.events_lost > 0) {

@@ -130,9 +130,11 @@ pub struct Finding {
     pub advice: String,
     /// Calls whose per-call event was lost (ring buffer full) where the
     /// finding looked: at its site, or in its whole process for
-    /// `sync_after_copy`, `tiny_dtoh_sync` (a copy and the thread's next
-    /// call, from any line) and `copy_time_share`. The detector did not see
-    /// them: `count`, `bytes` and `time_ns` are a lower bound. 0: nothing lost there.
+    /// `copy_time_share` (which sums the process's sites). Counts, bytes,
+    /// times and copy->sync pairs come from the kernel's aggregates and
+    /// stay exact; what only the events tell (pinned or pageable host
+    /// memory, sizes, contents, allocations and frees) misses these calls,
+    /// so a finding that rests on it may be understated. 0: nothing lost there.
     #[serde(default)]
     pub events_lost: u64,
 }
@@ -141,7 +143,7 @@ impl Finding {
     /// Whether [`events_lost`](Self::events_lost) counts the whole
     /// process's lost events (else the site's).
     pub fn events_lost_process_wide(&self) -> bool {
-        matches!(self.kind.as_str(), "sync_after_copy" | "tiny_dtoh_sync" | "copy_time_share")
+        self.kind == "copy_time_share"
     }
 }
 

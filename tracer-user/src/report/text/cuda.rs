@@ -118,7 +118,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         if f.events_lost > 0 {
             let _ = writeln!(
                 out,
-                "      incomplete: {} calls {} lost their per-call event (cuda_events_lost): the counts above are a lower bound",
+                "      incomplete: {} calls {} lost their per-call event (cuda_events_lost): counts, times and copy/sync pairs are exact (kernel aggregates); host memory, sizes, contents and allocations miss them",
                 f.events_lost,
                 if f.events_lost_process_wide() { "in this process" } else { "at this site" }
             );
