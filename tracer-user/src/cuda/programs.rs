@@ -60,13 +60,14 @@ fn entry_program(id: u32) -> &'static str {
 /// Attaches the entry (and, but for launches, return) probe to every
 /// function found. Returns the functions probed and the failures.
 ///
-/// Every return probe goes in before any entry probe: the kernel hooks a
-/// call's return at its entry, so a call whose entry the programs see has
-/// its return seen too, also for calls made while the probes are being
-/// attached to a running process. (Entry first, a call entered between the
-/// two attachments kept its in-flight slot forever: the thread's next call
-/// took it over and counted the first as lost, and a driver call nested in
-/// it was never un-nested.)
+/// Each function's return probe goes in before its entry probe: the kernel
+/// hooks a call's return at its entry, so a call whose entry the programs
+/// see has its return seen too, also for calls made while the probes are
+/// being attached to a running process, and for calls nested in them.
+/// (Entry first, a call entered between the two attachments kept its
+/// in-flight slot: the thread's next call took it over and counted the
+/// first as lost, and a driver call nested in a runtime call never
+/// un-nested.)
 pub fn attach_file(
     ebpf: &mut Ebpf,
     path: &std::path::Path,
@@ -74,33 +75,25 @@ pub fn attach_file(
 ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
     let mut done = Vec::new();
     let mut errors = Vec::new();
-    let attach = |ebpf: &mut Ebpf, prog_name: &'static str, id: u32, offset: u64| -> Result<Result<(), String>, ProbeError> {
-        let prog: &mut UProbe = probe::program(ebpf, prog_name)?;
-        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(id as u64) };
-        Ok(prog.attach(point, path, UProbeScope::AllProcesses).map(|_| ()).map_err(|e| format!("probing {} failed: {e}", api::NAMES[id as usize])))
-    };
-    let mut returns_ok = Vec::with_capacity(symbols.len());
     for &(id, offset) in symbols {
-        let ok = if api::is_launch(id) {
-            true
-        } else {
-            match attach(ebpf, "cuda_return", id, offset)? {
-                Ok(()) => true,
-                Err(e) => {
-                    errors.push(e);
-                    false
-                }
-            }
-        };
-        returns_ok.push(ok);
-    }
-    for (&(id, offset), ok) in symbols.iter().zip(returns_ok) {
-        if !ok {
-            continue;
+        let name = api::NAMES[id as usize];
+        let mut progs = Vec::with_capacity(2);
+        if !api::is_launch(id) {
+            progs.push("cuda_return");
         }
-        match attach(ebpf, entry_program(id), id, offset)? {
-            Ok(()) => done.push(api::NAMES[id as usize]),
-            Err(e) => errors.push(e),
+        progs.push(entry_program(id));
+        let mut ok = true;
+        for prog_name in progs {
+            let prog: &mut UProbe = probe::program(ebpf, prog_name)?;
+            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(id as u64) };
+            if let Err(e) = prog.attach(point, path, UProbeScope::AllProcesses) {
+                errors.push(format!("probing {name} failed: {e}"));
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            done.push(name);
         }
     }
     Ok((done, errors))
