@@ -12,9 +12,10 @@
  * the call path (and a tracer's probes) allows. The pinned buffer comes from
  * cudaHostAlloc, so every copy is pinned.
  *
- * With --probed the workers start only once the first byte of both functions
- * is int3 (a tracer's uprobes are in place), then 0.2 s more (the return
- * probes follow the entry probes); exit code 3 after 20 s without them.
+ * With --probed it starts (cudaHostAlloc first) only once the first byte of
+ * each of the three functions it calls is int3 (a tracer's uprobes are in
+ * place), then 0.2 s more (a function's entry probe follows its return
+ * probe); exit code 3 after 20 s without them.
  *
  * Prints, after the run, on stdout or into the file $BURST_RESULT when set,
  * the exact numbers of calls it made (the ground truth of the tests) and
@@ -114,7 +115,8 @@ int main(int argc, char **argv) {
     }
     if (wait) {
         double deadline = now_s() + 20;
-        while (!(probed((const void *)memcpy_async) && probed((const void *)stream_sync))) {
+        while (!(probed((const void *)memcpy_async) && probed((const void *)stream_sync) &&
+                 probed((const void *)host_alloc))) {
             if (now_s() > deadline) {
                 fprintf(stderr, "probes never appeared\n");
                 return 3;
