@@ -294,6 +294,14 @@ pub struct CudaStats {
     pub total_ns: u64,
     /// Calls that returned something other than `cudaSuccess`.
     pub errors: u64,
+    /// Copy and sync pairs, counted in the kernel (exact when per-call
+    /// events are lost): for an async copy, the copies followed, as the
+    /// thread's next copy or sync, by a sync of their stream (or of the
+    /// device); for a sync, the syncs that followed such a copy. The same
+    /// rule as the replay's (`cuda/replay.rs`).
+    pub sync_pairs: u64,
+    /// Time of the syncs counted in `sync_pairs`.
+    pub sync_pair_ns: u64,
 }
 
 /// Key of `CUDA_LAUNCHES`: launches of one kernel from one site, per thread.
@@ -339,7 +347,12 @@ pub struct CudaInflight {
     pub depth: u32,
     /// 1 while a call is in flight.
     pub active: u32,
-    pub _pad: u32,
+    /// 1 while `last_copy` holds the thread's last async copy, not yet
+    /// followed by a copy or sync (kept across calls).
+    pub last_copy_active: u32,
+    /// The `CUDA_STATS` key and the stream of that copy.
+    pub last_copy: CudaKey,
+    pub last_copy_stream: u64,
 }
 
 /// One finished call, sent through `CUDA_EVENTS` (not for launches).
@@ -385,9 +398,9 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(core::mem::size_of::<CudaKey>(), 40);
-        assert_eq!(core::mem::size_of::<CudaStats>(), 32);
+        assert_eq!(core::mem::size_of::<CudaStats>(), 48);
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
-        assert_eq!(core::mem::size_of::<CudaInflight>(), 96);
+        assert_eq!(core::mem::size_of::<CudaInflight>(), 144);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
     }
 

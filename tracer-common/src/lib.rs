@@ -32,13 +32,19 @@ pub mod counters {
     /// A Python stack could not be stored (map full) or a slow-syscall aggregate could not be created.
     pub const PY_STACKS_LOST: u32 = 8;
     /// A CUDA call aggregate, launch counter or in-flight slot could not be
-    /// created (map full), or a per-call CUDA event was dropped (ring buffer full).
+    /// created (map full), or a call's return was never seen (its entry slot
+    /// was taken over by the thread's next call): calls missing from the
+    /// CUDA call and launch tables.
     pub const CUDA_LOST: u32 = 9;
+    /// A per-call CUDA event was dropped (`CUDA_EVENTS` ring buffer full):
+    /// the call is counted in the aggregates, but the detector and the
+    /// per-call columns (return codes, pinned/pageable) did not see it.
+    pub const CUDA_EVENTS_LOST: u32 = 10;
     /// A code object's copy (what resolves its frames after the process
     /// exits) could not be stored: map full. Its frames still resolve while
     /// the process lives.
-    pub const PY_CODES_FULL: u32 = 10;
-    pub const COUNT: u32 = 11;
+    pub const PY_CODES_FULL: u32 = 11;
+    pub const COUNT: u32 = 12;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -51,6 +57,7 @@ pub mod counters {
         "python_stacks_truncated",
         "python_stacks_lost",
         "cuda_lost",
+        "cuda_events_lost",
         "python_code_copies_map_full",
     ];
 

@@ -178,9 +178,12 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     }
     let tid = pid_tgid as u32;
     let sp = user_sp(ctx);
+    // The thread's pending async copy survives the slot's reuse.
+    let mut last = (0u32, CudaKey::default(), 0u64);
     if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
         // SAFETY: map value owned by this thread.
         unsafe {
+            last = ((*slot).last_copy_active, (*slot).last_copy, (*slot).last_copy_stream);
             if (*slot).active != 0 {
                 // Called from inside the call in flight: deeper in the stack,
                 // or a driver function the runtime call tail-called (same
@@ -212,7 +215,9 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         user_stack: user_stack_id(ctx),
         depth: 0,
         active: 1,
-        _pad: 0,
+        last_copy_active: last.0,
+        last_copy: last.1,
+        last_copy_stream: last.2,
     };
     if CUDA_INFLIGHT.insert(&tid, &rec, 0).is_err() {
         count_drop(counters::CUDA_LOST);
@@ -400,6 +405,30 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     };
     let bytes = if api::releases_pointer(call.api) || api::is_sync(call.api) { 0 } else { call.bytes };
     account(&key, bytes, ns, rc != 0);
+    // Copy -> sync pairs, in the kernel too: the detector's main pattern
+    // stays exact when per-call events are lost.
+    if api::is_copy(call.api) {
+        let pending = api::is_async_copy(call.api);
+        // SAFETY: map value owned by this thread.
+        unsafe {
+            (*slot).last_copy_active = pending as u32;
+            if pending {
+                (*slot).last_copy = key;
+                (*slot).last_copy_stream = call.stream;
+            }
+        }
+    } else if api::is_sync(call.api) && call.last_copy_active != 0 {
+        unsafe { (*slot).last_copy_active = 0 };
+        let covers = match api::canonical(call.api) {
+            api::DEVICE_SYNC => true,
+            api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => call.stream == call.last_copy_stream,
+            _ => false,
+        };
+        if covers {
+            add_pair(&call.last_copy, ns);
+            add_pair(&key, ns);
+        }
+    }
     if global(&CUDA_EVENTS_ENABLED) == 0 {
         return 0;
     }
@@ -409,7 +438,7 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         call.dst
     };
     let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
-        count_drop(counters::CUDA_LOST);
+        count_drop(counters::CUDA_EVENTS_LOST);
         return 0;
     };
     entry.write(CudaEvent {
@@ -444,10 +473,24 @@ fn account(key: &CudaKey, bytes: u64, ns: u64, error: bool) {
             (*p).errors += error as u64;
         },
         None => {
-            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64 };
+            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64, sync_pairs: 0, sync_pair_ns: 0 };
             if CUDA_STATS.insert(key, &fresh, 0).is_err() {
                 count_drop(counters::CUDA_LOST);
             }
+        }
+    }
+}
+
+/// One copy -> sync pair on `key`'s aggregate (the copy's or the sync's,
+/// accounted already on this thread: the entry exists unless its map was
+/// full, which `account` counted).
+#[inline(always)]
+fn add_pair(key: &CudaKey, ns: u64) {
+    if let Some(p) = CUDA_STATS.get_ptr_mut(key) {
+        // SAFETY: per-thread key: this thread is the only writer.
+        unsafe {
+            (*p).sync_pairs += 1;
+            (*p).sync_pair_ns += ns;
         }
     }
 }

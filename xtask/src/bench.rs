@@ -27,6 +27,11 @@
 //!   libcudart (built into target/bench/cudasim), where both calls are
 //!   near-free; the line under the table gives infertrace's cost per call,
 //!   traced minus untraced ns/call.
+//! - `cuda burst` (bench_cuda_burst.py running tests/cudasim/cuda_burst.c):
+//!   4 threads making pinned 256-byte copies and stream syncs on the
+//!   stand-in as fast as they can for 10 s (the iterations column is
+//!   seconds); ns/iter is per call of any thread, and the line under the
+//!   table gives the calls per second, untraced and traced.
 //!
 //! All but the syscall loop report the median of equal chunks of their loop,
 //! so that a burst of unrelated load on a shared machine moves the result
@@ -119,6 +124,9 @@ struct Bench {
     /// modes pass `--probed` (the loop waits for the uprobe), and the line
     /// under the table gives infertrace's cost per call under this name.
     cuda_probe: Option<&'static str>,
+    /// ns/iter is per call of several threads: the line under the table
+    /// gives calls per second, untraced and traced, under this name.
+    calls_per_s: Option<&'static str>,
     /// The first mode is the untraced baseline.
     modes: &'static [Mode],
 }
@@ -129,6 +137,7 @@ const fn workload(name: &'static str, script: &'static str, modes: &'static [Mod
         script,
         args: &[],
         cuda_probe: None,
+        calls_per_s: None,
         modes,
     }
 }
@@ -284,6 +293,20 @@ const BENCHES: &[Bench] = &[
             ],
         )
     },
+    // A burst of CUDA calls from 4 threads (the rate at which per-call
+    // events must not be lost); iterations are seconds.
+    Bench {
+        cuda_probe: Some("burst"),
+        calls_per_s: Some("cuda burst, 4 threads (stand-in libcudart)"),
+        ..workload(
+            "cuda burst",
+            "bench_cuda_burst.py",
+            &[
+                mode(Kind::Untraced, "untraced", Some("gcc"), 10),
+                infertrace_default(10, None),
+            ],
+        )
+    },
 ];
 
 /// What one iteration is, per workload (printed above the table).
@@ -296,6 +319,8 @@ const LEGEND: &[&str] = &[
     "cuda copy    = ctypes cudaMemcpyAsync of 0 bytes device-to-device on the stand-in \
      libcudart (tests/cudasim), median of 20 chunks",
     "cuda launch  = ctypes cudaLaunchKernel on the stand-in libcudart, median of 20 chunks",
+    "cuda burst   = one CUDA call of 4 C threads (pinned 256 B cudaMemcpyAsync + \
+     cudaStreamSynchronize) on the stand-in libcudart over 10 s (iterations: seconds)",
 ];
 
 /// Fewest untraced runs per workload (there is one before each traced mode
@@ -488,6 +513,7 @@ pub fn bench(build: bool) -> Result<()> {
     }
     let probes: Vec<String> = BENCHES
         .iter()
+        .filter(|b| b.calls_per_s.is_none())
         .filter_map(|b| {
             let label = b.cuda_probe?;
             let traced = |kind: Kind| {
@@ -514,6 +540,15 @@ pub fn bench(build: bool) -> Result<()> {
             "CUDA probes, {INFERTRACE} minus untraced (stand-in libcudart): {}",
             probes.join("; ")
         );
+    }
+    for b in BENCHES {
+        let Some(label) = b.calls_per_s else { continue };
+        let traced = rows.iter().find_map(|(rb, m, o)| match o {
+            Outcome::Measured { ns_per_iter, .. } if std::ptr::eq(*rb, b) && m.kind == Kind::Infertrace(&[]) => Some(*ns_per_iter),
+            _ => None,
+        });
+        let rate = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.0} calls/s", 1e9 / ns));
+        println!("{label}: {} untraced, {} traced ({INFERTRACE})", rate(baseline(b)), rate(traced));
     }
     println!(
         "(total {:.0}s; tracer logs in {})",

@@ -109,6 +109,26 @@ pub enum LoadError {
     Global { name: &'static str, detail: String },
     #[error("{0}")]
     Object(String),
+    #[error("{name}={value}: {detail}")]
+    Env { name: &'static str, value: String, detail: &'static str },
+}
+
+/// Test-only, undocumented for users: the size in bytes of the CUDA
+/// per-call event ring (`CUDA_EVENTS`, 2 MiB by default; a power of two, at
+/// least one page). The tests set it tiny to force and check the reporting
+/// of lost events.
+pub const CUDA_RING_ENV: &str = "INFERTRACE_TEST_CUDA_RING_BYTES";
+
+/// The ring size asked for in [`CUDA_RING_ENV`], if any.
+fn cuda_ring_bytes() -> Result<Option<u32>, LoadError> {
+    let Some(v) = std::env::var_os(CUDA_RING_ENV) else { return Ok(None) };
+    let value = v.to_string_lossy().into_owned();
+    let err = |detail| LoadError::Env { name: CUDA_RING_ENV, value: value.clone(), detail };
+    let n: u32 = value.trim().parse().map_err(|_| err("not a number of bytes"))?;
+    if !n.is_power_of_two() || n < 4096 {
+        return Err(err("must be a power of two, at least 4096"));
+    }
+    Ok(Some(n))
 }
 
 /// Loads the object with every family's globals set.
@@ -120,6 +140,9 @@ pub fn load_object(tables: &[&FamilyTable], inputs: &LoadInputs<'_>) -> Result<E
     }
     let mut loader = EbpfLoader::new();
     loader.btf(Some(&inputs.btf.btf));
+    if let Some(n) = cuda_ring_bytes()? {
+        loader.map_max_entries("CUDA_EVENTS", n);
+    }
     for (name, v) in &values {
         match v {
             GlobalValue::U32(x) => loader.override_global(name, x, true),

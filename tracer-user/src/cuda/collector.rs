@@ -9,7 +9,8 @@
 //! ([`TargetEvent::Mapped`], delivered at once: the session wakes on the
 //! process follower's ring buffer), then its maps are scanned again; without
 //! those events (`Context::mappings_followed` false), every 100 ms. Each poll replays the per-call
-//! events ([`replay`](super::replay)) and, every 4 s, moves the entries of
+//! events ([`replay`](super::replay); a thread of their own drains them
+//! every 10 ms, [`drain`](super::drain)) and, every 4 s, moves the entries of
 //! threads that exited out of the kernel maps.
 
 use std::{
@@ -19,16 +20,16 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    maps::{HashMap as BpfHashMap, RingBuf},
     Ebpf,
 };
-use tracer_common::cuda::{api, CudaEvent, CudaKey, CudaStats, LaunchKey};
+use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
 
 use super::{
     discovery,
+    drain::EventDrain,
     findings::Thresholds,
     programs,
-    replay::Replay,
     search::{self, TargetFacts},
 };
 use crate::{
@@ -68,7 +69,8 @@ pub struct CudaCollector {
     pub(super) thresholds: Thresholds,
     /// None: not loaded yet; Some(false): loading failed (noted).
     loaded: Option<bool>,
-    events: Option<RingBuf<MapData>>,
+    /// The per-call events and their replay (None until loaded).
+    pub(super) events: Option<EventDrain>,
     /// (st_dev, st_ino) -> what was attached there.
     pub(super) attached: HashMap<(u64, u64), Attached>,
     /// (maps device, inode) -> identity of a probed file, or None (not a
@@ -81,13 +83,14 @@ pub struct CudaCollector {
     /// share them are not searched twice.
     searched: HashSet<((u64, u64), TargetFacts)>,
     procs: BTreeMap<u32, ProcState>,
-    pub(super) replay: Replay,
     pub(super) kernel_names: HashMap<(u32, u64), String>,
     polls: u64,
     /// Aggregates of threads that exited, moved out of the kernel maps
     /// (keys are per thread; `tid` is 0 here).
     pub(super) retired_stats: HashMap<CudaKey, CudaStats>,
     pub(super) retired_launches: HashMap<LaunchKey, u64>,
+    /// The window closed: the programs are unloaded, nothing is scanned.
+    detached: bool,
 }
 
 fn hash_text(s: &str) -> u64 {
@@ -107,7 +110,8 @@ impl CudaCollector {
     /// library, or calls were counted (a target that exited before its
     /// maps were read, on a library probed up front).
     fn used(&self, ebpf: &mut Ebpf) -> Result<bool, ProbeError> {
-        if self.attached.values().any(|a| !a.pids.is_empty()) || self.replay.events > 0 || !self.retired_stats.is_empty() {
+        let events = self.events.as_ref().map_or(0, |d| d.with(|r| r.events));
+        if self.attached.values().any(|a| !a.pids.is_empty()) || events > 0 || !self.retired_stats.is_empty() {
             return Ok(true);
         }
         if self.attached.is_empty() {
@@ -357,7 +361,8 @@ impl CudaCollector {
         }
         if self.events.is_none() {
             let map = cx.ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
-            self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?);
+            let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?;
+            self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
         }
         self.loaded = Some(true);
         Ok(true)
@@ -381,6 +386,8 @@ impl CudaCollector {
                 r.bytes += v.bytes;
                 r.total_ns += v.total_ns;
                 r.errors += v.errors;
+                r.sync_pairs += v.sync_pairs;
+                r.sync_pair_ns += v.sync_pair_ns;
             }
         }
         {
@@ -401,19 +408,16 @@ impl CudaCollector {
         for p in &gone_pids {
             let _ = text.remove(p);
         }
-        self.replay.forget_threads(&dead);
+        if let Some(ev) = &self.events {
+            ev.with(|r| r.forget_threads(&dead));
+        }
         Ok(())
     }
 
+    /// Applies the events in the ring now (the drain thread does too).
     pub(super) fn drain(&mut self) {
-        let Some(rb) = self.events.as_mut() else { return };
-        while let Some(item) = rb.next() {
-            if item.len() < std::mem::size_of::<CudaEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
-            let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            self.replay.apply(&ev);
+        if let Some(ev) = &self.events {
+            ev.with(|_| ());
         }
     }
 
@@ -485,7 +489,7 @@ impl Collector for CudaCollector {
     /// changed (libraries loaded with dlopen).
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         self.polls += 1;
-        if !cx.mappings_followed {
+        if !cx.mappings_followed && !self.detached {
             let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
             for pid in pids {
                 self.scan(cx, pid, None)?;
@@ -499,6 +503,23 @@ impl Collector for CudaCollector {
             self.retire_dead_threads(&mut cx.ebpf)?;
         }
         Ok(())
+    }
+
+    /// Unloads the programs (detaching every probe), so that the final
+    /// drain and the aggregates read after it agree: a process traced with
+    /// `-p` goes on calling CUDA after the window. A call in flight at this
+    /// moment is in neither.
+    fn detach(&mut self, cx: &mut Context) {
+        if std::mem::replace(&mut self.detached, true) || self.loaded != Some(true) {
+            return;
+        }
+        for spec in programs::TABLE.programs {
+            if let Ok(p) = probe::program::<aya::programs::UProbe>(&mut cx.ebpf, spec.name) {
+                if let Err(e) = p.unload() {
+                    cx.sink.note_on(Topic::Gpu, format!("detaching {}: {e}", spec.name));
+                }
+            }
+        }
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {

@@ -175,6 +175,7 @@ fn site_finding(s: &SiteSummary, kind: &str, cost: Cost, window_ns: u64, t: &Thr
         time_ns: cost.time_ns,
         message,
         advice: advice.to_owned(),
+        events_lost: 0,
     }
 }
 
@@ -391,6 +392,7 @@ fn device_memory_leak(sites: &[SiteSummary], _window_ns: u64, t: &Thresholds) ->
                 fmt_bytes(a.live_bytes)
             ),
             advice: ADVICE_LEAK.into(),
+            events_lost: 0,
         });
     }
     out
@@ -438,6 +440,7 @@ fn copy_time_share(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec
                 fmt_ns(top_ns)
             ),
             advice: ADVICE_SHARE.into(),
+            events_lost: 0,
         });
     }
     out

@@ -3,10 +3,12 @@
 //! [`programs`] (the kernel programs and globals), [`report`] (the CUDA part
 //! of a recording), [`discovery`] (which mapped files hold CUDA),
 //! [`search`] (which files a target could load CUDA from), [`replay`]
-//! (per-call events in order) and [`findings`] (the detector's rules).
+//! (per-call events in order, drained by a thread of their own: [`drain`])
+//! and [`findings`] (the detector's rules).
 
 mod collector;
 pub mod discovery;
+mod drain;
 pub mod findings;
 pub mod programs;
 pub mod replay;

@@ -59,6 +59,15 @@ fn entry_program(id: u32) -> &'static str {
 
 /// Attaches the entry (and, but for launches, return) probe to every
 /// function found. Returns the functions probed and the failures.
+///
+/// Each function's return probe goes in before its entry probe: the kernel
+/// hooks a call's return at its entry, so a call whose entry the programs
+/// see has its return seen too, also for calls made while the probes are
+/// being attached to a running process, and for calls nested in them.
+/// (Entry first, a call entered between the two attachments kept its
+/// in-flight slot: the thread's next call took it over and counted the
+/// first as lost, and a driver call nested in a runtime call never
+/// un-nested.)
 pub fn attach_file(
     ebpf: &mut Ebpf,
     path: &std::path::Path,
@@ -68,10 +77,11 @@ pub fn attach_file(
     let mut errors = Vec::new();
     for &(id, offset) in symbols {
         let name = api::NAMES[id as usize];
-        let mut progs = vec![entry_program(id)];
+        let mut progs = Vec::with_capacity(2);
         if !api::is_launch(id) {
             progs.push("cuda_return");
         }
+        progs.push(entry_program(id));
         let mut ok = true;
         for prog_name in progs {
             let prog: &mut UProbe = probe::program(ebpf, prog_name)?;

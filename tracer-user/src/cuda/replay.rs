@@ -78,6 +78,20 @@ impl CopyObs {
         }
     }
 
+    /// Raises the counted figures (counts, bytes, times, pairs) to at
+    /// least `k`'s: the kernel's aggregates of the same copies, exact when
+    /// per-call events were lost.
+    pub fn at_least(&mut self, k: &CopyObs) {
+        self.count = self.count.max(k.count);
+        self.bytes = self.bytes.max(k.bytes);
+        self.ns = self.ns.max(k.ns);
+        self.errors = self.errors.max(k.errors);
+        self.async_count = self.async_count.max(k.async_count);
+        self.sync_pairs = self.sync_pairs.max(k.sync_pairs);
+        self.sync_pair_ns = self.sync_pair_ns.max(k.sync_pair_ns);
+        self.sync_copies = self.sync_copies.max(k.sync_copies);
+    }
+
     /// The most frequent (fingerprint, size) and how often it was copied.
     pub fn top_content(&self) -> Option<((u64, u64), u64)> {
         self.contents.iter().map(|(k, v)| (*k, *v)).max_by_key(|(k, v)| (*v, std::cmp::Reverse(*k)))
@@ -105,6 +119,13 @@ impl SyncObs {
         self.count += o.count;
         self.ns += o.ns;
         self.after_copy += o.after_copy;
+    }
+
+    /// [`CopyObs::at_least`] for syncs.
+    pub fn at_least(&mut self, k: &SyncObs) {
+        self.count = self.count.max(k.count);
+        self.ns = self.ns.max(k.ns);
+        self.after_copy = self.after_copy.max(k.after_copy);
     }
 }
 
@@ -352,6 +373,20 @@ mod tests {
         r.apply(&ev(api::MEMCPY, KIND_HTOD, 100, 0xd000, 0x1800, 0, 1));
         assert_eq!(r.copies[&(site, KIND_HTOD)].pageable, 2);
         assert_eq!(r.host_memory[&(site, api::MEMCPY_ASYNC, KIND_HTOD)], (1, 1));
+    }
+
+    /// The kernel's exact figures raise the replay's (events lost), never
+    /// lower them (the replay's own, e.g. Default copies given a direction).
+    #[test]
+    fn kernel_figures_are_a_floor() {
+        let mut seen = CopyObs { count: 3, bytes: 300, ns: 30, async_count: 3, sync_pairs: 2, pinned: 3, ..Default::default() };
+        let kernel = CopyObs { count: 10, bytes: 1000, ns: 20, async_count: 10, sync_pairs: 9, sync_pair_ns: 90, ..Default::default() };
+        seen.at_least(&kernel);
+        assert_eq!((seen.count, seen.bytes, seen.ns, seen.async_count, seen.sync_pairs, seen.sync_pair_ns), (10, 1000, 30, 10, 9, 90));
+        assert_eq!(seen.pinned, 3, "what only the events tell stays");
+        let mut s = SyncObs { count: 5, ns: 50, after_copy: 5 };
+        s.at_least(&SyncObs { count: 9, ns: 40, after_copy: 9 });
+        assert_eq!((s.count, s.ns, s.after_copy), (9, 50, 9));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aya::maps::HashMap as BpfHashMap;
-use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
+use tracer_common::{
+    counters,
+    cuda::{api, CudaKey, CudaStats, LaunchKey, KIND_DEFAULT},
+};
 
 use super::{
     collector::{symbolize_function, Attached, CudaCollector},
@@ -27,7 +30,6 @@ impl CudaCollector {
     /// The report so far: reads the kernel aggregates, resolves sites,
     /// runs the detector over a copy of the replayed events.
     pub(super) fn report(&mut self, cx: &mut Context) -> Result<CudaReport, ProbeError> {
-        self.drain();
         let (start, end) = (cx.window_start, cx.now_or_end());
         let window_ns = end.saturating_sub(start);
         let mut report = CudaReport { window_ns, ..Default::default() };
@@ -35,13 +37,18 @@ impl CudaCollector {
             return Ok(report);
         }
         self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
-        // Allocations still live count as leaks; the replay goes on after a snapshot.
-        let mut replay = self.replay.clone();
-        replay.close(start + window_ns / 2);
+        // The aggregates first, then the events: every call counted has
+        // had its event submitted, so a call without one was lost (while
+        // recording, calls that return in between are only in the events).
         let stats: Vec<(CudaKey, CudaStats)> = {
             let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
             map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
         };
+        report.events_lost = probe::counter(&mut cx.ebpf, counters::CUDA_EVENTS_LOST)?;
+        report.calls_lost = probe::counter(&mut cx.ebpf, counters::CUDA_LOST)?;
+        // Allocations still live count as leaks; the replay goes on after a snapshot.
+        let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
+        replay.close(start + window_ns / 2);
         let launches: Vec<(LaunchKey, u64)> = {
             let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, "CUDA_LAUNCHES")?;
             map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
@@ -67,6 +74,7 @@ impl CudaCollector {
                 return_codes: BTreeMap::new(),
                 pinned: None,
                 pageable: None,
+                events_lost: 0,
             });
             c.count += v.count;
             c.bytes += v.bytes;
@@ -76,10 +84,12 @@ impl CudaCollector {
         }
         for (key, raws) in &raw_of_call {
             let c = calls.get_mut(key).expect("call key");
+            let mut events = 0;
             for raw in raws {
                 if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
                     for (rc, n) in codes {
                         *c.return_codes.entry(*rc).or_default() += n;
+                        events += n;
                     }
                 }
                 if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
@@ -87,6 +97,7 @@ impl CudaCollector {
                     *c.pageable.get_or_insert(0) += q;
                 }
             }
+            c.events_lost = c.count.saturating_sub(events);
         }
         report.calls = calls.into_values().collect();
         report.calls.sort_by(|a, b| {
@@ -135,8 +146,59 @@ impl CudaCollector {
             let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
             s.allocs.merge(obs);
         }
+        // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
+        // are exact when events were lost: each such figure of the detector
+        // is at least the kernel's. (Without loss the replay's are the same
+        // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
+        let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        for (k, v) in &stats {
+            let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
+            if !copy && !api::is_sync(k.api) {
+                continue;
+            }
+            let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, &mut sites, cx)?;
+            let s = kernel.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            if copy {
+                let o = s.copies.entry(k.kind).or_default();
+                o.count += v.count;
+                o.bytes += v.bytes;
+                o.ns += v.total_ns;
+                o.errors += v.errors;
+                if api::is_async_copy(k.api) {
+                    o.async_count += v.count;
+                    o.sync_pairs += v.sync_pairs;
+                    o.sync_pair_ns += v.sync_pair_ns;
+                } else {
+                    o.sync_copies += v.count;
+                }
+            } else {
+                s.syncs.count += v.count;
+                s.syncs.ns += v.total_ns;
+                s.syncs.after_copy += v.sync_pairs;
+            }
+        }
+        for (key, k) in kernel {
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            for (kind, ko) in k.copies {
+                s.copies.entry(kind).or_default().at_least(&ko);
+            }
+            s.syncs.at_least(&k.syncs);
+        }
         let summaries: Vec<SiteSummary> = summaries.into_values().collect();
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+        // What the detector missed: the calls counted whose event was lost,
+        // at the finding's site (in its whole process for `copy_time_share`,
+        // which sums the process's sites).
+        let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
+        let mut lost_in: HashMap<u32, u64> = HashMap::new();
+        for c in report.calls.iter().filter(|c| c.events_lost > 0) {
+            *lost_at.entry((c.pid, &c.site)).or_default() += c.events_lost;
+            *lost_in.entry(c.pid).or_default() += c.events_lost;
+        }
+        for f in &mut report.findings {
+            let n = if f.events_lost_process_wide() { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
+            f.events_lost = n.copied().unwrap_or(0);
+        }
 
         // The libraries some target used: mapped, or (probed up front, the
         // user gone before its maps were read) one of whose functions was

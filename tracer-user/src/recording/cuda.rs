@@ -61,6 +61,11 @@ pub struct CudaCall {
     pub pinned: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pageable: Option<u64>,
+    /// Calls of this row (counted above) whose per-call event was lost
+    /// (ring buffer full, `cuda_events_lost`): `return_codes`, `pinned` and
+    /// `pageable` miss them, and the detector did not see them.
+    #[serde(default)]
+    pub events_lost: u64,
 }
 
 /// Launches of one kernel from one site.
@@ -123,6 +128,23 @@ pub struct Finding {
     pub time_ns: u64,
     pub message: String,
     pub advice: String,
+    /// Calls whose per-call event was lost (ring buffer full) where the
+    /// finding looked: at its site, or in its whole process for
+    /// `copy_time_share` (which sums the process's sites). Counts, bytes,
+    /// times and copy->sync pairs come from the kernel's aggregates and
+    /// stay exact; what only the events tell (pinned or pageable host
+    /// memory, sizes, contents, allocations and frees) misses these calls,
+    /// so a finding that rests on it may be understated. 0: nothing lost there.
+    #[serde(default)]
+    pub events_lost: u64,
+}
+
+impl Finding {
+    /// Whether [`events_lost`](Self::events_lost) counts the whole
+    /// process's lost events (else the site's).
+    pub fn events_lost_process_wide(&self) -> bool {
+        self.kind == "copy_time_share"
+    }
 }
 
 /// A libcudart (or an executable with cudart inside) that was probed.
@@ -150,6 +172,16 @@ pub struct CudaReport {
     /// One-line notices (libraries probed later, probes that failed, NVML...).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Per-call events lost in all (ring buffer full, `cuda_events_lost`):
+    /// `calls` and `launches` are still exact, the findings and the
+    /// per-call columns are not (a site whose events were all lost may lack
+    /// a finding).
+    #[serde(default)]
+    pub events_lost: u64,
+    /// Calls or launches missing from `calls` and `launches` (an aggregate
+    /// map full, or a call whose return was never seen: `cuda_lost`).
+    #[serde(default)]
+    pub calls_lost: u64,
 }
 
 pub fn kind_name(kind: u32) -> Option<&'static str> {

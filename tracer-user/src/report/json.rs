@@ -30,6 +30,11 @@ struct JsonCuda<'a> {
     gpu_samples: &'a [crate::recording::cuda::GpuSample],
     libraries: &'a [crate::recording::cuda::CudaLibrary],
     notes: &'a [String],
+    /// Per-call events lost (`cuda_events_lost`): findings and per-call
+    /// columns incomplete; `calls[].events_lost` and `findings[].events_lost` say where.
+    events_lost: u64,
+    /// Calls or launches missing from `calls` and `launches` (`cuda_lost`).
+    calls_lost: u64,
 }
 
 #[derive(Serialize)]
@@ -87,6 +92,8 @@ pub fn render(rec: &Recording) -> String {
             gpu_samples: &c.gpu_samples,
             libraries: &c.libraries,
             notes: &c.notes,
+            events_lost: c.events_lost,
+            calls_lost: c.calls_lost,
         }),
         findings: rec.cuda.as_ref().map(|c| c.findings.as_slice()).unwrap_or(&[]),
         lost_events: rec.lost_events(),

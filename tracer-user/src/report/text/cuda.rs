@@ -60,6 +60,21 @@ fn more(out: &mut String, total: usize) {
     }
 }
 
+/// Under a table of calls: what lost events and lost calls leave out of
+/// it. `per_call`: the table has columns from the per-call events.
+fn incomplete(out: &mut String, cuda: &CudaReport, rows: &[&CudaCall], per_call: &str) {
+    let events: u64 = rows.iter().map(|c| c.events_lost).sum();
+    if events > 0 && !per_call.is_empty() {
+        let _ = writeln!(
+            out,
+            "  incomplete: {events} of these calls lost their per-call event (cuda_events_lost): {per_call} miss them; the other columns are exact"
+        );
+    }
+    if cuda.calls_lost > 0 {
+        let _ = writeln!(out, "  incomplete: {} calls or launches were not counted at all (cuda_lost)", cuda.calls_lost);
+    }
+}
+
 /// The whole CUDA section; nothing when no CUDA runtime was probed and no
 /// GPU was sampled.
 pub fn render(out: &mut String, cuda: &CudaReport) {
@@ -79,7 +94,16 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     }
 
     if traced {
-        let _ = writeln!(out, "\nfindings: {}", if cuda.findings.is_empty() { "none".to_owned() } else { cuda.findings.len().to_string() });
+        let n = if cuda.findings.is_empty() { "none".to_owned() } else { cuda.findings.len().to_string() };
+        if cuda.events_lost > 0 {
+            let _ = writeln!(
+                out,
+                "\nfindings: {n} (incomplete: {} per-call CUDA events lost (cuda_events_lost); a site that lost them may lack a finding)",
+                cuda.events_lost
+            );
+        } else {
+            let _ = writeln!(out, "\nfindings: {n}");
+        }
     }
     for f in &cuda.findings {
         let _ = writeln!(out, "  [{}] {} at {} (pid {})", f.severity, f.kind, f.site.display(), f.pid);
@@ -91,6 +115,14 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
             fmt_bytes(f.bytes),
             fmt_ns(f.time_ns)
         );
+        if f.events_lost > 0 {
+            let _ = writeln!(
+                out,
+                "      incomplete: {} calls {} lost their per-call event (cuda_events_lost): counts, times and copy/sync pairs are exact (kernel aggregates); host memory, sizes, contents and allocations miss them",
+                f.events_lost,
+                if f.events_lost_process_wide() { "in this process" } else { "at this site" }
+            );
+        }
         let _ = writeln!(out, "      advice: {}", f.advice);
     }
 
@@ -123,6 +155,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
             );
         }
         more(out, copies.len());
+        incomplete(out, cuda, &copies, "HOST PIN/PAGE and the failed-call codes");
     }
     if !cuda.gpu_samples.is_empty() {
         nvml::render(out, cuda, traced);
@@ -146,6 +179,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
             );
         }
         more(out, syncs.len());
+        incomplete(out, cuda, &syncs, "the failed-call codes");
     }
 
     let memory: Vec<&CudaCall> =
@@ -166,6 +200,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
             );
         }
         more(out, memory.len());
+        incomplete(out, cuda, &memory, "the failed-call codes and the leak finding");
     }
 
     if !cuda.launches.is_empty() {
@@ -176,6 +211,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
             let _ = writeln!(out, "  {:>8}  {:<48} {}", l.count, l.kernel, short_site(&l.site));
         }
         more(out, cuda.launches.len());
+        incomplete(out, cuda, &[], "");
     }
 
     let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
@@ -215,6 +251,7 @@ mod tests {
                 return_codes: BTreeMap::from([(0, 100)]),
                 pinned: Some(0),
                 pageable: Some(100),
+                events_lost: 0,
             }],
             launches: vec![CudaLaunch { pid: 7, kernel: "k".into(), count: 5, site: site.clone(), api: "cudaLaunchKernel".into() }],
             findings: vec![Finding {
@@ -227,6 +264,7 @@ mod tests {
                 time_ns: 2_000_000,
                 message: "m".into(),
                 advice: "a".into(),
+                events_lost: 0,
             }],
             window_ns: 100_000_000,
             ..Default::default()
@@ -258,6 +296,7 @@ mod tests {
             return_codes: BTreeMap::new(),
             pinned: None,
             pageable: None,
+            events_lost: 0,
         };
         let mut samples = vec![gpu(10, 0, 37.0, 1 << 30, Some((1_024_000, 2_048_000))), gpu(20, 1, 81.0, 3 << 30, None)];
         samples[0].name = Some("nvmlsim GPU 0 (fake)".into());
