@@ -29,6 +29,7 @@ use std::time::Duration;
 pub use serde_json;
 
 pub mod bpftool;
+pub mod cudalibs;
 pub mod json;
 pub mod locations;
 pub mod markers;
@@ -43,6 +44,7 @@ pub mod walltime;
 pub mod workloads;
 
 pub use bpftool::*;
+pub use cudalibs::*;
 pub use json::*;
 pub use locations::*;
 pub use markers::*;

@@ -23,17 +23,6 @@ use std::time::Duration;
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
-fn script(name: &str) -> Result<PathBuf, String> {
-    let o = Command::new("sh")
-        .arg(workspace_root().join("tests/cudasim").join(name))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !o.status.success() {
-        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
-}
-
 struct Env {
     python: PathBuf,
     real: PathBuf,
@@ -48,31 +37,9 @@ fn prerequisites(test: &str) -> Option<Env> {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
         return None;
     }
-    let real = match script("fetch-cudart.sh") {
-        Ok(p) => p,
-        Err(e) => {
-            skip(test, &format!("the real libcudart.so.12 (tests/cudasim/fetch-cudart.sh): {e}"));
-            return None;
-        }
-    };
-    let sim = match script("build.sh") {
-        Ok(p) => p,
-        Err(e) => {
-            skip(test, &format!("tests/cudasim/build.sh: {e}"));
-            return None;
-        }
-    };
-    // The interpreter itself (not a pyenv shim script).
-    let python = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let Some(python) = python else {
-        skip(test, "python3");
-        return None;
-    };
+    let real = real_cudart(test)?;
+    let sim = cuda_standin_dir(test)?;
+    let python = python3_executable(test)?;
     Some(Env {
         python,
         real,
@@ -94,18 +61,6 @@ struct Cuda {
     report: Report,
     markers: BTreeMap<String, u64>,
     run: Run,
-}
-
-/// `# @name` / `/* @name */` markers of a source file -> line.
-fn markers_of(source: &Path) -> BTreeMap<String, u64> {
-    let text = fs::read_to_string(source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
-    text.lines()
-        .enumerate()
-        .filter_map(|(i, l)| {
-            let (_, m) = l.rsplit_once("# @").or_else(|| l.rsplit_once("/* @"))?;
-            Some((m.trim_end_matches("*/").trim().to_string(), i as u64 + 1))
-        })
-        .collect()
 }
 
 /// The Python function holding a marker of cuda_patterns.py.

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use infertrace_e2e::serde_json::Value;
@@ -28,12 +27,7 @@ fn stand_ins(test: &str) -> Option<PathBuf> {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
         return None;
     }
-    let o = Command::new("sh").arg(workspace_root().join("tests/cudasim/build.sh")).output().expect("sh");
-    if !o.status.success() {
-        skip(test, &format!("tests/cudasim/build.sh: {}", String::from_utf8_lossy(&o.stderr)));
-        return None;
-    }
-    Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    cuda_standin_dir(test)
 }
 
 /// The driver's result file: `name value` lines.

@@ -488,30 +488,8 @@ struct CudaEnv {
 
 fn cuda_env(test: &str, needs: &[Need]) -> Option<(CudaEnv, Vec<PythonExe>)> {
     let pythons = interpreters(test, needs)?;
-    let script = |name: &str| -> Result<PathBuf, String> {
-        let o = Command::new("sh")
-            .arg(workspace_root().join("tests/cudasim").join(name))
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !o.status.success() {
-            return Err(String::from_utf8_lossy(&o.stderr).into_owned());
-        }
-        Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
-    };
-    let real = match script("fetch-cudart.sh") {
-        Ok(p) => p,
-        Err(e) => {
-            skip(test, &format!("the real libcudart.so.12 (tests/cudasim/fetch-cudart.sh): {e}"));
-            return None;
-        }
-    };
-    let sim = match script("build.sh") {
-        Ok(p) => p,
-        Err(e) => {
-            skip(test, &format!("tests/cudasim/build.sh: {e}"));
-            return None;
-        }
-    };
+    let real = real_cudart(test)?;
+    let sim = cuda_standin_dir(test)?;
     // The pthread path (3.8), native_thread_id (3.12) and the static 3.11.
     let chosen: Vec<PythonExe> =
         pythons.into_iter().filter(|p| p.minor == 8 || p.minor == 12 || p.label.starts_with("system")).collect();
