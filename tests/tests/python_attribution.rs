@@ -762,7 +762,10 @@ fn attach_covers_new_threads_and_target_exit() {
         return;
     }
     for_each_python(test, &pythons, |py| {
-        let mut w = Attached::start(py, "1.5");
+        // 3 s per late thread: ~200 samples each, so that the one sample a
+        // thread may take in its native start (first touch of its stack,
+        // before CPython binds its thread state) stays under 1%.
+        let mut w = Attached::start(py, "3.0");
         let pid = w.pid();
         let ready = w.line("ready");
         ensure!(ready == format!("ready {pid}"), "unexpected first line {ready:?}");
