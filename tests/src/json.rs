@@ -162,3 +162,22 @@ impl Report {
         assert_eq!(r["totals"]["total_ns"], total, "totals.total_ns\n{r}");
     }
 }
+
+/// The Python frames of a recorded stack (or a `dump` thread), leaf first:
+/// (function, file, line), "" / 0 where absent.
+pub fn python_frames_of(s: &Value) -> Vec<(String, String, u64)> {
+    s["frames"]
+        .as_array()
+        .map(|a| a.as_slice())
+        .unwrap_or(&[])
+        .iter()
+        .filter(|f| f["kind"] == "python")
+        .map(|f| {
+            (
+                f["function"].as_str().unwrap_or("").to_string(),
+                f["file"].as_str().unwrap_or("").to_string(),
+                f["line"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}

@@ -129,3 +129,19 @@ pub fn wait_blocked_in(pid: u32, nr: u64) {
     });
     assert!(ok.is_some(), "pid {pid} not blocked in syscall {nr}");
 }
+
+/// The lines of `out` (a child's stdout, say), read on a thread of their
+/// own and sent as they come; the channel closes at end of file.
+pub fn line_channel(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

@@ -204,29 +204,12 @@ fn notes(rep: &Report) -> Vec<String> {
     rep.0["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).map(str::to_string).collect()
 }
 
-/// The Python frames of a stack, leaf first: (function, file, line).
-fn py_frames(s: &Value) -> Vec<(String, String, u64)> {
-    s["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == "python")
-        .map(|f| {
-            (
-                f["function"].as_str().unwrap_or("").to_string(),
-                f["file"].as_str().unwrap_or("").to_string(),
-                f["line"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 fn pct(a: u64, b: u64) -> f64 {
     a as f64 * 100.0 / b.max(1) as f64
 }
 
 fn render(s: &Value) -> String {
-    py_frames(s).iter().map(|(f, _, l)| format!("{f}:{l}")).collect::<Vec<_>>().join(" <- ")
+    python_frames_of(s).iter().map(|(f, _, l)| format!("{f}:{l}")).collect::<Vec<_>>().join(" <- ")
 }
 
 // ---------------------------------------------------------------------------
@@ -264,9 +247,9 @@ fn check_attribution(rep: &Report, pid: u32, py: &PythonExe, files_dir: &Path) -
     let m = markers_of(&ns_work());
     let file = files_dir.join("ns_work.py").to_string_lossy().into_owned();
     let at = |s: &Value, func: &str, marker: &str| {
-        py_frames(s).first() == Some(&(func.to_string(), file.clone(), m[marker]))
+        python_frames_of(s).first() == Some(&(func.to_string(), file.clone(), m[marker]))
     };
-    let in_main = |s: &Value| py_frames(s).iter().any(|(f, path, _)| f == "main" && *path == file);
+    let in_main = |s: &Value| python_frames_of(s).iter().any(|(f, path, _)| f == "main" && *path == file);
     let stacks: Vec<&Value> = rep.stacks().iter().filter(|s| s["pid"] == pid).collect();
     let cpu: Vec<&&Value> = stacks.iter().filter(|s| s["kind"] == "cpu" && s["tid"] == pid).collect();
     let samples = |v: &[&&Value]| v.iter().map(|s| s["samples"].as_u64().unwrap_or(0)).sum::<u64>();
@@ -359,16 +342,7 @@ impl Workload {
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {argv:?}: {e}"));
         let stdin = child.stdin.take();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = line_channel(child.stdout.take().unwrap());
         let root = child.id();
         let pid = poll(Duration::from_secs(20), || find_interpreter(root));
         let mut w = Workload { child, stdin, lines, pid: 0, _guard: KillOnDrop(None) };
@@ -448,7 +422,7 @@ fn attached_in_namespaces_python_dumped_and_attributed() {
         let dump: Value = serde_json::from_str(&r.stdout).map_err(|e| format!("dump is not JSON: {e}\n{}", r.stdout))?;
         let dump = dump.as_array().cloned().unwrap_or_default();
         let by_tid: BTreeMap<u64, Vec<(String, String, u64)>> =
-            dump.iter().map(|t| (t["tid"].as_u64().unwrap_or(0), py_frames(t))).collect();
+            dump.iter().map(|t| (t["tid"].as_u64().unwrap_or(0), python_frames_of(t))).collect();
         ensure!(
             dump.len() == 2 && by_tid.keys().copied().collect::<BTreeSet<u64>>() == host,
             "dumped tids {:?}, the process's (host) {host:?} (NSpid {ns_tids:?})",

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -721,21 +721,8 @@ impl Attached {
             .spawn()
             .unwrap();
         let stdin = child.stdin.take();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Attached {
-            child,
-            stdin,
-            lines: rx,
-        }
+        let lines = line_channel(child.stdout.take().unwrap());
+        Attached { child, stdin, lines }
     }
     fn pid(&self) -> u32 {
         self.child.id()

@@ -134,23 +134,6 @@ fn ours(t: &Value) -> Frames {
         .collect()
 }
 
-/// (function, file, line) of the Python frames of a recorded stack.
-fn recorded_python_frames(s: &Value) -> Frames {
-    s["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == "python")
-        .map(|f| {
-            (
-                f["function"].as_str().unwrap().to_string(),
-                f["file"].as_str().unwrap_or("").to_string(),
-                f["line"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// (name, filename, line) of py-spy's JSON frames.
 fn theirs(t: &Value) -> Frames {
     t["frames"]
@@ -448,7 +431,7 @@ fn recorded_stacks_match_dump() {
                 .collect();
             let with_python: Vec<Frames> = stacks
                 .iter()
-                .map(|s| recorded_python_frames(s))
+                .map(|s| python_frames_of(s))
                 .filter(|f| !f.is_empty())
                 .collect();
             assert!(

@@ -157,11 +157,11 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         },
     };
     let tgid = (pid_tgid >> 32) as u32;
-    if nr == global(&NR_MMAP) && arg0 == MMAP_EXEC_FILE && !(-4095..0).contains(&ret) {
+    let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
+    if errno == 0 && arg0 == MMAP_EXEC_FILE && nr == global(&NR_MMAP) {
         emit_proc_event(KIND_MAPPED, tgid, tid);
     }
     let ns = now.saturating_sub(start_ns);
-    let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
     account(tgid, tid, nr, ns, errno);
     let slow = global(&SLOW_SYSCALL_NS);
     if slow != 0 && ns >= slow {

@@ -55,9 +55,6 @@ pub static TABLE: FamilyTable = FamilyTable {
 const REOBSERVE_AFTER: Duration = Duration::from_millis(200);
 /// How often every live target's mappings are snapshot again (dlopen).
 const REOBSERVE_ALL: Duration = Duration::from_secs(1);
-/// How often exited targets are swept and mappings snapshot (the event
-/// ring itself is read every poll).
-const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// The process follower: the target set in the kernel, lifecycle events
 /// from it, the mappings snapshot for symbolization, the drop counters.
@@ -68,7 +65,6 @@ pub struct ProcessCollector {
     /// Processes whose mappings to snapshot again, and when.
     reobserve: Vec<(u32, Instant)>,
     last_observe_all: Option<Instant>,
-    last_sweep: Option<Instant>,
 }
 
 fn comm_string(raw: &[u8; 16]) -> String {
@@ -202,13 +198,7 @@ impl Collector for ProcessCollector {
         for ev in self.drain() {
             cx.emit(ev);
         }
-        // The rest (snapshots of mappings, the sweep of exited targets)
-        // at its own, slower pace.
         let now = Instant::now();
-        if self.last_sweep.is_some_and(|t| now.duration_since(t) < SWEEP_EVERY) {
-            return Ok(());
-        }
-        self.last_sweep = Some(now);
         let symbolizer = &mut cx.stacks.symbolizer;
         self.reobserve.retain(|&(pid, due)| {
             if due > now {
