@@ -1,12 +1,14 @@
 //! The CPython interpreters the tests run on, found through pyenv (its root
 //! from `$PYENV_ROOT`, `pyenv root` or `~/.pyenv`) and PATH: no installation
-//! path is assumed.
+//! path is assumed; and Debian sid's 3.14 and 3.15 in a chroot
+//! ([`crate::pyroot`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use crate::pyroot::{chroot_python, pyroot, pyroot_display, PYROOT_MINORS};
 use crate::which_all;
 
 /// A CPython the tests expect on this machine.
@@ -14,9 +16,15 @@ use crate::which_all;
 pub struct PythonExe {
     /// How failure messages name it (`pyenv 3.12`, `system python3.11 (/usr/bin/python3.11)`).
     pub label: String,
+    /// What to run: the interpreter, or for a chroot one the wrapper that
+    /// becomes it (same pid, same arguments; see [`crate::pyroot`]).
     pub exe: PathBuf,
     pub major: u32,
     pub minor: u32,
+    /// The root directory the interpreter runs in (its /proc/PID/root),
+    /// when not the host's: paths it opens are under it, and only what
+    /// [`crate::pyroot`] binds in is shared with the host.
+    pub root: Option<PathBuf>,
 }
 
 /// pyenv's root: `$PYENV_ROOT`, else what `pyenv root` prints (pyenv on
@@ -95,15 +103,33 @@ pub fn system_python() -> Option<(PathBuf, (u32, u32))> {
     })
 }
 
+/// Debian sid's python3.14 and python3.15 in [`pyroot`] (checked once per
+/// process): those that run, and the labels of the others with the reason.
+pub fn chroot_pythons() -> (Vec<PythonExe>, Vec<String>) {
+    static FOUND: OnceLock<Vec<(u32, Result<PathBuf, String>)>> = OnceLock::new();
+    let results = FOUND.get_or_init(|| PYROOT_MINORS.iter().map(|m| (*m, chroot_python(*m))).collect());
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for (minor, r) in results {
+        let label = format!("sid python3.{minor} (chroot {})", pyroot_display());
+        match r {
+            Ok(exe) => found.push(PythonExe { label, exe: exe.clone(), major: 3, minor: *minor, root: Some(pyroot()) }),
+            Err(why) => missing.push(format!("{label}: {why}")),
+        }
+    }
+    (found, missing)
+}
+
 /// The supported CPythons every test of Python attribution runs on: pyenv's
-/// 3.8 .. 3.13 and the system's python3 (see [`system_python`]). Returns
-/// those present and the labels of those missing.
+/// 3.8 .. 3.13, the system's python3 (see [`system_python`]) and sid's 3.14
+/// and 3.15 in a chroot ([`chroot_pythons`]). Returns those present and the
+/// labels of those missing.
 pub fn expected_pythons() -> (Vec<PythonExe>, Vec<String>) {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for minor in 8..=13 {
         match pyenv_python(3, minor) {
-            Some(exe) => found.push(PythonExe { label: format!("pyenv 3.{minor}"), exe, major: 3, minor }),
+            Some(exe) => found.push(PythonExe { label: format!("pyenv 3.{minor}"), exe, major: 3, minor, root: None }),
             None => missing.push(match pyenv_root() {
                 Some(root) => format!("pyenv CPython 3.{minor} under {}", root.display()),
                 None => format!("pyenv CPython 3.{minor} (no pyenv: $PYENV_ROOT, `pyenv root`, ~/.pyenv)"),
@@ -111,17 +137,21 @@ pub fn expected_pythons() -> (Vec<PythonExe>, Vec<String>) {
         }
     }
     match system_python() {
-        Some((exe, (3, minor))) if (8..=13).contains(&minor) => found.push(PythonExe {
+        Some((exe, (3, minor))) if (8..=15).contains(&minor) => found.push(PythonExe {
             label: format!("system python3.{minor} ({})", exe.display()),
             exe,
             major: 3,
             minor,
+            root: None,
         }),
         Some((exe, (major, minor))) => {
-            missing.push(format!("a system python3 of 3.8 .. 3.13 ({} is {major}.{minor})", exe.display()))
+            missing.push(format!("a system python3 of 3.8 .. 3.15 ({} is {major}.{minor})", exe.display()))
         }
         None => missing.push("a system python3 (on PATH, outside pyenv)".into()),
     }
+    let (chroot, not) = chroot_pythons();
+    found.extend(chroot);
+    missing.extend(not);
     (found, missing)
 }
 
@@ -134,7 +164,7 @@ pub fn unsupported_pythons() -> (Vec<PythonExe>, Vec<String>) {
     for (major, minor) in [(2, 7), (3, 6), (3, 7)] {
         let label = format!("pyenv {major}.{minor}");
         match pyenv_python(major, minor) {
-            Some(exe) => found.push(PythonExe { label, exe, major, minor }),
+            Some(exe) => found.push(PythonExe { label, exe, major, minor, root: None }),
             None => missing.push(format!("pyenv CPython {major}.{minor}")),
         }
     }

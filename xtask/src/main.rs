@@ -1,5 +1,6 @@
 //! Developer tasks for infertrace: `cargo xtask <command>`.
 mod bench;
+mod pyroot;
 mod setup;
 mod tasks;
 mod util;

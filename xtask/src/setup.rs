@@ -24,6 +24,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     "make",
     "util-linux",
+    "debootstrap",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:
@@ -32,15 +33,21 @@ const PREFIX_DIR: &str = ".local/share/infertrace";
 
 pub fn setup() -> Result<()> {
     let started = Instant::now();
-    step("1/5", "nightly toolchain with rust-src", rust_src)?;
+    step("1/6", "nightly toolchain with rust-src", rust_src)?;
     step(
-        "2/5",
+        "2/6",
         "bpf-linker (built against the nightly's LLVM)",
         bpf_linker,
     )?;
-    step("3/5", "Debian packages", apt_packages)?;
-    step("4/5", "py-spy (Python fixtures)", py_spy)?;
-    step("5/5", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
+    step("3/6", "Debian packages", apt_packages)?;
+    step("4/6", "py-spy (Python fixtures)", py_spy)?;
+    step("5/6", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
+    // After step 5: the root gets a copy of that libcudart.
+    step(
+        "6/6",
+        "Debian sid root with python3.14 and python3.15 (tests)",
+        crate::pyroot::pyroot,
+    )?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -57,7 +64,7 @@ fn step(num: &str, what: &str, f: impl FnOnce() -> Result<String>) -> Result<()>
     Ok(())
 }
 
-const ALREADY: &str = "ok (already present)";
+pub const ALREADY: &str = "ok (already present)";
 
 fn rustup() -> Command {
     Command::new("rustup")
@@ -202,7 +209,7 @@ fn bpf_linker() -> Result<String> {
         })?;
     }
     println!(
-        "setup [2/4] bpf-linker: {reason}; building it against {} (about 2 minutes)",
+        "setup [2/6] bpf-linker: {reason}; building it against {} (about 2 minutes)",
         llvm.lib_path.display()
     );
     run(util::cargo()
@@ -318,7 +325,7 @@ fn py_spy() -> Result<String> {
     };
     if run(&mut pip()).is_err() {
         // Debian's system Python is "externally managed" (PEP 668).
-        println!("setup [4/5] pip refused; retrying with --break-system-packages");
+        println!("setup [4/6] pip refused; retrying with --break-system-packages");
         run(pip().arg("--break-system-packages"))?;
     }
     if util::which("pyenv").is_some() {
@@ -329,11 +336,17 @@ fn py_spy() -> Result<String> {
     Ok(format!("installed py-spy {v}"))
 }
 
+/// Where [`real_cudart`] puts the library (tests/cudasim/fetch-cudart.sh's
+/// default).
+pub fn real_cudart_path() -> PathBuf {
+    crate::util::workspace_root().join("target/cuda-real/libcudart.so.12")
+}
+
 /// NVIDIA's real libcudart.so.12 (nvidia-cuda-runtime-cu12 wheel) into
 /// target/cuda-real, for the CUDA probe tests; idempotent.
 fn real_cudart() -> Result<String> {
     let root = crate::util::workspace_root();
-    let lib = root.join("target/cuda-real/libcudart.so.12");
+    let lib = real_cudart_path();
     if lib.exists() {
         return Ok(ALREADY.to_owned());
     }
