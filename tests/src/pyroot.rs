@@ -194,6 +194,45 @@ pub fn chroot_python(minor: u32) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
+/// A copy of the root's libcudart ([`CUDART_IN_ROOT`]) in a directory of
+/// its own inside the root, removed on drop: uprobes are set on a file, so
+/// tests running at the same time must not share one (see
+/// tests/workloads/cuda_patterns.py).
+pub struct CudartInRoot {
+    host_dir: PathBuf,
+    /// The copy's path as the chroot interpreter sees it.
+    pub inside: PathBuf,
+}
+
+impl CudartInRoot {
+    pub fn new(root: &Path, tag: &str) -> Result<CudartInRoot, String> {
+        let in_root = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        let src = in_root(Path::new(CUDART_IN_ROOT));
+        if !src.is_file() {
+            return Err(format!("{} (`cargo xtask setup` copies it)", src.display()));
+        }
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("infertrace-e2e-{tag}-{}-{seq}", std::process::id());
+        let parent = Path::new(CUDART_IN_ROOT).parent().unwrap_or(Path::new("/"));
+        let inside = parent.join(&name).join("libcudart.so.12");
+        let host_dir = in_root(&parent.join(&name));
+        fs::create_dir_all(&host_dir).map_err(|e| format!("creating {}: {e}", host_dir.display()))?;
+        let copy = CudartInRoot { host_dir, inside };
+        let dst = copy.host_dir.join("libcudart.so.12");
+        fs::copy(&src, &dst).map_err(|e| format!("copying {} to {}: {e}", src.display(), dst.display()))?;
+        Ok(copy)
+    }
+}
+
+impl Drop for CudartInRoot {
+    fn drop(&mut self) {
+        if std::env::var_os("INFERTRACE_E2E_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.host_dir);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

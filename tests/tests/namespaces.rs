@@ -7,14 +7,18 @@
 //! host's. Checked, launched (`record -- unshare ...`) and attached
 //! (`record -p HOSTPID`): Python attribution (a function burning CPU at a
 //! known line, a thread sleeping at a known line) on every CPython 3.8 ..
-//! 3.13 (pyenv's and the system's static python3.11), `dump -p HOSTPID`
-//! (exact threads, by host tid, and frames), and CUDA call sites (the real
-//! libcudart through ctypes: exact counts at known functions and lines) on
-//! 3.8, 3.12 and the system's python3.
+//! 3.15 (pyenv's, the system's static python3.11, and Debian sid's 3.14
+//! and 3.15 in a chroot inside those namespaces: tests/src/pyroot.rs),
+//! `dump -p HOSTPID` (exact threads, by host tid, and frames), and CUDA
+//! call sites (the real libcudart through ctypes: exact counts at known
+//! functions and lines) on 3.8, 3.12, the system's python3 and the chroot's
+//! 3.14 and 3.15 (which load the root's own copy of libcudart, at a path
+//! only the chroot has).
 //!
 //! Needs root, the binary, util-linux's `unshare`, bpftool (the attach
 //! tests: to know when the tracer is attached), gcc and the real libcudart
-//! (the CUDA tests); under `CI=true` a missing one fails the test.
+//! (the CUDA tests), and the root `cargo xtask setup` builds; under
+//! `CI=true` a missing one fails the test.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -45,20 +49,24 @@ enum Ns {
     PidMountProc,
     /// As [`Ns::PidMountProc`], and the interpreter (its installation
     /// bind-mounted), the script and libraries are under a tmpfs mounted
-    /// inside: the paths in its maps do not exist on the host.
+    /// inside: the paths in its maps do not exist on the host. A chroot
+    /// interpreter stays in its root (already a tree of its own; its
+    /// wrapper binds the tmpfs in with the temporary directory).
     Private,
 }
 
 const ALL: [Ns; 3] = [Ns::Pid, Ns::PidMountProc, Ns::Private];
 
 /// Mounts a tmpfs on $1 (seen by this mount namespace only), bind-mounts
-/// the installation $2 at $1/prefix, copies the files before `--` into $1
-/// and runs what follows.
+/// the installation $2 at $1/prefix (none when $2 is empty), copies the
+/// files before `--` into $1 and runs what follows.
 const PRIVATE_SH: &str = r#"set -e
 d=$1; prefix=$2; shift 2
 mount -t tmpfs infertrace-ns "$d"
-mkdir "$d/prefix"
-mount --bind "$prefix" "$d/prefix"
+if [ -n "$prefix" ]; then
+    mkdir "$d/prefix"
+    mount --bind "$prefix" "$d/prefix"
+fi
 while [ "$1" != -- ]; do cp "$1" "$d/"; shift; done
 shift
 exec "$@""#;
@@ -79,7 +87,13 @@ impl Ns {
 
     /// The command line running interpreter `py` on `args` in the
     /// namespaces, with `files` in [`Ns::files_dir`] (which `args` name).
-    fn argv(self, dir: &TempDir, py: &Path, files: &[&Path], args: &[OsString]) -> Vec<OsString> {
+    fn argv(self, dir: &TempDir, py: &PythonExe, files: &[&Path], args: &[OsString]) -> Vec<OsString> {
+        self.argv_of(dir, &py.exe, py.root.is_some(), files, args)
+    }
+
+    /// [`Ns::argv`] of the interpreter `py`; `chroot`: a wrapper running it
+    /// in a root of its own (nothing to bind for [`Ns::Private`]).
+    fn argv_of(self, dir: &TempDir, py: &Path, chroot: bool, files: &[&Path], args: &[OsString]) -> Vec<OsString> {
         let files_dir = self.files_dir(dir);
         fs::create_dir_all(&files_dir).unwrap();
         let mut v: Vec<OsString> = vec!["unshare".into()];
@@ -94,8 +108,12 @@ impl Ns {
             v.push(py.into());
         } else {
             // The installation: the directory above bin/.
-            let prefix = py.parent().and_then(Path::parent).expect("interpreter in PREFIX/bin");
-            let inside = files_dir.join("prefix").join(py.strip_prefix(prefix).unwrap());
+            let (prefix, inside) = if chroot {
+                (PathBuf::new(), py.to_path_buf())
+            } else {
+                let prefix = py.parent().and_then(Path::parent).expect("interpreter in PREFIX/bin");
+                (prefix.to_path_buf(), files_dir.join("prefix").join(py.strip_prefix(prefix).unwrap()))
+            };
             v.extend(["sh", "-c", PRIVATE_SH, "sh"].map(OsString::from));
             v.push(files_dir.clone().into());
             v.push(prefix.into());
@@ -147,7 +165,7 @@ fn interpreters(test: &str, needs: &[Need]) -> Option<Vec<PythonExe>> {
     }
     let (found, missing) = expected_pythons();
     if found.is_empty() {
-        skip(test, &format!("a CPython 3.8 .. 3.13 (missing: {})", missing.join(", ")));
+        skip(test, &format!("a CPython 3.8 .. 3.15 (missing: {})", missing.join(", ")));
         return None;
     }
     skip_some(test, &missing).then_some(found)
@@ -305,7 +323,7 @@ fn launched_in_namespaces_python_attributed() {
         let dir = TempDir::new("ns-launch");
         let files_dir = ns.files_dir(&dir);
         let script = files_dir.join("ns_work.py");
-        let argv = ns.argv(&dir, &py.exe, &[&ns_work()], &[script.into(), SECONDS.into(), "launch".into()]);
+        let argv = ns.argv(&dir, py, &[&ns_work()], &[script.into(), SECONDS.into(), "launch".into()]);
         let out = dir.join("rec.itr");
         let r = run_cmd(
             infertrace(["record", "-q", "--format", "json", "-F", "199", "-o"]).arg(&out).arg("--").args(&argv),
@@ -402,7 +420,7 @@ fn attached_in_namespaces_python_dumped_and_attributed() {
         let dir = TempDir::new("ns-attach");
         let files_dir = ns.files_dir(&dir);
         let script = files_dir.join("ns_work.py");
-        let argv = ns.argv(&dir, &py.exe, &[&ns_work()], &[script.clone().into(), SECONDS.into(), "attach".into()]);
+        let argv = ns.argv(&dir, py, &[&ns_work()], &[script.clone().into(), SECONDS.into(), "attach".into()]);
         let mut w = Workload::start(&argv, &[]);
         let pid = w.pid;
         let ready = w.line("ready");
@@ -464,22 +482,54 @@ fn cuda_env(test: &str, needs: &[Need]) -> Option<(CudaEnv, Vec<PythonExe>)> {
     let pythons = interpreters(test, needs)?;
     let real = real_cudart(test)?;
     let sim = cuda_standin_dir(test)?;
-    // The pthread path (3.8), native_thread_id (3.12) and the static 3.11.
-    let chosen: Vec<PythonExe> =
-        pythons.into_iter().filter(|p| p.minor == 8 || p.minor == 12 || p.label.starts_with("system")).collect();
+    // The pthread path (3.8), native_thread_id (3.12), the static 3.11,
+    // and the chroot's 3.14 and 3.15 (libcudart only the chroot has).
+    let chosen: Vec<PythonExe> = pythons
+        .into_iter()
+        .filter(|p| p.minor == 8 || p.minor == 12 || p.label.starts_with("system") || p.root.is_some())
+        .collect();
+    // A chroot lacking the copy of libcudart is a missing prerequisite.
+    let no_lib = |p: &PythonExe| {
+        let root = p.root.as_ref()?;
+        let lib = root.join(CUDART_IN_ROOT.trim_start_matches('/'));
+        (!lib.is_file()).then(|| format!("{}: {} (`cargo xtask setup` copies it)", p.label, lib.display()))
+    };
+    let missing: Vec<String> = chosen.iter().filter_map(no_lib).collect();
+    if !skip_some(test, &missing) {
+        return None;
+    }
+    let chosen = chosen.into_iter().filter(|p| no_lib(p).is_none()).collect();
     let source = workspace_root().join("tests/workloads/cuda_patterns.py");
     Some((CudaEnv { real, kernels: sim.join("libfakekernels.so"), source }, chosen))
 }
 
+/// One run of cuda_patterns.py.
+struct CudaCase {
+    argv: Vec<OsString>,
+    env: Vec<(&'static str, PathBuf)>,
+    /// The libcudart it loads, by the path it sees.
+    lib: PathBuf,
+    /// A chroot interpreter's own copy in its root, removed on drop.
+    _copy: Option<CudartInRoot>,
+}
+
 impl CudaEnv {
-    /// (argv, env) of cuda_patterns.py MODE in `ns`, libraries and script in
-    /// its files directory.
-    fn command(&self, ns: Ns, dir: &TempDir, py: &PythonExe, mode: &str) -> (Vec<OsString>, Vec<(&'static str, PathBuf)>) {
+    /// cuda_patterns.py MODE in `ns`, the script and the kernel stubs in its
+    /// files directory, and libcudart there too; a chroot interpreter
+    /// loads a copy of the root's own instead: a path that exists only in
+    /// its root, visible to the tracer through /proc/PID/root alone.
+    fn command(&self, ns: Ns, dir: &TempDir, py: &PythonExe, mode: &str) -> CudaCase {
         let files_dir = ns.files_dir(dir);
-        let files: [&Path; 3] = [&self.real, &self.kernels, &self.source];
-        let argv = ns.argv(dir, &py.exe, &files, &[files_dir.join("cuda_patterns.py").into(), mode.into()]);
+        let (files, lib, copy): (Vec<&Path>, PathBuf, Option<CudartInRoot>) = match &py.root {
+            Some(root) => {
+                let copy = CudartInRoot::new(root, "ns-cuda").unwrap_or_else(|e| panic!("{}: {e}", py.label));
+                (vec![&self.kernels, &self.source], copy.inside.clone(), Some(copy))
+            }
+            None => (vec![&self.real, &self.kernels, &self.source], files_dir.join("libcudart.so.12"), None),
+        };
+        let argv = ns.argv(dir, py, &files, &[files_dir.join("cuda_patterns.py").into(), mode.into()]);
         let env = vec![
-            ("CUDART", files_dir.join("libcudart.so.12")),
+            ("CUDART", lib.clone()),
             ("FAKE_KERNELS", files_dir.join("libfakekernels.so")),
             ("LATE_S", PathBuf::from("0")),
             // The workload starts calling 0.2 s after the first probe shows
@@ -488,16 +538,16 @@ impl CudaEnv {
             // with other tests running).
             ("PROBE_SETTLE_S", PathBuf::from("1.0")),
         ];
-        (argv, env)
+        CudaCase { argv, env, lib, _copy: copy }
     }
 
-    /// Every call counted at a line of the workload (as the process sees
+    /// One library, `lib` (as the process sees its path), in pid `pid`;
+    /// every call counted at a line of the workload (as the process sees
     /// its path) in the function around it; the `expected` ones exactly:
     /// (api, marker, count, bytes); `total` calls in all.
-    fn check_sites(&self, rep: &Report, pid: u32, files_dir: &Path, expected: &[(&str, &str, u64, u64)], total: u64) -> Result<String, String> {
+    fn check_sites(&self, rep: &Report, pid: u32, lib: &Path, files_dir: &Path, expected: &[(&str, &str, u64, u64)], total: u64) -> Result<String, String> {
         let cuda = &rep.0["cuda"];
         ensure!(cuda.is_object(), "no `cuda` in the report; notes {:?}", notes(rep));
-        let lib = files_dir.join("libcudart.so.12");
         let libs = cuda["libraries"].as_array().cloned().unwrap_or_default();
         ensure!(
             libs.len() == 1 && libs[0]["path"] == lib.to_str().unwrap() && libs[0]["pids"] == serde_json::json!([pid]),
@@ -542,14 +592,14 @@ fn cuda_sites_launched_in_namespaces() {
     let Some((env, pythons)) = cuda_env(test, &[Need::Root, Need::Binary, Need::Unshare, Need::Gcc]) else { return };
     for_each(test, &cases(&pythons, &ALL), |py, ns| {
         let dir = TempDir::new("ns-cuda");
-        let (argv, vars) = env.command(ns, &dir, py, "patterns");
+        let case = env.command(ns, &dir, py, "patterns");
         let out = dir.join("rec.itr");
         let r = run_cmd(
             infertrace(["record", "-q", "--format", "json", "-o"])
                 .arg(&out)
                 .arg("--")
-                .args(&argv)
-                .envs(vars.iter().map(|(k, v)| (k, v))),
+                .args(&case.argv)
+                .envs(case.env.iter().map(|(k, v)| (k, v))),
             Duration::from_secs(120),
         );
         r.assert_ok();
@@ -566,7 +616,7 @@ fn cuda_sites_launched_in_namespaces() {
             ("cudaMemcpy", "pageable_copy", 20, 20 << 23),
             ("cudaMemcpyAsync_ptsz", "ptsz_copy", 40, 40 * 2048),
         ];
-        env.check_sites(&rep, pid, &ns.files_dir(&dir), &expected, 837)
+        env.check_sites(&rep, pid, &case.lib, &ns.files_dir(&dir), &expected, 837)
     });
 }
 
@@ -582,11 +632,12 @@ fn cuda_sites_attached_in_namespaces() {
         let dir = TempDir::new("ns-cuda-attach");
         // `late` with LATE_S=0: loads libcudart at once, then waits for the
         // probes before its 50 copies and syncs.
-        let (argv, vars) = env.command(ns, &dir, py, "late");
-        let vars: Vec<(&str, &Path)> = vars.iter().map(|(k, v)| (*k, v.as_path())).collect();
-        let w = Workload::start(&argv, &vars);
+        let case = env.command(ns, &dir, py, "late");
+        let vars: Vec<(&str, &Path)> = case.env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        let w = Workload::start(&case.argv, &vars);
         let pid = w.pid;
-        let lib = ns.files_dir(&dir).join("libcudart.so.12");
+        // (A chroot's maps name the library under the root: a suffix.)
+        let lib = &case.lib;
         let mapped = poll(Duration::from_secs(10), || {
             fs::read_to_string(format!("/proc/{pid}/maps")).ok()?.contains(lib.to_str().unwrap()).then_some(())
         });
@@ -600,7 +651,7 @@ fn cuda_sites_attached_in_namespaces() {
         let rep = r.json();
         ensure!(rep.target(pid).is_some_and(|t| t["origin"] == "attached"), "targets {}", Value::Array(rep.targets().clone()));
         let expected = [("cudaMemcpyAsync", "small_copy", 50, 50 * 4096), ("cudaStreamSynchronize", "small_sync", 50, 0)];
-        env.check_sites(&rep, pid, &ns.files_dir(&dir), &expected, 100)
+        env.check_sites(&rep, pid, &case.lib, &ns.files_dir(&dir), &expected, 100)
     });
 }
 
@@ -621,7 +672,7 @@ fn dump_suggests_root_only_when_refused() {
         return;
     };
     let dir = TempDir::new("ns-dump-nobody");
-    let argv = Ns::Pid.argv(&dir, &py, &[&ns_work()], &[dir.join("files/ns_work.py").into(), SECONDS.into(), "attach".into()]);
+    let argv = Ns::Pid.argv_of(&dir, &py, false, &[&ns_work()], &[dir.join("files/ns_work.py").into(), SECONDS.into(), "attach".into()]);
     let w = Workload::start(&argv, &[]);
     assert_eq!(w.line("ready"), "ready 1");
     let b = dir.join("infertrace");

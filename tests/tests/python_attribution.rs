@@ -1,7 +1,8 @@
 //! Python attribution in `infertrace record`: CPU samples, off-CPU intervals,
 //! GIL waits and slow syscalls attributed to Python stacks, on every CPython
-//! 3.8 .. 3.13 of the machine (pyenv shared-libpython builds and the
-//! system's python3, on Debian 12 a static python3.11), and a one-line
+//! 3.8 .. 3.15 of the machine (pyenv shared-libpython builds, the system's
+//! python3, on Debian 12 a static python3.11, and Debian sid's static 3.14
+//! and 3.15 in a chroot: tests/src/pyroot.rs), and a one-line
 //! notice for the unsupported 2.7 / 3.6 / 3.7 (traced natively).
 //!
 //! Each test runs every interpreter found, reports one line per version
@@ -92,7 +93,8 @@ fn collect_pythons(test: &str, wanted: Vec<(String, Option<PathBuf>, u32)>) -> O
     skip_some(test, &missing).then_some(found)
 }
 
-/// CPython 3.8 .. 3.13 from pyenv and the system's python3 (`expected_pythons`).
+/// CPython 3.8 .. 3.13 from pyenv, the system's python3 and sid's 3.14 and
+/// 3.15 in a chroot (`expected_pythons`).
 fn supported_pythons(test: &str) -> Option<Vec<Python>> {
     let (found, missing) = expected_pythons();
     let wanted = found

@@ -1,8 +1,9 @@
 //! `infertrace dump -p PID`: the current Python stacks of a running
 //! interpreter that knows nothing about the tracer, compared with the
 //! workload's source and with py-spy frame by frame, on every CPython 3.8 ..
-//! 3.13 of the machine (pyenv shared builds and the system's python3, on
-//! Debian 12 a static stripped python3.11); what the kernel's walker captures
+//! 3.15 of the machine (pyenv shared builds, the system's python3, on
+//! Debian 12 a static stripped python3.11, and Debian sid's static 3.14 and
+//! 3.15 in a chroot: tests/src/pyroot.rs); what the kernel's walker captures
 //! in `infertrace record` resolves to the same frames; 2.7, 3.6, 3.7 and a
 //! process without Python are refused with one error line.
 //!
@@ -30,7 +31,7 @@ fn require_pythons(test: &str, py_spy: bool) -> Option<Vec<PythonExe>> {
         return None;
     }
     if found.is_empty() {
-        skip(test, &format!("a CPython 3.8 .. 3.13 (missing: {})", missing.join(", ")));
+        skip(test, &format!("a CPython 3.8 .. 3.15 (missing: {})", missing.join(", ")));
         return None;
     }
     // Off CI, test what is there.
@@ -322,7 +323,7 @@ fn dump_busy_processes() {
     }
 }
 
-/// Interpreters outside 3.8 .. 3.13 (pyenv's 2.7, 3.6, 3.7) and a process
+/// Interpreters outside 3.8 .. 3.15 (pyenv's 2.7, 3.6, 3.7) and a process
 /// without Python: `dump` fails with one error line, naming the version.
 #[test]
 fn dump_refuses_unsupported_and_non_python() {
