@@ -373,6 +373,29 @@ mod live_tests {
         }
     }
 
+    /// 3.13+ (3.14 and 3.15 from Debian's root included): the layout the
+    /// live interpreter publishes in its `_Py_DebugOffsets` is the table's.
+    #[test]
+    fn published_layouts_match_the_tables() {
+        let mut checked = Vec::new();
+        for py in pythons() {
+            let s = start(&py);
+            let i = Interpreter::attach(s.0.id()).unwrap().unwrap();
+            let minor = i.offsets.minor;
+            if minor < 13 {
+                continue;
+            }
+            let published = attach::published_offsets(&i.mem, i.runtime, minor)
+                .unwrap_or_else(|_| panic!("{}: no usable _Py_DebugOffsets", py.display()));
+            let table = Offsets::for_minor(minor).unwrap();
+            assert_eq!(table.differences(&published), Vec::<String>::new(), "{}", py.display());
+            assert!(i.layout_note().is_none(), "{}", py.display());
+            checked.push(i.version_string().to_owned());
+        }
+        assert!(checked.iter().any(|v| v.starts_with("3.13.")), "no 3.13 among {checked:?}");
+        eprintln!("published layouts match the tables: {checked:?}");
+    }
+
     #[test]
     fn wrong_layouts_are_rejected() {
         for py in pythons() {
