@@ -200,6 +200,11 @@ impl std::fmt::Display for DebugOffsetsError {
     }
 }
 
+/// (member, position in `_Py_DebugOffsets`, bytes it needs).
+type Member = (&'static str, u64, u64);
+/// (structure, position of its size, its members).
+type Group<'a> = (&'static str, u64, &'a [Member]);
+
 /// The values a process published, for the members we use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DebugOffsets {
@@ -257,8 +262,7 @@ impl DebugOffsets {
                 "PyObject is {pyobject_size} bytes with ob_type at {ob_type} (expected 16 and 8)"
             )));
         }
-        // (structure, its size, members in it and the bytes each needs).
-        let groups: [(&str, u64, &[(&str, u64, u64)]); 5] = [
+        let groups: [Group; 5] = [
             ("_PyRuntimeState", rev.runtime_size, &[("interpreters.head", rev.runtime_interpreters_head, 16)]),
             (
                 "PyInterpreterState",
