@@ -929,15 +929,28 @@ fn unsupported_versions_are_traced_natively_with_a_notice() {
             .iter()
             .filter(|s| s.starts_with(&format!("pid {pid}:")) || s.contains(&format!("pid {pid} ")))
             .collect();
+        // One line: the version, the supported range, what is still traced;
+        // no privilege hint (privileges are not the cause).
+        let version = format!("CPython {}.{}.", py.major(), py.minor);
         ensure!(
-            mine.len() == 1 && !mine[0].contains('\n') && mine[0].contains("traced natively"),
-            "expected one notice `pid {pid}: ... traced natively`; notes: {n:?}"
+            mine.len() == 1
+                && !mine[0].contains('\n')
+                && mine[0].contains(&version)
+                && mine[0].contains("is not supported (supported: 3.8 to 3.15")
+                && mine[0].contains("still traced: syscalls, wall time")
+                && mine[0].contains("native stacks")
+                && !mine[0].contains("root"),
+            "expected one notice `pid {pid}: {version}.. is not supported (supported: 3.8 to 3.15..); still traced: syscalls, wall time, .. native stacks`; notes: {n:?}"
         );
         ensure!(
             !mine[0].contains("Python stacks attributed"),
             "notice claims attribution: {:?}",
             mine[0]
         );
+        // Wall time: the main thread's time is accounted for.
+        let times: Vec<ThreadTimes> = rep.thread_times().into_iter().filter(|t| t.pid == u64::from(pid)).collect();
+        let main = times.iter().find(|t| t.tid == u64::from(pid)).ok_or_else(|| format!("no wall time for pid {pid}"))?;
+        ensure!(main.parts_ns() > 400_000_000, "main thread's wall time {}", main.describe());
         let count = rep.count(pid, "getppid");
         ensure!(count == N, "getppid counted {count}, expected {N}");
         let py_stacks = rep
@@ -946,8 +959,12 @@ fn unsupported_versions_are_traced_natively_with_a_notice() {
             .filter(|s| s["pid"] == pid && !py_frames(s).is_empty())
             .count();
         ensure!(py_stacks == 0, "{py_stacks} stacks with Python frames");
-        let cpu: u64 = stacks_of(&rep, pid, "cpu").iter().map(|s| samples(s)).sum();
+        let cpu_stacks = stacks_of(&rep, pid, "cpu");
+        let cpu: u64 = cpu_stacks.iter().map(|s| samples(s)).sum();
         ensure!(cpu > 0, "no cpu samples");
+        // Native stacks: the interpreter's own functions, symbolized.
+        let native = cpu_stacks.iter().filter(|s| frames(s).iter().any(|f| f["kind"] == "native" && f["function"].as_str().is_some_and(|n| n.starts_with("_PyEval") || n.starts_with("PyEval")))).count();
+        ensure!(native > 0, "no cpu stack shows the interpreter's native frames (_PyEval*)");
         Ok(format!("notice {:?}; getppid {count}; {cpu} native cpu samples", mine[0]))
     });
 }

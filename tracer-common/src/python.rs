@@ -14,7 +14,7 @@ pub const ABSENT: u32 = u32::MAX;
 pub struct PyLayout {
     /// major * 100 + minor (e.g. 311).
     pub version: u32,
-    /// tstate -> top frame (<= 3.10, 3.13) or -> cframe (3.11, 3.12).
+    /// tstate -> top frame (<= 3.10, 3.13+) or -> cframe (3.11, 3.12).
     pub tstate_frame: u32,
     /// cframe -> current_frame (3.11, 3.12), else `ABSENT`.
     pub cframe_current_frame: u32,
@@ -57,6 +57,10 @@ pub struct PyFrameRec {
 
 /// Frame owner values from this one up are C-stack shim frames.
 pub const FRAME_OWNED_BY_CSTACK: u32 = 3;
+/// Low bits of a frame's code field that are tags, not address (3.14+'s
+/// `_PyStackRef`, `Py_TAG_BITS` <= 3). Objects are at least 8-byte aligned,
+/// so the mask changes nothing for the plain pointers of older versions.
+pub const CODE_TAG_MASK: u64 = 7;
 
 /// A captured stack, leaf first. Value of `PY_STACKS`, keyed by its hash.
 #[repr(C)]

@@ -23,7 +23,7 @@ use tracer_common::{
     counters,
     python::{
         GilRange, PyCodeKey, PyCodeRaw, CODE_BYTES, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
-        FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS,
+        CODE_TAG_MASK, FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS,
     },
 };
 
@@ -134,7 +134,9 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
         if frame == 0 {
             break;
         }
-        let code = read_u64(frame + layout.frame_code as u64);
+        // 3.14+: a `_PyStackRef`, tagged in its low bits (objects are 8-byte
+        // aligned, so the mask changes nothing for older versions).
+        let code = read_u64(frame + layout.frame_code as u64) & !CODE_TAG_MASK;
         let instr = read_u64(frame + layout.frame_instr as u64);
         let checksum = read_u64(code + layout.code_firstlineno as u64) as u32;
         let owner = match owner_off {

@@ -18,7 +18,7 @@ use infertrace::{collect, doctor, nvml, python, recording::Recording, report, re
     long_about = "infertrace attaches eBPF probes to running processes (or a command it launches, with its \
 children) and accounts for their time from outside, without restarting them: every syscall counted and \
 timed in the kernel; each thread's wall time split into on-CPU, off-CPU by reason (I/O, locks, polling, \
-sleep, GIL) and run-queue delay; CPU samples and off-CPU stacks; for CPython 3.8-3.13, each of these \
+sleep, GIL) and run-queue delay; CPU samples and off-CPU stacks; for CPython 3.8-3.15, each of these \
 attributed to the Python line that caused it; for CUDA programs, every host<->device copy, sync and \
 kernel launch by call site, with findings about wasteful copy patterns, and NVML GPU samples. \
 Needs root (or CAP_BPF+CAP_PERFMON) and a kernel with BTF; run `infertrace doctor` to check a machine.\n\n\
@@ -107,7 +107,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         command: Vec<String>,
     },
     /// Print the current Python stack of every thread of a live process, like `py-spy dump`.
-    #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.13 (shared libpython or static builds).")]
+    #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).")]
     Dump {
         /// The process.
         #[arg(short = 'p', long = "pid", value_name = "PID")]
@@ -187,9 +187,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             infertrace::targets::validate_pid(pid).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
             let mut interp = match python::Interpreter::attach(pid) {
                 Ok(Some(i)) => i,
-                Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython 3.8-3.13 stacks)"),
+                Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython {} stacks)", python::SUPPORTED),
+                Err(e @ python::PythonError::Unsupported { .. }) => {
+                    bail!("pid {pid}: {e}; no Python stacks to dump (hint: `infertrace record -p {pid}` still traces its {})", python::STILL_TRACED)
+                }
                 Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
+            if let Some(note) = interp.layout_note() {
+                eprintln!("note: {note}");
+            }
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {
                 DumpFormat::Text => print!("{}", report::dump::render_dump_text(&dumps, native)),

@@ -21,7 +21,7 @@ use crate::{
     collect::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
     probe::{self, ProbeError},
     procfs,
-    python::{Interpreter, PythonError},
+    python::{Interpreter, PythonError, STILL_TRACED},
     recording::{Origin, Recording},
 };
 
@@ -134,9 +134,9 @@ impl PythonCollector {
                 self.publish(cx, pid, interp)?;
             }
             Ok(None) => retry(self, None),
-            Err(PythonError::Unsupported { version }) => {
+            Err(e @ PythonError::Unsupported { .. }) => {
                 self.pending.remove(&pid);
-                cx.sink.note(format!("pid {pid}: CPython {version} is not supported (3.8 to 3.13 are); traced natively"));
+                cx.sink.note(format!("pid {pid}: {e}; still traced: {STILL_TRACED}"));
             }
             Err(e) => retry(self, Some(e)),
         }
@@ -172,6 +172,9 @@ impl PythonCollector {
 
     fn publish(&mut self, cx: &mut Context, pid: u32, interp: Interpreter) -> Result<(), ProbeError> {
         let layout = interp.layout();
+        if let Some(note) = interp.layout_note() {
+            cx.sink.note(format!("pid {pid}: {note}"));
+        }
         let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(&mut cx.ebpf, "PY_LAYOUT")?;
         map.insert(pid, layout, 0).map_err(|e| ProbeError::map("PY_LAYOUT", e))?;
         if let Some((start, end)) = interp.gil_range() {

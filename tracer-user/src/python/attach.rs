@@ -11,6 +11,7 @@ use std::{
 };
 
 use super::{
+    debug_offsets::{self, DebugOffsets, DebugOffsetsError, Revision},
     elf,
     layout::{self, GilLocation, Offsets},
     proc::{self, Mem},
@@ -87,7 +88,7 @@ impl Interpreter {
                 .load_bias(&mappings)
                 .and_then(|bias| detect_version(&mem, &info, bias, &name))
                 .map_or_else(|| format!("{name} (no _PyRuntime: older than 3.7)"), |v| v.3);
-            return Err(PythonError::Unsupported { version });
+            return Err(PythonError::unsupported(version, ""));
         }
         match last_err {
             // A libpython we could not read is an error; an unreadable
@@ -115,9 +116,24 @@ impl Interpreter {
                 version: "?".into(),
                 message: format!("cannot determine the CPython version of {}", binary.display()),
             })?;
-        let offsets = match (major, Offsets::for_minor(minor)) {
-            (3, Some(o)) => o,
-            _ => return Err(PythonError::Unsupported { version: version_text }),
+        let runtime = bias.wrapping_add(info.symbol("_PyRuntime").unwrap_or(0));
+        let table = if major == 3 { Offsets::for_minor(minor) } else { None };
+        // 3.13+ publish their layout: a version newer than our tables is
+        // read with it; for the others it is checked below.
+        let (offsets, layout_note) = match (table, major == 3 && minor >= 13) {
+            (Some(t), _) => (t, None),
+            (None, true) => match published_offsets(&mem, runtime, minor) {
+                Ok(o) => (
+                    o,
+                    Some(format!(
+                        "CPython {version_text} is newer than the layouts built in (3.8 to 3.15): its layout was read from its own _Py_DebugOffsets and checked against the process"
+                    )),
+                ),
+                Err(PublishedError::FreeThreaded) => return Err(PythonError::free_threaded(version_text)),
+                Err(PublishedError::Read(e)) => return Err(e),
+                Err(PublishedError::Bad(e)) => return Err(PythonError::unsupported(version_text, &format!(" (its {e})"))),
+            },
+            (None, false) => return Err(PythonError::unsupported(version_text, "")),
         };
         let mut interp = Interpreter {
             pid,
@@ -126,7 +142,8 @@ impl Interpreter {
             version_text,
             binary,
             offsets,
-            runtime: bias.wrapping_add(info.symbol("_PyRuntime").unwrap_or(0)),
+            runtime,
+            layout_note,
             code_type: info.symbol("PyCode_Type").map(|a| bias.wrapping_add(a)),
             pthread_tid: Cell::new(None),
             thread_ids: RefCell::new(crate::procfs::ThreadIdMap::new(pid)),
@@ -136,7 +153,7 @@ impl Interpreter {
             partial_codes: Default::default(),
             unresolved: Default::default(),
         };
-        if minor == 13 {
+        if minor >= 13 {
             interp.validate_debug_offsets()?;
         }
         interp.validate_code_type()?;
@@ -158,6 +175,27 @@ impl Interpreter {
         let interval = self.mem.u64(start + layout::GIL_INTERVAL).ok()?;
         let locked = self.mem.u32(start + layout::GIL_LOCKED).ok()?;
         (interval > 0 && interval < 1 << 40 && locked <= 1).then_some((start, start + layout::GIL_STATE_SIZE))
+    }
+}
+
+/// Why the layout a process publishes could not be used.
+pub(super) enum PublishedError {
+    /// A free-threaded build.
+    FreeThreaded,
+    /// The memory could not be read.
+    Read(PythonError),
+    /// No cookie, another version, or a structure we cannot read.
+    Bad(DebugOffsetsError),
+}
+
+/// The layout CPython 3.`minor` (3.13+) publishes at `runtime`.
+pub(super) fn published_offsets(mem: &Mem, runtime: u64, minor: u32) -> Result<Offsets, PublishedError> {
+    let rev = Revision::for_minor(minor).ok_or(PublishedError::Bad(DebugOffsetsError::NoCookie))?;
+    let blob = mem.bytes(runtime, debug_offsets::READ_LEN).map_err(PublishedError::Read)?;
+    match DebugOffsets::parse(&blob, &rev, minor) {
+        Ok(d) => Ok(d.offsets(minor)),
+        Err(DebugOffsetsError::FreeThreaded) => Err(PublishedError::FreeThreaded),
+        Err(e) => Err(PublishedError::Bad(e)),
     }
 }
 

@@ -39,7 +39,8 @@ impl Interpreter {
             _ => u64::from(le_u32(&buf, o.frame_instr)),
         };
         let skip = o.frame_owner.is_some_and(|off| buf[off as usize] >= layout::FRAME_OWNED_BY_CSTACK);
-        Ok(RawFrame { code: le_u64(&buf, o.frame_code), back: le_u64(&buf, o.frame_back), instr, skip })
+        let code = le_u64(&buf, o.frame_code) & !layout::CODE_TAG_MASK;
+        Ok(RawFrame { code, back: le_u64(&buf, o.frame_back), instr, skip })
     }
 
     /// The Python stack of one thread state, leaf first. A frame that cannot

@@ -1,12 +1,15 @@
-//! Structure offsets of CPython 3.8 .. 3.13 on x86_64 (and other LP64
+//! Structure offsets of CPython 3.8 .. 3.15 on x86_64 (and other LP64
 //! targets), read with `gdb -batch -ex 'ptype/o struct _ts' ...` from the
-//! DWARF of pyenv builds (3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0).
-//! These are the release-build layouts; they do not change within a minor
-//! version. At attach time they are cross-checked against the running
-//! process (`Interpreter::attach`): the code object offsets against
-//! `PyCode_Type.tp_members` / `tp_basicsize`, 3.13's against
-//! `_PyRuntime.debug_offsets`, the thread list against back pointers and
-//! live thread ids, and a live frame's code object against `PyCode_Type`.
+//! DWARF of pyenv builds (3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0);
+//! 3.14 and 3.15 from the `_Py_DebugOffsets` of Debian's 3.14.10 and 3.15.2
+//! and the headers of those releases. These are the release-build
+//! layouts; they do not change within a minor version. At attach time they
+//! are cross-checked against the running process (`Interpreter::attach`):
+//! 3.13+'s against the `_Py_DebugOffsets` the process publishes (which is
+//! also the layout of a newer version than these tables know), the code
+//! object offsets against `PyCode_Type.tp_members` / `tp_basicsize`, the
+//! thread list against back pointers and live thread ids, and a live
+//! frame's code object against `PyCode_Type`.
 
 use super::linetable::LineFormat;
 
@@ -73,7 +76,7 @@ pub enum GilLocation {
     Interpreter { runtime_main: u64, ceval_gil: u64 },
 }
 
-/// `sizeof(struct _gil_runtime_state)`, 3.8 .. 3.13.
+/// `sizeof(struct _gil_runtime_state)`, 3.8 .. 3.15 (GIL builds).
 pub const GIL_STATE_SIZE: u64 = 208;
 /// `_gil_runtime_state.interval` (switch interval, microseconds) and `.locked`.
 pub const GIL_INTERVAL: u64 = 0;
@@ -90,8 +93,11 @@ pub const TP_BASICSIZE: u64 = 32;
 pub const TP_MEMBERS: u64 = 240;
 pub const MEMBERDEF_SIZE: u64 = 40;
 pub const MEMBERDEF_OFFSET: u64 = 16;
-/// Frames owned by the C stack (3.12+ entry shims) carry no Python function.
+/// Frames owned by the C stack (3.12, 3.13 entry shims) or, from 3.14, by
+/// the interpreter (3) or the C stack (4) carry no Python function.
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+/// Tag bits of a frame's code field (3.14+), masked off everywhere.
+pub use tracer_common::python::CODE_TAG_MASK;
 
 impl Offsets {
     /// The table for CPython 3.`minor`, or `None` when unsupported.
@@ -206,6 +212,39 @@ impl Offsets {
                 unicode_compact_data: 56,
                 gil: GilLocation::Interpreter { runtime_main: 640, ceval_gil: 16 },
             },
+            // 3.14, 3.15: from their `_Py_DebugOffsets` (Debian's 3.14.10 and
+            // 3.15.2, `debug_offsets.rs`); `f_executable` is a `_PyStackRef`,
+            // whose low bits are tags (`CODE_TAG_MASK`).
+            14 | 15 => {
+                let (head, next, threads, tid) = if minor == 14 { (808, 7272, 7344, 152) } else { (936, 7264, 7336, 176) };
+                Offsets {
+                    minor,
+                    runtime_interpreters_head: head,
+                    interp_next: next,
+                    interp_threads_head: threads,
+                    tstate_next: 8,
+                    tstate_interp: 16,
+                    tstate_frame: 72,
+                    cframe_current_frame: None,
+                    tstate_thread_id: tid,
+                    tstate_native_thread_id: Some(tid + 8),
+                    frame_code: 0,
+                    frame_back: 8,
+                    frame_instr: 56,
+                    instr_kind: InstrKind::Pointer,
+                    frame_owner: Some(74),
+                    code_firstlineno: 68,
+                    code_filename: 112,
+                    code_name: 120,
+                    code_qualname: Some(128),
+                    code_linetable: 136,
+                    line_format: LineFormat::Locations,
+                    code_adaptive: Some(208),
+                    unicode_ascii_data: 40,
+                    unicode_compact_data: 56,
+                    gil: GilLocation::Interpreter { runtime_main: head + 8, ceval_gil: 16 },
+                }
+            }
             _ => return None,
         };
         Some(o)
@@ -249,62 +288,25 @@ impl Offsets {
     }
 }
 
-/// `_Py_DebugOffsets` (3.13+, at the start of `_PyRuntime`): the fields we
-/// compare our table with, as offsets into that structure.
-pub mod debug_offsets_313 {
-    pub const COOKIE: &[u8; 8] = b"xdebugpy";
-    pub const VERSION: u64 = 8;
-    pub const FREE_THREADED: u64 = 16;
-    /// (offset in _Py_DebugOffsets, name) of every field we rely on, in the
-    /// order of [`super::Offsets::debug_fields_313`].
-    pub const FIELDS: [(u64, &str); 17] = [
-        (40, "runtime_state.interpreters_head"),
-        (64, "interpreter_state.next"),
-        (72, "interpreter_state.threads_head"),
-        (168, "thread_state.next"),
-        (176, "thread_state.interp"),
-        (184, "thread_state.current_frame"),
-        (192, "thread_state.thread_id"),
-        (200, "thread_state.native_thread_id"),
-        (232, "interpreter_frame.previous"),
-        (240, "interpreter_frame.executable"),
-        (248, "interpreter_frame.instr_ptr"),
-        (264, "interpreter_frame.owner"),
-        (280, "code_object.filename"),
-        (288, "code_object.name"),
-        (312, "code_object.firstlineno"),
-        (344, "code_object.co_code_adaptive"),
-        (112, "interpreter_state.ceval_gil"),
-    ];
-    /// Bytes to read from the start of `_PyRuntime`.
-    pub const LEN: usize = 352;
-}
-
 impl Offsets {
-    /// Our values for [`debug_offsets_313::FIELDS`], same order.
-    pub fn debug_fields_313(&self) -> [u64; 17] {
-        [
-            self.runtime_interpreters_head,
-            self.interp_next,
-            self.interp_threads_head,
-            self.tstate_next,
-            self.tstate_interp,
-            self.tstate_frame,
-            self.tstate_thread_id,
-            self.tstate_native_thread_id.unwrap_or(u64::MAX),
-            self.frame_back,
-            self.frame_code,
-            self.frame_instr,
-            self.frame_owner.unwrap_or(u64::MAX),
-            self.code_filename,
-            self.code_name,
-            self.code_firstlineno,
-            self.code_adaptive.unwrap_or(u64::MAX),
-            match self.gil {
-                GilLocation::Interpreter { ceval_gil, .. } => ceval_gil,
-                GilLocation::Runtime(_) => u64::MAX,
-            },
-        ]
+    /// The fields in which `other` differs from `self`, as
+    /// "name: ours vs theirs".
+    pub fn differences(&self, other: &Offsets) -> Vec<String> {
+        let mut out = Vec::new();
+        macro_rules! cmp {
+            ($($f:ident),*) => {$(
+                if self.$f != other.$f {
+                    out.push(format!("{}: {:?} vs {:?}", stringify!($f), self.$f, other.$f));
+                }
+            )*};
+        }
+        cmp!(
+            runtime_interpreters_head, interp_next, interp_threads_head, tstate_next, tstate_interp, tstate_frame,
+            cframe_current_frame, tstate_thread_id, tstate_native_thread_id, frame_code, frame_back, frame_instr,
+            instr_kind, frame_owner, code_firstlineno, code_filename, code_name, code_qualname, code_linetable,
+            line_format, code_adaptive, unicode_ascii_data, unicode_compact_data, gil
+        );
+        out
     }
 }
 
@@ -314,11 +316,11 @@ mod tests {
 
     #[test]
     fn supported_range() {
-        for m in 8..=13 {
+        for m in 8..=15 {
             let o = Offsets::for_minor(m).unwrap();
             assert_eq!(o.py_layout().version, 300 + m);
         }
-        for m in [0, 6, 7, 14, 15] {
+        for m in [0, 6, 7, 16] {
             assert!(Offsets::for_minor(m).is_none());
         }
     }

@@ -4,11 +4,12 @@
 //! the frames the kernel walker captured (code object pointer + instruction)
 //! into (qualified function, file, line).
 //!
-//! Supported: CPython 3.8 to 3.13 (x86_64, release builds), the interpreter
+//! Supported: CPython 3.8 to 3.15 (x86_64, release builds with the GIL; a
+//! later version through the layout it publishes), the interpreter
 //! either in the executable (static builds such as Debian's
 //! `/usr/bin/python3.11`, only `.dynsym` needed) or in a mapped
 //! `libpython3.X.so` (pyenv builds). Other versions give
-//! [`PythonError::Unsupported`].
+//! [`PythonError::Unsupported`], as do free-threaded builds.
 //!
 //! How the pieces are found:
 //! - the binary: the process's executable or a mapped `libpython*`, the one
@@ -17,7 +18,9 @@
 //! - the version: `Py_Version` (3.11+), else the string `Py_GetVersion`
 //!   leaves in its static buffer (in `.data`/`.bss`), else the file name;
 //! - the layout: the per-version table of [`layout`], cross-checked at
-//!   attach time against the process itself (see `validate_*`);
+//!   attach time against the process itself (see `validate_*`), first
+//!   against the `_Py_DebugOffsets` 3.13+ publish ([`debug_offsets`]); a
+//!   version newer than the tables is read with what it publishes;
 //! - thread ids: `tstate->native_thread_id` (3.11+); before, `thread_id` is a
 //!   `pthread_t`, i.e. the address of glibc's (or musl's) `struct pthread`,
 //!   whose `tid` field is found by looking, at every 4-byte offset of the
@@ -38,6 +41,7 @@
 mod attach;
 mod captured;
 mod code;
+mod debug_offsets;
 mod elf;
 mod frames;
 mod layout;
@@ -67,9 +71,10 @@ pub enum PythonError {
     /// The process maps a binary that looked like CPython but is not.
     #[error("process {pid} does not run CPython")]
     NotPython { pid: u32 },
-    /// A CPython outside 3.8 .. 3.13 (or an unsupported build of one).
-    #[error("CPython {version} is not supported (supported: 3.8 to 3.13)")]
-    Unsupported { version: String },
+    /// A CPython outside 3.8 .. 3.15 whose layout could not be read from
+    /// the process, or an unsupported build (free-threaded) of any version.
+    #[error("CPython {version}{detail} is not supported (supported: {SUPPORTED})")]
+    Unsupported { version: String, detail: String },
     /// `_PyRuntime` is there but no interpreter is (still starting, or
     /// shutting down): try again later.
     #[error("CPython {version} in process {pid} has no interpreter yet (starting up or exiting)")]
@@ -95,7 +100,21 @@ pub enum PythonError {
     Layout { pid: u32, version: String, message: String },
 }
 
+/// The supported versions and builds, as messages say them.
+pub const SUPPORTED: &str = "3.8 to 3.15, GIL builds";
+
+/// What a process whose interpreter is not supported is still traced for.
+pub const STILL_TRACED: &str = "syscalls, wall time, off-CPU and native stacks";
+
 impl PythonError {
+    fn unsupported(version: String, detail: &str) -> PythonError {
+        PythonError::Unsupported { version, detail: detail.to_owned() }
+    }
+
+    fn free_threaded(version: String) -> PythonError {
+        PythonError::unsupported(version, " (free-threaded build, Py_GIL_DISABLED)")
+    }
+
     fn io(context: impl std::fmt::Display, source: io::Error) -> PythonError {
         PythonError::Io { context: context.to_string(), source }
     }
@@ -123,7 +142,8 @@ impl PythonError {
                     "run as root: reading another user's process needs CAP_SYS_PTRACE"
                 }
             }
-            PythonError::NotPython { .. } | PythonError::Unsupported { .. } => "CPython 3.8 to 3.13 is supported",
+            PythonError::NotPython { .. } => "CPython 3.8 to 3.15 is supported",
+            PythonError::Unsupported { .. } => "the process is still traced without Python frames",
             PythonError::NotInitialized { .. } => "retry once the interpreter has started",
             PythonError::Io { .. } | PythonError::Memory { .. } => "retry; the process may have exited",
             PythonError::Elf { .. } => "the interpreter's file could not be read as CPython's",
@@ -144,6 +164,9 @@ pub struct Interpreter {
     offsets: Offsets,
     /// Address of `_PyRuntime` in the process.
     runtime: u64,
+    /// Set when the layout came from the process itself (a version newer
+    /// than the tables): says so.
+    layout_note: Option<String>,
     /// Address of `PyCode_Type` in the process, when exported.
     code_type: Option<u64>,
     /// Before 3.11: offset of `tid` in `struct pthread`, once found.
@@ -198,6 +221,12 @@ impl Interpreter {
         self.runtime
     }
 
+    /// A note for the report when the layout was read from the process's
+    /// `_Py_DebugOffsets` because its version is newer than the tables.
+    pub fn layout_note(&self) -> Option<&str> {
+        self.layout_note.as_deref()
+    }
+
     /// The kernel's view of this interpreter, with the address of its
     /// (first) interpreter's thread-list head when it can be read now.
     pub fn layout(&self) -> PyLayout {
@@ -239,8 +268,13 @@ mod tests {
 
     #[test]
     fn unsupported_message_is_one_line() {
-        let e = PythonError::Unsupported { version: "2.7.18".into() };
-        assert_eq!(e.to_string(), "CPython 2.7.18 is not supported (supported: 3.8 to 3.13)");
+        let e = PythonError::unsupported("2.7.18".into(), "");
+        assert_eq!(e.to_string(), "CPython 2.7.18 is not supported (supported: 3.8 to 3.15, GIL builds)");
+        let e = PythonError::free_threaded("3.14.0".into());
+        assert_eq!(
+            e.to_string(),
+            "CPython 3.14.0 (free-threaded build, Py_GIL_DISABLED) is not supported (supported: 3.8 to 3.15, GIL builds)"
+        );
     }
 
     #[test]
@@ -248,7 +282,7 @@ mod tests {
         let layout = PythonError::Layout { pid: 1, version: "3.12.1".into(), message: "x".into() };
         let memory = |errno| PythonError::Memory { pid: 1, addr: 8, len: 8, source: io::Error::from_raw_os_error(errno) };
         let io = PythonError::io("/proc/1/maps", io::Error::from_raw_os_error(libc::EACCES));
-        for e in [&layout, &memory(libc::ESRCH), &PythonError::Unsupported { version: "3.7.16".into() }] {
+        for e in [&layout, &memory(libc::ESRCH), &PythonError::unsupported("3.7.16".into(), "")] {
             assert!(!e.permission_denied() && !e.hint().contains("root"), "{e}: {}", e.hint());
         }
         let ptrace = crate::procfs::own_effective_caps().is_some_and(|c| c & (1 << 19) != 0);
@@ -339,6 +373,29 @@ mod live_tests {
         }
     }
 
+    /// 3.13+ (3.14 and 3.15 from Debian's root included): the layout the
+    /// live interpreter publishes in its `_Py_DebugOffsets` is the table's.
+    #[test]
+    fn published_layouts_match_the_tables() {
+        let mut checked = Vec::new();
+        for py in pythons() {
+            let s = start(&py);
+            let i = Interpreter::attach(s.0.id()).unwrap().unwrap();
+            let minor = i.offsets.minor;
+            if minor < 13 {
+                continue;
+            }
+            let published = attach::published_offsets(&i.mem, i.runtime, minor)
+                .unwrap_or_else(|_| panic!("{}: no usable _Py_DebugOffsets", py.display()));
+            let table = Offsets::for_minor(minor).unwrap();
+            assert_eq!(table.differences(&published), Vec::<String>::new(), "{}", py.display());
+            assert!(i.layout_note().is_none(), "{}", py.display());
+            checked.push(i.version_string().to_owned());
+        }
+        assert!(checked.iter().any(|v| v.starts_with("3.13.")), "no 3.13 among {checked:?}");
+        eprintln!("published layouts match the tables: {checked:?}");
+    }
+
     #[test]
     fn wrong_layouts_are_rejected() {
         for py in pythons() {
@@ -372,7 +429,7 @@ mod live_tests {
                 i.offsets = bad;
                 i.pthread_tid.set(None);
                 let r = (|| {
-                    if i.offsets.minor == 13 {
+                    if i.offsets.minor >= 13 {
                         i.validate_debug_offsets()?;
                     }
                     i.validate_code_type()?;

@@ -1,41 +1,35 @@
 //! Checks of the layout picked for a CPython version against the live
-//! process, run at attach time: 3.13's own `_Py_DebugOffsets`, the code
+//! process, run at attach time: 3.13+'s own `_Py_DebugOffsets`, the code
 //! object fields `PyCode_Type` publishes, the thread list (interpreter,
 //! thread states pointing back to it, thread ids of the process) and the
 //! top frames (a code object in their code field).
 
 use std::collections::HashMap;
 
-use super::{frames::MAX_DEPTH, layout, proc::le_u64, Interpreter, PythonError};
+use super::{
+    attach::{published_offsets, PublishedError},
+    frames::MAX_DEPTH,
+    layout,
+    proc::le_u64,
+    Interpreter, PythonError,
+};
 
 impl Interpreter {
-    /// 3.13 publishes its own offsets at the start of `_PyRuntime`: they
+    /// 3.13+ publish their own offsets at the start of `_PyRuntime`: they
     /// must be ours.
     pub(super) fn validate_debug_offsets(&self) -> Result<(), PythonError> {
-        use layout::debug_offsets_313 as d;
-        let buf = self.mem.bytes(self.runtime, d::LEN)?;
-        if &buf[..8] != d::COOKIE {
-            return Err(self.layout_err("_PyRuntime does not start with the _Py_DebugOffsets cookie"));
-        }
-        if le_u64(&buf, d::FREE_THREADED) != 0 {
-            return Err(PythonError::Unsupported { version: format!("{} (free-threaded build)", self.version_text) });
-        }
-        let hex = le_u64(&buf, d::VERSION);
-        if (hex >> 24, (hex >> 16) & 0xff) != (3, 13) {
-            return Err(self.layout_err(format!("_Py_DebugOffsets.version is {hex:#x}")));
-        }
-        let ours = self.offsets.debug_fields_313();
-        let mut diffs = Vec::new();
-        for ((off, field), want) in d::FIELDS.iter().zip(ours) {
-            let got = le_u64(&buf, *off);
-            if got != want {
-                diffs.push(format!("{field} is {got}, expected {want}"));
-            }
-        }
+        let minor = self.offsets.minor;
+        let published = match published_offsets(&self.mem, self.runtime, minor) {
+            Ok(o) => o,
+            Err(PublishedError::FreeThreaded) => return Err(PythonError::free_threaded(self.version_text.clone())),
+            Err(PublishedError::Read(e)) => return Err(e),
+            Err(PublishedError::Bad(e)) => return Err(self.layout_err(e.to_string())),
+        };
+        let diffs = self.offsets.differences(&published);
         if diffs.is_empty() {
             Ok(())
         } else {
-            Err(self.layout_err(format!("_Py_DebugOffsets disagree: {}", diffs.join(", "))))
+            Err(self.layout_err(format!("_Py_DebugOffsets disagree with the 3.{minor} table: {}", diffs.join(", "))))
         }
     }
 

@@ -112,6 +112,8 @@ fn is_interpreter_frame(f: &Frame) -> bool {
         || f.function.starts_with("_Py")
         || f.function.starts_with("cfunction_")
         || f.function.starts_with("method_vectorcall")
+        // 3.14+ built by clang: the tail-calling interpreter's opcode handlers.
+        || f.function.starts_with("_TAIL_CALL_")
 }
 
 
