@@ -219,7 +219,7 @@ impl CudaCollector {
             return Ok(());
         }
         st.maps_hash = h;
-        let maps = discovery::parse_maps(&text);
+        let maps = procfs::maps_as_seen_by(pid, discovery::parse_maps(&text));
         let libpython = maps.iter().find(|m| m.basename().starts_with("libpython")).map(|m| m.path().to_owned());
         self.search(cx, pid, TargetFacts::read(pid, libpython))?;
         let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());

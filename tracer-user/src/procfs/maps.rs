@@ -93,9 +93,22 @@ pub fn parse_maps(text: &str) -> Vec<MapsLine> {
     text.lines().filter_map(MapsLine::parse).collect()
 }
 
-/// The mappings of `pid`.
+/// The mappings of `pid`, their paths as the process sees them.
 pub fn maps(pid: u32) -> io::Result<Vec<MapsLine>> {
-    Ok(parse_maps(&super::maps_text(pid)?))
+    Ok(as_seen_by(pid, parse_maps(&super::maps_text(pid)?)))
+}
+
+/// `lines` of `pid`'s maps with their paths as the process sees them
+/// (a chrooted process's paths lose its root's prefix: [`super::root_prefix`]).
+pub fn as_seen_by(pid: u32, mut lines: Vec<MapsLine>) -> Vec<MapsLine> {
+    if let Some(prefix) = super::root_prefix(pid) {
+        for l in &mut lines {
+            if let Some(p) = l.path.take() {
+                l.path = Some(super::as_seen_by(Some(&prefix), p));
+            }
+        }
+    }
+    lines
 }
 
 /// The file behind a mapping, opened.
@@ -153,6 +166,20 @@ pub fn open_mapped_via(pid: u32, line: &MapsLine, map_files_first: bool) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process chrooted into a directory of ours (here: our own root
+    /// seen through a prefix) gets its paths without the prefix.
+    #[test]
+    fn chroot_prefix_is_stripped() {
+        use super::super::as_seen_by as strip;
+        let p = Some("/srv/root");
+        assert_eq!(strip(p, "/srv/root/usr/lib/libx.so".into()), "/usr/lib/libx.so");
+        assert_eq!(strip(p, "/srv/rootfs/lib/x.so".into()), "/srv/rootfs/lib/x.so");
+        assert_eq!(strip(p, "/usr/lib/x.so".into()), "/usr/lib/x.so");
+        assert_eq!(strip(None, "/srv/root/x".into()), "/srv/root/x");
+        // Our own process: no prefix.
+        assert_eq!(super::super::root_prefix(std::process::id()), None);
+    }
 
     #[test]
     fn maps_columns() {

@@ -9,6 +9,7 @@ mod nspid;
 mod root;
 
 pub use maps::{maps, open_mapped, open_mapped_via, parse_maps, MappedFile, MapsLine};
+pub use maps::as_seen_by as maps_as_seen_by;
 pub use nspid::{nspid, ThreadIdMap};
 pub use root::{open_in_root, resolve_in_root};
 
@@ -56,8 +57,32 @@ pub fn comm(pid: u32) -> Option<String> {
     fs::read_to_string(proc_path(pid, "comm")).ok().map(|s| s.trim_end().to_owned())
 }
 
+/// The process's executable, as the process sees its path.
 pub fn exe(pid: u32) -> Option<String> {
-    fs::read_link(proc_path(pid, "exe")).ok().map(|p| p.to_string_lossy().into_owned())
+    let p = fs::read_link(proc_path(pid, "exe")).ok()?.to_string_lossy().into_owned();
+    Some(as_seen_by(root_prefix(pid).as_deref(), p))
+}
+
+/// The process's root directory as we see it, when it is not ours and lies
+/// inside our tree: a process chrooted (`chroot`, `unshare --root`) into a
+/// directory we can reach. The kernel writes the paths of
+/// `/proc/PID/maps` and `/proc/PID/exe` as the reader sees them, so for
+/// such a process they start with this prefix. `None` for our own root and
+/// for a root we cannot reach (a container in another mount namespace,
+/// whose paths are already written as it sees them).
+pub fn root_prefix(pid: u32) -> Option<String> {
+    let root = fs::read_link(proc_path(pid, "root")).ok()?;
+    let root = root.to_str()?.trim_end_matches('/');
+    (!root.is_empty()).then(|| root.to_owned())
+}
+
+/// `path`, read in one of `pid`'s /proc files, as the process sees it
+/// (`prefix` from [`root_prefix`]): the prefix stripped, when there.
+pub fn as_seen_by(prefix: Option<&str>, path: String) -> String {
+    match prefix.and_then(|r| path.strip_prefix(r)) {
+        Some(rest) if rest.starts_with('/') => rest.to_owned(),
+        _ => path,
+    }
 }
 
 /// Inode of the process's executable (`stat /proc/PID/exe`).
