@@ -62,6 +62,9 @@ const REFRESH: Duration = Duration::from_millis(25);
 /// until its layout is published its samples carry no Python frames.
 const EAGER_RETRY: Duration = Duration::from_millis(4);
 const EAGER_FOR: Duration = Duration::from_millis(250);
+/// How long a starting interpreter may take to write its version string
+/// (<= 3.10) before it is attached with the version its file name gives.
+const VERSION_WAIT: Duration = Duration::from_secs(1);
 /// How often new stacks are resolved while their processes are alive.
 const RESOLVE: Duration = Duration::from_millis(300);
 
@@ -129,6 +132,15 @@ impl PythonCollector {
             p.python_like = looks_like_python(pid);
         };
         match Interpreter::attach(pid) {
+            // <= 3.10 write their version string during start-up, after the
+            // thread state we validate exists: wait a little for it rather
+            // than report the file name's major.minor.
+            Ok(Some(interp))
+                if !interp.version_is_exact()
+                    && self.pending.get(&pid).is_none_or(|p| p.since.elapsed() < VERSION_WAIT) =>
+            {
+                retry(self, None)
+            }
             Ok(Some(interp)) => {
                 self.pending.remove(&pid);
                 self.publish(cx, pid, interp)?;

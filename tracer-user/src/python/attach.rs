@@ -87,7 +87,7 @@ impl Interpreter {
             let version = info
                 .load_bias(&mappings)
                 .and_then(|bias| detect_version(&mem, &info, bias, &name))
-                .map_or_else(|| format!("{name} (no _PyRuntime: older than 3.7)"), |v| v.3);
+                .map_or_else(|| format!("{name} (no _PyRuntime: older than 3.7)"), |v| v.text);
             return Err(PythonError::unsupported(version, ""));
         }
         match last_err {
@@ -110,7 +110,7 @@ impl Interpreter {
             path: binary.display().to_string(),
             message: "no mapping matches a loadable segment (cannot compute the load bias)".into(),
         })?;
-        let (major, minor, micro, version_text) =
+        let Version { major, minor, micro, text: version_text, exact: version_exact } =
             detect_version(&mem, info, bias, name).ok_or_else(|| PythonError::Layout {
                 pid,
                 version: "?".into(),
@@ -143,6 +143,7 @@ impl Interpreter {
             binary,
             offsets,
             runtime,
+            version_exact,
             layout_note,
             code_type: info.symbol("PyCode_Type").map(|a| bias.wrapping_add(a)),
             pthread_tid: Cell::new(None),
@@ -199,8 +200,21 @@ pub(super) fn published_offsets(mem: &Mem, runtime: u64, minor: u32) -> Result<O
     }
 }
 
-/// (major, minor, micro, text) of the interpreter in `info` (loaded at `bias`).
-fn detect_version(mem: &Mem, info: &elf::ElfInfo, bias: u64, name: &str) -> Option<(u32, u32, u32, String)> {
+/// The version of an interpreter, and how it was learnt.
+struct Version {
+    major: u32,
+    minor: u32,
+    micro: u32,
+    /// As the interpreter reports it (`3.10.13`), or `3.10` from a file name.
+    text: String,
+    /// False when only the file name told (major.minor): <= 3.10 write
+    /// their version string during start-up, after their first thread
+    /// state exists.
+    exact: bool,
+}
+
+/// The version of the interpreter in `info` (loaded at `bias`).
+fn detect_version(mem: &Mem, info: &elf::ElfInfo, bias: u64, name: &str) -> Option<Version> {
     if let Some(addr) = info.symbol("Py_Version") {
         if let Ok(hex) = mem.u64(bias.wrapping_add(addr)) {
             let (major, minor, micro) =
@@ -214,18 +228,19 @@ fn detect_version(mem: &Mem, info: &elf::ElfInfo, bias: u64, name: &str) -> Opti
                 _ => String::new(),
             };
             if major >= 2 {
-                return Some((major, minor, micro, format!("{major}.{minor}.{micro}{suffix}")));
+                let text = format!("{major}.{minor}.{micro}{suffix}");
+                return Some(Version { major, minor, micro, text, exact: true });
             }
         }
     }
     let from_name = elf::version_from_name(name);
     for &(addr, size) in &info.data_sections {
         let buf = mem.bytes_lossy(bias.wrapping_add(addr), size.min(64 << 20) as usize);
-        if let Some(v) = elf::find_version_string(&buf) {
-            if from_name.is_none_or(|(a, b)| (a, b) == (v.0, v.1)) {
-                return Some(v);
+        if let Some((major, minor, micro, text)) = elf::find_version_string(&buf) {
+            if from_name.is_none_or(|(a, b)| (a, b) == (major, minor)) {
+                return Some(Version { major, minor, micro, text, exact: true });
             }
         }
     }
-    from_name.map(|(a, b)| (a, b, 0, format!("{a}.{b}")))
+    from_name.map(|(major, minor)| Version { major, minor, micro: 0, text: format!("{major}.{minor}"), exact: false })
 }

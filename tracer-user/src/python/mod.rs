@@ -160,6 +160,8 @@ pub struct Interpreter {
     mem: Mem,
     version: (u32, u32, u32),
     version_text: String,
+    /// False when the version came from the file name only (see `attach`).
+    version_exact: bool,
     binary: PathBuf,
     offsets: Offsets,
     /// Address of `_PyRuntime` in the process.
@@ -209,6 +211,12 @@ impl Interpreter {
     /// The version as the interpreter reports it (e.g. `3.13.0`, `3.12.0rc1`).
     pub fn version_string(&self) -> &str {
         &self.version_text
+    }
+
+    /// False when only the file name told the version (major.minor): the
+    /// interpreter had not written its version string yet.
+    pub fn version_is_exact(&self) -> bool {
+        self.version_exact
     }
 
     /// The file holding the interpreter, as the process sees its path.
