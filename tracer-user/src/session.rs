@@ -239,6 +239,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
         cuda: None,
         lost: BTreeMap::new(),
         notes: Vec::new(),
+        cut: None,
     };
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;
