@@ -17,10 +17,7 @@ pub fn unix_ms() -> u64 {
 
 /// `YYYYmmdd-HHMMSS` in local time.
 pub fn local_timestamp() -> String {
-    let now = (unix_ms() / 1000) as libc::time_t;
-    // SAFETY: zeroed tm is valid; localtime_r fills it.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    unsafe { libc::localtime_r(&now, &mut tm) };
+    let tm = local_tm(unix_ms());
     format!(
         "{:04}{:02}{:02}-{:02}{:02}{:02}",
         tm.tm_year + 1900,
@@ -30,4 +27,27 @@ pub fn local_timestamp() -> String {
         tm.tm_min,
         tm.tm_sec
     )
+}
+
+/// `YYYY-mm-dd HH:MM:SS` in local time, of a Unix time in ms.
+pub fn local_time(unix_ms: u64) -> String {
+    let tm = local_tm(unix_ms);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+fn local_tm(unix_ms: u64) -> libc::tm {
+    let secs = libc::time_t::try_from(unix_ms / 1000).unwrap_or(libc::time_t::MAX);
+    // SAFETY: zeroed tm is valid; localtime_r fills it (and leaves it zeroed
+    // for a time it cannot represent).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&secs, &mut tm) };
+    tm
 }

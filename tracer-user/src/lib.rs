@@ -7,6 +7,7 @@
 //! `doctor` checks. docs/architecture.md has the data flow.
 
 pub mod btf_offsets;
+pub mod checkpoint;
 pub mod clock;
 pub mod collect;
 pub mod cpu_samples;

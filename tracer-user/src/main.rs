@@ -1,6 +1,7 @@
 //! The `infertrace` command line.
 
 use std::{
+    io::Write as _,
     path::PathBuf,
     process::ExitCode,
     time::Duration,
@@ -8,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{collect, doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{checkpoint, collect, doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
 
 #[derive(Parser)]
 #[command(
@@ -53,7 +54,11 @@ enum Command {
     /// Check whether tracing can work on this machine (privileges, kernel, BTF, tracefs...).
     Doctor,
     /// Trace processes and write a recording, then print the report.
-    #[command(after_help = "Stops on Ctrl-C / SIGTERM, at --duration, or when every target has exited.\n\
+    #[command(after_help = "Stops on Ctrl-C / SIGTERM / SIGHUP, at --duration, or when every target has exited, then writes the \
+recording and prints the report.\n\
+The output is replaced whole (written to .FILE.tmp-PID beside it, then renamed), never before tracing starts: a failed \
+launch leaves an existing FILE as it was. Every --checkpoint-every, FILE is replaced with the recording so far, \
+marked cut: a tracer killed (kill -9, a crash) leaves its last checkpoint, which `report` reads and says is cut.\n\
 SIGUSR1 writes the recording so far beside the output (FILE.snapshot.itr, replaced at each signal) and goes on.\n\
 Probes are owned by this process: however it ends (even kill -9), the kernel removes them.")]
     Record {
@@ -66,6 +71,9 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Recording file to write [default: infertrace-<timestamp>.itr].
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Replace FILE with the recording so far this often, marked cut, so a killed tracer leaves it (0 turns it off).
+        #[arg(long, value_parser = parse_duration_or_zero, default_value = checkpoint::DEFAULT_EVERY, value_name = "DURATION")]
+        checkpoint_every: Duration,
         /// No status line on stderr.
         #[arg(short, long)]
         quiet: bool,
@@ -213,13 +221,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, command } => {
+        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, command } => {
             if frequency > 10_000 {
                 bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
             }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, quiet };
+            let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -229,9 +238,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(o) => o,
                 Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
-            print!("{}", render(&outcome.recording, format, Profile::Cpu)?);
+            // The report is printed whether or not the recording could be written.
+            let report = render(&outcome.recording, format, Profile::Cpu)?;
+            let printed = {
+                let mut out = std::io::stdout().lock();
+                out.write_all(report.as_bytes()).and_then(|()| out.flush())
+            };
+            if let Err(e) = outcome.written {
+                bail!("{e} (hint: {})", if printed.is_ok() { "the report above is what was recorded; choose a writable path with -o FILE" } else { "choose a writable path with -o FILE" });
+            }
+            if let Err(e) = printed {
+                bail!("cannot print the report: {e} (hint: the recording is in {}; `infertrace report` renders it)", outcome.path.display());
+            }
             if !quiet {
-                eprintln!("infertrace: recording written to {}", outcome.path.display());
+                let _ = writeln!(std::io::stderr(), "infertrace: recording written to {}", outcome.path.display());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -245,7 +265,8 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the error and its causes, then the hint.
             let msg = e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
-            eprintln!("error: {}", msg.replace('\n', " "));
+            // A closed stderr is no reason to panic.
+            let _ = writeln!(std::io::stderr(), "error: {}", msg.replace('\n', " "));
             ExitCode::FAILURE
         }
     }
@@ -260,6 +281,7 @@ mod tests {
         let d = collect::RecordOptions::default();
         assert_eq!(parse_duration_or_zero(collect::DEFAULT_SLOW_SYSCALL).unwrap(), d.slow_syscall.unwrap());
         assert_eq!((d.sched.frequency, d.gpu_sample_hz), (collect::DEFAULT_FREQUENCY, nvml::DEFAULT_HZ));
+        assert_eq!(parse_duration_or_zero(checkpoint::DEFAULT_EVERY).ok(), d.checkpoint_every);
     }
 
     #[test]

@@ -6,7 +6,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     io::{IsTerminal, Write},
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -20,6 +19,7 @@ use aya::{
 pub use crate::collect::RecordOptions;
 use crate::{
     btf_offsets::KernelBtf,
+    checkpoint::Checkpoints,
     clock,
     collect::{
         programs::{self, LoadError, LoadInputs},
@@ -28,7 +28,7 @@ use crate::{
     ebpf_log, families,
     probe::ProbeError,
     procfs,
-    recording::{HostInfo, Origin, Recording, FORMAT_VERSION},
+    recording::{output::Output, HostInfo, Origin, Recording, RecordingError, FORMAT_VERSION},
     system,
     targets::{self, Launched, TargetError},
     tracefs,
@@ -92,6 +92,35 @@ pub struct Outcome {
     pub recording: Recording,
     pub path: PathBuf,
     pub reason: StopReason,
+    /// Whether the recording reached `path`; the report can be printed either way.
+    pub written: Result<(), NotWritten>,
+}
+
+/// The final recording could not be written (a full disk, `-o /dev/full`).
+#[derive(Debug)]
+pub struct NotWritten {
+    pub path: PathBuf,
+    pub error: RecordingError,
+    /// The window of the last checkpoint, which `path` still holds, marked cut.
+    pub checkpoint_ns: Option<u64>,
+}
+
+impl std::fmt::Display for NotWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match &self.error {
+            RecordingError::Write { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
+        match self.checkpoint_ns {
+            None => write!(f, "nothing was written to {}: {why}", self.path.display()),
+            Some(ns) => write!(
+                f,
+                "the recording was not written to {}: {why}; it holds the checkpoint of the first {:.1}s, marked cut",
+                self.path.display(),
+                ns as f64 / 1e9
+            ),
+        }
+    }
 }
 
 const CAP_SYS_ADMIN: u64 = 1 << 21;
@@ -121,13 +150,11 @@ fn default_output() -> PathBuf {
     PathBuf::from(format!("infertrace-{}.itr", clock::local_timestamp()))
 }
 
-/// Creates the output file up front, so a bad path fails before any probe.
-fn open_output(path: &Path) -> Result<File, RecordError> {
-    let err = |source| RecordError::Output { path: path.to_owned(), source };
-    if path.is_dir() {
-        return Err(err(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory")));
-    }
-    File::create(path).map_err(err)
+/// Checks the output up front, so a bad path fails before any probe, without
+/// touching it: an existing recording stays as it is until there is
+/// something to replace it with.
+fn prepare_output(path: &Path) -> Result<Output, RecordError> {
+    Output::prepare(path).map_err(|source| RecordError::Output { path: path.to_owned(), source })
 }
 
 /// Runs one recording window. Probes are attached to file descriptors owned
@@ -145,19 +172,16 @@ pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, R
     }
     let btf = load_btf()?;
     let out_path = opts.output.clone().unwrap_or_else(default_output);
-    let out_file = open_output(&out_path)?;
-    let result = record_inner(opts, argv, btf, snapshot_path(&out_path)).await;
-    match result {
-        Ok((recording, reason)) => {
-            recording.write_to(out_file, &out_path)?;
-            Ok(Outcome { recording, path: out_path, reason })
-        }
-        Err(e) => {
-            drop(out_file);
-            let _ = std::fs::remove_file(&out_path);
-            Err(e)
-        }
-    }
+    let output = prepare_output(&out_path)?;
+    // On an error, the output holds the last checkpoint (marked cut), if any.
+    let (recording, reason, checkpoint_ns) = record_inner(opts, argv, btf, &output, snapshot_path(&out_path)).await?;
+    let written = output.write(&recording).map_err(|error| NotWritten {
+        path: out_path.clone(),
+        error,
+        // Unless it went with its directory.
+        checkpoint_ns: checkpoint_ns.filter(|_| out_path.is_file()),
+    });
+    Ok(Outcome { recording, path: out_path, reason, written })
 }
 
 /// Mounts tracefs if needed, launches the command (held before its exec),
@@ -239,6 +263,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
         cuda: None,
         lost: BTreeMap::new(),
         notes: Vec::new(),
+        cut: None,
     };
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;
@@ -268,15 +293,21 @@ fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Reco
     snapshot(cx, collectors)
 }
 
+/// The window, from attach to the final recording; with it, the window of
+/// the last checkpoint written to the output (which the final recording has
+/// not replaced yet).
 async fn record_inner(
     opts: RecordOptions,
     argv: Vec<String>,
     btf: KernelBtf,
+    output: &Output,
     snapshot_to: PathBuf,
-) -> Result<(Recording, StopReason), RecordError> {
+) -> Result<(Recording, StopReason, Option<u64>), RecordError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
+    // A closed terminal (or `kill -HUP`) ends the window like SIGTERM.
+    let mut sighup = signal(SignalKind::hangup()).map_err(RecordError::Signals)?;
     let mut sigusr1 = signal(SignalKind::user_defined1()).map_err(RecordError::Signals)?;
     let mut cx = open_context(opts, btf, argv)?;
     let mut collectors = families::collectors(&cx.opts);
@@ -300,14 +331,34 @@ async fn record_inner(
     let mut tick = tokio::time::interval(tick_every);
     let mut due = vec![Instant::now(); collectors.len()];
     let deadline = cx.opts.duration.map(|d| tokio::time::Instant::now() + d);
+    // One period into the window, then every period: not at once, when a
+    // launched command is loading its libraries (the first snapshot
+    // symbolizes, which holds the loop up for a while).
+    // A period too long to add to now means none.
+    let first = cx.opts.checkpoint_every.and_then(|every| Some((tokio::time::Instant::now().checked_add(every)?, every)));
+    let mut checkpoints = first.and_then(|_| Checkpoints::new(output));
+    let (first, every) = first.unwrap_or_else(|| (tokio::time::Instant::now(), Duration::from_secs(3600)));
+    let mut checkpoint_tick = tokio::time::interval_at(first, every);
+    checkpoint_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let reason = loop {
         tokio::select! {
             _ = sigint.recv() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
+            _ = sighup.recv() => break StopReason::Signal,
             _ = sigusr1.recv() => {
                 // A failed snapshot does not end the window.
                 if let Err(e) = write_snapshot(&mut cx, &mut collectors, &snapshot_to) {
-                    eprintln!("infertrace: snapshot not written: {e}");
+                    warn(&format!("snapshot not written: {e}"));
+                }
+            }
+            _ = checkpoint_tick.tick(), if checkpoints.is_some() => {
+                if let Some(cps) = checkpoints.as_mut() {
+                    // A long snapshot spaces the next ones out: the loop is
+                    // held up for checkpoints a tenth of the time at most.
+                    let held = take_checkpoint(&mut cx, &mut collectors, cps).saturating_mul(10);
+                    if held > every {
+                        checkpoint_tick.reset_after(held);
+                    }
                 }
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
@@ -332,7 +383,43 @@ async fn record_inner(
     if let Some(log) = cx.ebpf_log.take() {
         log.finish().await;
     }
-    Ok((recording, reason))
+    // The final write must come after the last checkpoint's rename.
+    let checkpoint_ns = checkpoints.as_mut().and_then(|cps| {
+        if let Some(w) = cps.finish() {
+            warn(&w);
+        }
+        cps.last().map(|w| w.duration_ns)
+    });
+    Ok((recording, reason, checkpoint_ns))
+}
+
+/// Starts writing a checkpoint unless the last one is still being written
+/// (then this one is skipped: the next comes one period later). A failed
+/// checkpoint does not end the window. Returns how long the snapshot held
+/// the loop up.
+fn take_checkpoint(cx: &mut Context, collectors: &mut [Box<dyn Collector>], cps: &mut Checkpoints) -> Duration {
+    let (busy, warning) = cps.poll();
+    if let Some(w) = warning {
+        warn(&w);
+    }
+    if busy {
+        return Duration::ZERO;
+    }
+    let t0 = Instant::now();
+    let warning = match snapshot(cx, collectors) {
+        Ok(rec) => cps.start(rec),
+        Err(e) => Some(format!("checkpoint not taken ({e}); recording goes on")),
+    };
+    if let Some(w) = warning {
+        warn(&w);
+    }
+    t0.elapsed()
+}
+
+/// One line on stderr, even with `-q` (something the user must know); a
+/// closed stderr is not an error.
+fn warn(line: &str) {
+    let _ = writeln!(std::io::stderr(), "infertrace: {line}");
 }
 
 /// The collectors' [`wake_fd`](Collector::wake_fd)s, registered with the
@@ -399,13 +486,11 @@ fn snapshot_path(out: &Path) -> PathBuf {
 /// SIGUSR1: the recording so far, written beside the output (atomically:
 /// a reader never sees half a file); the window goes on.
 fn write_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>], path: &Path) -> Result<(), RecordError> {
+    let output = prepare_output(path)?;
     let rec = snapshot(cx, collectors)?;
-    let tmp = path.with_extension("itr.tmp");
-    let file = File::create(&tmp).map_err(|source| RecordError::Output { path: tmp.clone(), source })?;
-    rec.write_to(file, &tmp)?;
-    std::fs::rename(&tmp, path).map_err(|source| RecordError::Output { path: path.to_owned(), source })?;
+    output.write(&rec)?;
     if !cx.opts.quiet {
-        eprintln!("infertrace: snapshot of the first {:.1}s written to {}", rec.duration_ns as f64 / 1e9, path.display());
+        warn(&format!("snapshot of the first {:.1}s written to {}", rec.duration_ns as f64 / 1e9, path.display()));
     }
     Ok(())
 }

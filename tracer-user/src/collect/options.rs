@@ -39,6 +39,9 @@ pub struct RecordOptions {
     pub command: Vec<String>,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
+    /// Replace the output with the recording so far this often, marked cut
+    /// (crate::checkpoint; None: no checkpoints).
+    pub checkpoint_every: Option<Duration>,
     pub quiet: bool,
 }
 
@@ -63,6 +66,7 @@ impl Default for RecordOptions {
             command: Vec::new(),
             duration: None,
             output: None,
+            checkpoint_every: Some(Duration::from_secs(10)),
             quiet: false,
         }
     }

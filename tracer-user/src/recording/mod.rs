@@ -18,6 +18,7 @@ use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
 pub mod cuda;
+pub mod output;
 
 /// Function name of a frame that could not be resolved.
 pub const UNKNOWN: &str = "[unknown]";
@@ -234,6 +235,28 @@ pub struct Recording {
     pub lost: BTreeMap<String, u64>,
     /// Things the user should know about this recording (degraded features...).
     pub notes: Vec<String>,
+    /// Set on a checkpoint: the recording ends there because the tracer had
+    /// not finished when it was written. Absent from a finished recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
+}
+
+/// Why a recording ends before its window did.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CutReason {
+    /// A periodic checkpoint (`record --checkpoint-every`): the tracer was
+    /// killed, crashed, or is still running; what came after is missing.
+    Checkpoint,
+}
+
+/// Where and why a recording was cut: it holds the window up to
+/// `duration_ns`, taken at `at_unix_ms`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Cut {
+    pub reason: CutReason,
+    /// When the checkpoint was taken (Unix ms).
+    pub at_unix_ms: u64,
 }
 
 impl Recording {
@@ -257,7 +280,12 @@ impl Recording {
         serde_json::to_writer(&mut gz, self).map_err(|e| werr(io::Error::other(e)))?;
         let mut out = gz.finish().map_err(werr)?;
         out.flush().map_err(werr)?;
-        out.get_ref().sync_all().map_err(werr)
+        // Only a regular file can be synced (a device such as /dev/null refuses).
+        let file = out.get_ref();
+        if file.metadata().map_err(werr)?.is_file() {
+            file.sync_all().map_err(werr)?;
+        }
+        Ok(())
     }
 
     pub fn read(path: &Path) -> Result<Recording, RecordingError> {
@@ -322,6 +350,7 @@ pub(crate) mod tests {
             cuda: None,
             lost: BTreeMap::new(),
             notes: vec![],
+            cut: None,
         }
     }
 

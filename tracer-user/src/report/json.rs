@@ -57,6 +57,8 @@ struct JsonReport<'a> {
     lost_events: u64,
     lost_detail: &'a BTreeMap<String, u64>,
     notes: &'a [String],
+    /// Set when the recording ends at a checkpoint (the tracer did not finish); null otherwise.
+    cut: Option<&'a crate::recording::Cut>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -99,6 +101,7 @@ pub fn render(rec: &Recording) -> String {
         lost_events: rec.lost_events(),
         lost_detail: &rec.lost,
         notes: &rec.notes,
+        cut: rec.cut.as_ref(),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
@@ -123,5 +126,15 @@ mod tests {
         assert_eq!(s["errnos"]["ENOENT"], 3);
         assert_eq!(s["hist_log2_ns"].as_array().unwrap().len(), 40);
         assert_eq!(v["lost_events"], 0);
+        assert!(v["cut"].is_null());
+    }
+
+    #[test]
+    fn a_checkpoint_says_it_is_cut() {
+        let mut rec = crate::recording::tests::sample();
+        rec.cut = Some(crate::recording::Cut { reason: crate::recording::CutReason::Checkpoint, at_unix_ms: 1234 });
+        let v: serde_json::Value = serde_json::from_str(&super::render(&rec)).unwrap();
+        assert_eq!(v["cut"]["reason"], "checkpoint");
+        assert_eq!(v["cut"]["at_unix_ms"], 1234);
     }
 }

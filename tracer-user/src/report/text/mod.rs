@@ -18,7 +18,10 @@ use super::{
     fmt::fmt_duration,
     rows::{syscall_rows, totals, SyscallRow},
 };
-use crate::recording::Recording;
+use crate::{
+    clock,
+    recording::{CutReason, Recording},
+};
 
 pub fn render(rec: &Recording) -> String {
     let mut out = String::new();
@@ -35,6 +38,17 @@ pub fn render(rec: &Recording) -> String {
         grand.count,
         rec.lost_events()
     );
+    if let Some(cut) = &rec.cut {
+        let why = match cut.reason {
+            CutReason::Checkpoint => "the tracer did not finish (killed, crashed, or still running)",
+        };
+        let _ = writeln!(
+            out,
+            "CUT: this recording ends at the tracer's last checkpoint, taken {} ({} into the window): {why}; what came after is missing",
+            clock::local_time(cut.at_unix_ms),
+            fmt_duration(rec.duration_ns)
+        );
+    }
     if let Some(c) = &rec.cuda {
         // Findings first: they name the bottleneck and the call site.
         cuda::render(&mut out, c);
@@ -82,5 +96,16 @@ mod tests {
         assert!(s.contains("openat"));
         assert!(s.contains("ENOENT x3"));
         assert!(s.contains("lost events: 0"));
+        assert!(!s.contains("CUT"));
+    }
+
+    #[test]
+    fn a_checkpoint_says_it_is_cut() {
+        let mut rec = crate::recording::tests::sample();
+        rec.cut = Some(crate::recording::Cut { reason: crate::recording::CutReason::Checkpoint, at_unix_ms: 1_700_000_000_000 });
+        let s = super::render(&rec);
+        let line = s.lines().nth(1).unwrap_or_default();
+        assert!(line.starts_with("CUT: this recording ends at the tracer's last checkpoint, taken 20"), "{s}");
+        assert!(line.contains("the tracer did not finish"), "{line}");
     }
 }
