@@ -273,7 +273,9 @@ fn bombs() -> Vec<(&'static str, Vec<u8>)> {
 
 /// What one input may cost, at most, under [`LIMITS`].
 const MAX_CASE_TIME: Duration = Duration::from_secs(2);
-const LIMITS: ReadLimits = ReadLimits { max_inflated: 4 << 20 };
+const LIMITS: ReadLimits = ReadLimits { max_inflated: 4 << 20, max_ratio: None, ratio_floor: 0 };
+/// The default ratio bound, with a floor small enough for a unit test.
+const RATIO: ReadLimits = ReadLimits { max_inflated: 1 << 30, max_ratio: Some(100), ratio_floor: 1 << 20 };
 /// The parsed recording can be several times its JSON (a `0,` is a u64 in
 /// a vector that doubles as it grows), plus the buffers.
 const MAX_CASE_ALLOC: usize = 24 * (4 << 20) + (4 << 20);
@@ -293,15 +295,23 @@ fn check(input: &[u8], limits: ReadLimits, what: &dyn Fn() -> String) -> Result<
 #[test]
 fn bombs_are_refused_quickly_in_little_memory() {
     for (name, file) in bombs() {
-        // The string and whitespace bounds hold whatever the limit on the
-        // inflated size; an array of zeros is bounded by that limit only
-        // (1 GiB of `0,` is 4 GiB of u64s), so it runs under the small one.
-        let limits: &[ReadLimits] = if name == "an array of zeros" { &[LIMITS] } else { &[ReadLimits::default(), LIMITS] };
+        // The string and whitespace bounds hold whatever the limits; an
+        // array of zeros passes them, and is stopped by the size or the
+        // ratio bound (under the default floor, 64 MiB of `0,` would be
+        // 256 MiB of u64s: too slow for a unit test).
+        let limits: &[ReadLimits] =
+            if name == "an array of zeros" { &[LIMITS, RATIO] } else { &[ReadLimits::default(), LIMITS, RATIO] };
         for &limits in limits {
             let t = Instant::now();
             let (r, peak) = peak_alloc(|| Recording::from_reader(&file[..], Path::new("bomb.itr"), limits));
             let err = r.expect_err(name);
-            assert!(matches!(err, RecordingError::Corrupt { .. } | RecordingError::TooLarge { .. }), "{name}: {err}");
+            assert!(
+                matches!(err, RecordingError::Corrupt { .. } | RecordingError::TooLarge { .. } | RecordingError::Bomb { .. }),
+                "{name}: {err}"
+            );
+            if name == "an array of zeros" && limits == RATIO {
+                assert!(matches!(err, RecordingError::Bomb { ratio: 100, .. }), "{err}");
+            }
             assert!(t.elapsed() < Duration::from_secs(2), "{name}: {:?}", t.elapsed());
             assert!(peak < 64 << 20, "{name}: {peak} bytes allocated at once ({err})");
         }

@@ -4,7 +4,12 @@
 //! the JSON parser (which streams: it never holds the inflated text, only
 //! what it builds) and stops the read, with the reason, when:
 //! - the inflated data passes [`ReadLimits::max_inflated`]
-//!   ([`DEFAULT_MAX_INFLATED`]; `report --max-inflated` raises it);
+//!   ([`DEFAULT_MAX_INFLATED`]; `report --max-inflated` sets it);
+//! - past [`DEFAULT_RATIO_FLOOR`], the data inflates more than
+//!   [`DEFAULT_MAX_RATIO`] times the compressed bytes read (recordings
+//!   compress 5 to 30 times; a gzip bomb about 1000 times): a 1 MB bomb
+//!   stops at 100 MB, whatever it holds. An explicit `--max-inflated`
+//!   lifts this bound (the user vouches for the file);
 //! - one JSON string passes [`MAX_STRING`] bytes (names, paths and
 //!   arguments are far shorter: the kernel caps an argument at 128 KiB);
 //! - [`MAX_BARE_RUN`] bytes pass outside strings without a `{}[],:`
@@ -13,10 +18,18 @@
 //!
 //! Nesting depth is bounded by the JSON parser itself (128 levels).
 
-use std::io::{self, Read};
+use std::{
+    cell::Cell,
+    io::{self, Read},
+    rc::Rc,
+};
 
 /// Default most inflated bytes `report` reads (`--max-inflated`).
 pub const DEFAULT_MAX_INFLATED: u64 = 1 << 30;
+/// Default most inflated bytes per compressed byte, past the floor.
+pub const DEFAULT_MAX_RATIO: u64 = 100;
+/// Inflated bytes read before the ratio applies.
+pub const DEFAULT_RATIO_FLOOR: u64 = 64 << 20;
 /// Longest JSON string (escaped bytes) a recording may hold.
 pub const MAX_STRING: u64 = 16 << 20;
 /// Longest run of bytes outside strings between two structural characters.
@@ -27,11 +40,44 @@ pub const MAX_BARE_RUN: u64 = 64 << 10;
 pub struct ReadLimits {
     /// Most bytes of JSON the compressed stream may inflate to.
     pub max_inflated: u64,
+    /// Past `ratio_floor` inflated bytes, at most this many per compressed
+    /// byte read (None: no such bound).
+    pub max_ratio: Option<u64>,
+    pub ratio_floor: u64,
 }
 
 impl Default for ReadLimits {
     fn default() -> Self {
-        ReadLimits { max_inflated: DEFAULT_MAX_INFLATED }
+        ReadLimits { max_inflated: DEFAULT_MAX_INFLATED, max_ratio: Some(DEFAULT_MAX_RATIO), ratio_floor: DEFAULT_RATIO_FLOOR }
+    }
+}
+
+impl ReadLimits {
+    /// A plain bound on the inflated size, no ratio bound (`--max-inflated`).
+    pub fn plain(max_inflated: u64) -> Self {
+        ReadLimits { max_inflated, max_ratio: None, ratio_floor: 0 }
+    }
+}
+
+/// Counts the compressed bytes read through it, for [`Guard`]'s ratio.
+pub struct Counted<R> {
+    inner: R,
+    count: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Counted<R> {
+    /// The reader, and the count it keeps.
+    pub fn new(inner: R, already: u64) -> (Self, Rc<Cell<u64>>) {
+        let count = Rc::new(Cell::new(already));
+        (Counted { inner, count: Rc::clone(&count) }, count)
+    }
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
     }
 }
 
@@ -39,6 +85,8 @@ impl Default for ReadLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitHit {
     Inflated { limit: u64 },
+    /// Inflated `inflated` bytes from `compressed`.
+    Ratio { inflated: u64, compressed: u64 },
     String { at: u64 },
     BareRun { at: u64 },
 }
@@ -51,6 +99,8 @@ pub enum LimitHit {
 pub struct Guard<R> {
     inner: R,
     limits: ReadLimits,
+    /// Compressed bytes read so far (None: no ratio bound).
+    compressed: Option<Rc<Cell<u64>>>,
     /// Inflated bytes passed through so far.
     offset: u64,
     in_string: bool,
@@ -61,8 +111,10 @@ pub struct Guard<R> {
 }
 
 impl<R: Read> Guard<R> {
-    pub fn new(inner: R, limits: ReadLimits) -> Self {
-        Guard { inner, limits, offset: 0, in_string: false, escaped: false, run: 0, hit: None }
+    /// `compressed`: the count of compressed bytes read (from [`Counted`]),
+    /// for the ratio bound.
+    pub fn new(inner: R, limits: ReadLimits, compressed: Option<Rc<Cell<u64>>>) -> Self {
+        Guard { inner, limits, compressed, offset: 0, in_string: false, escaped: false, run: 0, hit: None }
     }
 
     /// The bound that stopped the read, if one did.
@@ -118,12 +170,19 @@ impl<R: Read> Read for Guard<R> {
         let left = self.limits.max_inflated.saturating_sub(self.offset).saturating_add(1);
         let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
-        if self.offset + n as u64 > self.limits.max_inflated {
+        let end = self.offset + n as u64;
+        let compressed = self.compressed.as_ref().map(|c| c.get());
+        if end > self.limits.max_inflated {
             self.hit = Some(LimitHit::Inflated { limit: self.limits.max_inflated });
-        } else {
+        } else if let (Some(ratio), Some(compressed)) = (self.limits.max_ratio, compressed) {
+            if end > self.limits.ratio_floor && end / compressed.max(1) > ratio {
+                self.hit = Some(LimitHit::Ratio { inflated: end, compressed });
+            }
+        }
+        if self.hit.is_none() {
             self.hit = self.scan(&buf[..n]);
         }
-        self.offset += n as u64;
+        self.offset = end;
         match self.hit {
             Some(_) => Err(io::Error::other("reading limit passed")),
             None => Ok(n),
@@ -170,7 +229,7 @@ mod tests {
     use super::*;
 
     fn read_all(data: &[u8], max: u64) -> (io::Result<Vec<u8>>, Option<LimitHit>) {
-        let mut g = Guard::new(data, ReadLimits { max_inflated: max });
+        let mut g = Guard::new(data, ReadLimits::plain(max), None);
         let mut out = Vec::new();
         let r = g.read_to_end(&mut out).map(|_| out);
         (r, g.hit())
@@ -205,6 +264,16 @@ mod tests {
 
         let spaces = vec![b' '; MAX_BARE_RUN as usize + 1];
         assert_eq!(read_all(&spaces, u64::MAX).1, Some(LimitHit::BareRun { at: MAX_BARE_RUN }));
+
+        // Past the floor, no more than `max_ratio` times what was read.
+        let limits = ReadLimits { max_inflated: u64::MAX, max_ratio: Some(10), ratio_floor: 1000 };
+        let data = b"[1,2],".repeat(1000);
+        let compressed = [b'x'; 100];
+        let (mut counted, count) = Counted::new(&compressed[..], 0);
+        let _ = counted.read_to_end(&mut Vec::new());
+        let mut g = Guard::new(&data[..], limits, Some(count));
+        assert!(g.read_to_end(&mut Vec::new()).is_err());
+        assert!(matches!(g.hit(), Some(LimitHit::Ratio { inflated, compressed: 100 }) if inflated > 1000), "{:?}", g.hit());
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub enum RecordingError {
     Corrupt { path: PathBuf, detail: String },
     #[error("{path} inflates to more than {} (the reading limit); not read", fmt_size(*limit))]
     TooLarge { path: PathBuf, limit: u64 },
+    #[error("{path} inflates more than {ratio} times its size ({} from {}): a decompression bomb?; not read", fmt_size(*inflated), fmt_size(*compressed))]
+    Bomb { path: PathBuf, ratio: u64, inflated: u64, compressed: u64 },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
 }
@@ -66,6 +68,9 @@ impl RecordingError {
                 "if the file is trusted, raise the limit, e.g. `--max-inflated {}`; reading needs a few times that in memory",
                 fmt_size(limit.saturating_mul(4).max(4 << 30)).replace(' ', "")
             ),
+            Self::Bomb { .. } => {
+                "if the file is trusted, read it with an explicit limit, e.g. `--max-inflated 4GiB`; reading needs a few times that in memory".into()
+            }
             Self::Write { .. } => "check free space and permissions of the output directory".into(),
         }
     }
@@ -331,11 +336,18 @@ impl Recording {
             return Err(RecordingError::BadEncoding { path: err_path(), found: encoding });
         }
         // The parser reads byte by byte: buffer the inflated side too.
-        let mut guard = Guard::new(GzDecoder::new(input), limits);
+        let (input, compressed) = limits::Counted::new(input, header.len() as u64);
+        let mut guard = Guard::new(GzDecoder::new(input), limits, Some(compressed));
         let parsed = serde_json::from_reader(BufReader::with_capacity(64 << 10, &mut guard));
         match (parsed, guard.hit()) {
             (Ok(rec), _) => Ok(rec),
             (Err(_), Some(LimitHit::Inflated { limit })) => Err(RecordingError::TooLarge { path: err_path(), limit }),
+            (Err(_), Some(LimitHit::Ratio { inflated, compressed })) => Err(RecordingError::Bomb {
+                path: err_path(),
+                ratio: limits.max_ratio.unwrap_or_default(),
+                inflated,
+                compressed,
+            }),
             (Err(_), Some(LimitHit::String { at })) => Err(RecordingError::Corrupt {
                 path: err_path(),
                 detail: format!("a string longer than {} at inflated byte {at} (no recording holds one)", fmt_size(limits::MAX_STRING)),
@@ -444,10 +456,10 @@ pub(crate) mod tests {
 
         // The inflated-size limit, and the hint that raises it.
         rec.write_to(File::create(&path).unwrap(), &path).unwrap();
-        let e = Recording::read_limited(&path, ReadLimits { max_inflated: 100 }).unwrap_err();
+        let e = Recording::read_limited(&path, ReadLimits::plain(100)).unwrap_err();
         assert!(matches!(e, RecordingError::TooLarge { limit: 100, .. }), "{e}");
         assert!(e.to_string().contains("inflates to more than 100 B") && e.hint().contains("--max-inflated 4GiB"), "{e}: {}", e.hint());
-        assert!(Recording::read_limited(&path, ReadLimits { max_inflated: 100_000 }).is_ok());
+        assert!(Recording::read_limited(&path, ReadLimits::plain(100_000)).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
