@@ -142,7 +142,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Read at most this much inflated recording data (e.g. 512MiB, 4GiB), for a file you trust. By
         /// default: 1GiB, and past 64MiB at most 100 times the file's size (a gzip bomb inflates 1000 times).
         /// Reading needs a few times this in memory.
-        #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated)]
+        #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
         max_inflated: Option<u64>,
     },
 }
