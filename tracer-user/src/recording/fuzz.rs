@@ -204,7 +204,7 @@ fn mutate_json(rng: &mut Rng, j: &mut Vec<u8>) {
         }
         6 => {
             // A long run of whitespace or digits.
-            let c = *rng.pick(&[b' ', b'\n', b'7']);
+            let c = *rng.pick(b" \n7");
             j.splice(at..at, std::iter::repeat_n(c, rng.below(1 << 17)));
         }
         7 => {

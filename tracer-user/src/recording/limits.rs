@@ -195,7 +195,7 @@ pub fn fmt_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for (unit, size) in UNITS {
         if bytes >= size {
-            return if bytes % size == 0 {
+            return if bytes.is_multiple_of(size) {
                 format!("{} {unit}", bytes / size)
             } else {
                 format!("{:.1} {unit}", bytes as f64 / size as f64)
