@@ -360,6 +360,28 @@ fn hostile_names_do_not_reach_the_terminal() {
             "{what}: argv not shown escaped\n{text}"
         );
     }
+    // JSON keeps the names as they are, with what a terminal acts on
+    // \u-escaped.
+    let r = run_infertrace([
+        OsStr::new("report"),
+        out.as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+    ]);
+    let bad = raw_controls(&r.stdout);
+    assert!(
+        bad.is_empty(),
+        "JSON report: raw control characters {bad:?}"
+    );
+    let rep = r.json();
+    assert_eq!(
+        rep.0["targets"][0]["comm"], MAIN_NAME,
+        "JSON: the name changed"
+    );
+    assert_eq!(
+        rep.0["targets"][0]["cmdline"][3], ARG,
+        "JSON: the argument changed"
+    );
     // Folded stacks and the flame graph carry the process name too.
     for format in ["folded", "svg"] {
         let r = run_infertrace([

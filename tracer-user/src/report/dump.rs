@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::fmt::{printable, printable_text};
+use super::fmt::{printable, printable_json, printable_text};
 use crate::recording::{Frame, FrameKind, ThreadDump};
 
 /// py-spy-like text:
@@ -53,7 +53,7 @@ fn frame_text(f: &Frame) -> String {
 /// "line", "kind"}]}`, frames leaf first (`module` too on native frames
 /// where known).
 pub fn render_dump_json(dumps: &[ThreadDump]) -> String {
-    serde_json::to_string_pretty(dumps).expect("thread dumps serialize")
+    printable_json(serde_json::to_string_pretty(dumps).expect("thread dumps serialize"))
 }
 
 #[cfg(test)]

@@ -146,6 +146,26 @@ pub fn printable_text(text: String) -> String {
     out
 }
 
+/// JSON text made safe for a terminal without changing what it says: the
+/// characters [`printable`] escapes that JSON leaves raw (DEL, C1 controls,
+/// bidirectional overrides; JSON escapes the C0 controls itself) written as
+/// `\uXXXX`. Outside strings JSON is plain ASCII, so they only occur inside
+/// strings, where the escape decodes to the same character.
+pub fn printable_json(json: String) -> String {
+    if !json.chars().any(needs_escape) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if needs_escape(c) && !matches!(c, '\n' | '\r' | '\t') {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// bpftrace-style rows of a log2 ns histogram, from the first to the last
 /// non-empty bucket.
 pub fn histogram_rows(out: &mut String, hist: &[u64]) {
@@ -180,6 +200,12 @@ mod tests {
         let text = printable_text("line \x1b[2J one\nline two\n".to_owned());
         assert_eq!(text, "line \\x1b[2J one\nline two\n");
         assert_eq!(printable_text("plain\n".to_owned()), "plain\n");
+        let json = serde_json::to_string_pretty(&serde_json::json!({"comm": "a\u{9b}b\u{7f}\u{202e}\x1b\n"})).unwrap();
+        let safe = printable_json(json);
+        assert!(!safe.chars().any(|c| c != '\n' && needs_escape(c)), "{safe}");
+        assert!(safe.contains(r#""a\u009bb\u007f\u202e\u001b\n""#), "{safe}");
+        let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back["comm"], "a\u{9b}b\u{7f}\u{202e}\x1b\n");
     }
 
     #[test]
