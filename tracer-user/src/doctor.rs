@@ -40,7 +40,7 @@ fn privileges() -> Check {
         check(
             "privileges",
             Status::Fail,
-            format!("uid {euid} without CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN"),
+            format!("uid {euid} lacks {} (and CAP_SYS_ADMIN, which implies both)", session::missing_tracing_caps().join(" and ")),
             Some("run as root (sudo), or `setcap cap_bpf,cap_perfmon,cap_sys_admin+ep $(which infertrace)`; in a container use --privileged"),
         )
     }
@@ -75,6 +75,13 @@ fn btf() -> Check {
 fn tracefs_check() -> Check {
     match tracefs::find() {
         Some(p) => check("tracefs", Status::Pass, format!("mounted at {}", p.display()), None),
+        // Mode 0700, root's: mounted, but this user cannot read it.
+        None if tracefs::mount_point().is_some() => check(
+            "tracefs",
+            Status::Warn,
+            tracefs::ensure_mounted().err().map(|e| e.to_string()).unwrap_or_else(|| "mounted".into()),
+            Some("run infertrace as root (root reads it)"),
+        ),
         None if session::has_tracing_privileges() => match tracefs::ensure_mounted() {
             Ok((p, _)) => check("tracefs", Status::Pass, format!("was missing; mounted at {}", p.display()), None),
             Err(e) => check(

@@ -9,7 +9,13 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use infertrace::{checkpoint, collect, doctor, nvml, python, recording::Recording, report, report::folded::Profile, sched::SchedOptions, session};
+use infertrace::{
+    checkpoint, collect, doctor, nvml, python,
+    recording::{limits, ReadLimits, Recording},
+    report::{self, fmt::printable, folded::Profile},
+    sched::SchedOptions,
+    session,
+};
 
 #[derive(Parser)]
 #[command(
@@ -63,16 +69,16 @@ SIGUSR1 writes the recording so far beside the output (FILE.snapshot.itr, replac
 Probes are owned by this process: however it ends (even kill -9), the kernel removes them.")]
     Record {
         /// Attach to a running process (all its threads, and threads it starts later). Repeatable.
-        #[arg(short = 'p', long = "pid", value_name = "PID")]
+        #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid, allow_negative_numbers = true)]
         pids: Vec<u32>,
-        /// Stop after this long (e.g. 500ms, 10s, 2m, 1h; a bare number is seconds).
-        #[arg(short, long, value_parser = parse_duration, value_name = "DURATION")]
+        /// Stop after this long (e.g. 500ms, 10s, 2m, 1h, 1d; a bare number is seconds; at most 365d).
+        #[arg(short, long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
         duration: Option<Duration>,
         /// Recording file to write [default: infertrace-<timestamp>.itr].
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Replace FILE with the recording so far this often, marked cut, so a killed tracer leaves it (0 turns it off).
-        #[arg(long, value_parser = parse_duration_or_zero, default_value = checkpoint::DEFAULT_EVERY, value_name = "DURATION")]
+        #[arg(long, value_parser = parse_checkpoint_every, default_value = checkpoint::DEFAULT_EVERY, value_name = "DURATION", allow_hyphen_values = true)]
         checkpoint_every: Duration,
         /// No status line on stderr.
         #[arg(short, long)]
@@ -80,8 +86,9 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Format of the report printed at the end (`report` renders the recording in any format later).
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
-        /// CPU sampling frequency in Hz, on every CPU (0 turns sampling off).
-        #[arg(short = 'F', long, default_value_t = collect::DEFAULT_FREQUENCY, value_name = "HZ")]
+        /// CPU sampling frequency in Hz, on every CPU, 0 to 10000 (0 turns sampling off).
+        #[arg(short = 'F', long, default_value_t = collect::DEFAULT_FREQUENCY, value_name = "HZ",
+              value_parser = parse_frequency, allow_negative_numbers = true)]
         frequency: u64,
         /// Syscall accounting only: no scheduler tracing, no CPU sampling (lowest overhead).
         #[arg(long)]
@@ -89,8 +96,9 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Do not capture stacks when threads go off CPU.
         #[arg(long)]
         no_offcpu_stacks: bool,
-        /// Syscalls at least this slow get their Python and native stacks recorded (0 turns it off).
-        #[arg(long, value_parser = parse_duration_or_zero, default_value = collect::DEFAULT_SLOW_SYSCALL, value_name = "DURATION")]
+        /// Syscalls at least this slow get their Python and native stacks recorded, 1us to 24h (0 turns it off).
+        #[arg(long, value_parser = parse_slow_syscall, default_value = collect::DEFAULT_SLOW_SYSCALL, value_name = "DURATION",
+              allow_hyphen_values = true)]
         slow_syscall: Duration,
         /// Do not look for CPython in the targets (native stacks only).
         #[arg(long)]
@@ -118,7 +126,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
     #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).")]
     Dump {
         /// The process.
-        #[arg(short = 'p', long = "pid", value_name = "PID")]
+        #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid, allow_negative_numbers = true)]
         pid: u32,
         #[arg(long, value_enum, default_value = "text")]
         format: DumpFormat,
@@ -139,12 +147,22 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Write the report here instead of stdout.
         #[arg(short, long, value_name = "OUT")]
         output: Option<PathBuf>,
+        /// Read at most this much inflated recording data (e.g. 512MiB, 4GiB), for a file you trust. By
+        /// default: 1GiB, and past 64MiB at most 100 times the file's size (a gzip bomb inflates 1000 times).
+        /// Reading needs a few times this in memory.
+        #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
+        max_inflated: Option<u64>,
     },
 }
 
-/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// `500ms`, `10s`, `2m`, `1h`, `1d`, or a bare number of seconds, from
+/// `min` to `max` (inclusive); out-of-range values are refused here, before
+/// anything is attached, and never reach a `Duration` conversion.
+fn parse_span(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!("`{s}` is negative (a duration is positive, e.g. 10s)"));
+    }
     let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let value: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (examples: 500ms, 10s, 2m)"))?;
@@ -154,19 +172,79 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "us" => value / 1e6,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("invalid duration unit `{unit}` in `{s}` (use ms, s, m or h)")),
+        "d" => value * 86400.0,
+        _ => return Err(format!("invalid duration unit `{unit}` in `{s}` (use us, ms, s, m, h or d)")),
     };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("duration must be positive: `{s}`"));
+    let range = || format!("{} to {}", fmt_span(min), fmt_span(max));
+    if !(secs > 0.0 && secs.is_finite()) || secs < min.as_secs_f64() {
+        return Err(format!("`{s}` is too short (use {})", range()));
+    }
+    if secs > max.as_secs_f64() {
+        return Err(format!("`{s}` is too long (use {})", range()));
     }
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
+/// `1us`, `24h`, `365d`: the bounds in [`parse_span`]'s messages.
+fn fmt_span(d: Duration) -> String {
+    match d.as_secs() {
+        0 if d.as_micros() < 1000 => format!("{}us", d.as_micros()),
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86400 == 0 && s > 86400 => format!("{}d", s / 86400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s => format!("{s}s"),
+    }
+}
+
+/// `record --duration`: 1 ms to [`collect::MAX_DURATION`].
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_span(s, Duration::from_millis(1), collect::MAX_DURATION)
+}
+
+/// `record --slow-syscall`: 0 (off), or [`collect::MIN_SLOW_SYSCALL`] to
+/// [`collect::MAX_SLOW_SYSCALL`].
+fn parse_slow_syscall(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    parse_duration(s)
+    parse_span(s, collect::MIN_SLOW_SYSCALL, collect::MAX_SLOW_SYSCALL).map_err(|e| format!("{e}, or 0 to turn it off"))
+}
+
+/// `record --checkpoint-every`: 0 (off), or 10 ms to 24 h.
+fn parse_checkpoint_every(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_span(s, Duration::from_millis(10), Duration::from_secs(24 * 3600)).map_err(|e| format!("{e}, or 0 to turn it off"))
+}
+
+/// `record -F`: 0 (off) to [`collect::MAX_FREQUENCY`] Hz.
+fn parse_frequency(s: &str) -> Result<u64, String> {
+    let max = collect::MAX_FREQUENCY;
+    let range = format!("use 0 (off) to {max} Hz; {} is the default", collect::DEFAULT_FREQUENCY);
+    match s.trim().parse::<i128>() {
+        Ok(hz) if (0..=i128::from(max)).contains(&hz) => Ok(hz as u64),
+        Ok(_) => Err(format!("{s} Hz is out of range ({range})")),
+        Err(_) => Err(format!("`{s}` is not a whole number of Hz ({range})")),
+    }
+}
+
+/// `-p`: a process id, 1 or more.
+fn parse_pid(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<i128>() {
+        Ok(pid) if pid >= 1 && pid <= i128::from(u32::MAX) => Ok(pid as u32),
+        Ok(_) => Err(format!("{s} is not a pid (pids are positive numbers; `ps -e` lists them)")),
+        Err(_) => Err(format!("`{s}` is not a pid (a number, e.g. -p 1234)")),
+    }
+}
+
+/// `report --max-inflated`: a size of at least 1 MiB.
+fn parse_max_inflated(s: &str) -> Result<u64, String> {
+    let v = limits::parse_size(s)?;
+    if v < 1 << 20 {
+        return Err(format!("`{s}` is too small (at least 1MiB; the default is 1GiB)"));
+    }
+    Ok(v)
 }
 
 fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<String> {
@@ -202,7 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
             if let Some(note) = interp.layout_note() {
-                eprintln!("note: {note}");
+                eprintln!("note: {}", printable(&note));
             }
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {
@@ -211,8 +289,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Report { file, format, profile, output } => {
-            let rec = Recording::read(&file).map_err(|e| anyhow::anyhow!("{e} (hint: pass a .itr file written by `infertrace record`)"))?;
+        Command::Report { file, format, profile, output, max_inflated } => {
+            let limits = max_inflated.map(ReadLimits::plain).unwrap_or_default();
+            let rec = Recording::read_limited(&file, limits)
+                .map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
             let text = render(&rec, format, profile)?;
             match output {
                 Some(out) => std::fs::write(&out, text)
@@ -222,9 +302,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, command } => {
-            if frequency > 10_000 {
-                bail!("--frequency {frequency} is too high (hint: use at most 10000 Hz; 99 is the default)");
-            }
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
             let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
@@ -258,15 +335,66 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A command-line error as one line, `error: <what> (hint: <remedy>)`,
+/// like every other error: clap's message, its tip as the hint (or where to
+/// read the options), without its usage block. Help and version print as
+/// clap prints them.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        let _ = e.print();
+        return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    }
+    let args: Vec<String> = std::env::args().collect();
+    eprintln!("{}", usage_error_line(&e.render().to_string(), &args));
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+}
+
+/// The one line for clap's `rendered` error, given the command line `args`.
+fn usage_error_line(rendered: &str, args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut what = String::new();
+    let mut tips = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if let Some(m) = line.strip_prefix("error: ") {
+            what = m.to_owned();
+        } else if let Some(t) = line.strip_prefix("tip: ") {
+            tips.push(t.to_owned());
+        } else if let Some(v) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            // `[possible values: text, json, ...]`
+            tips.push(v.to_owned());
+        }
+    }
+    let sub = args.get(1).filter(|a| Cli::command().get_subcommands().any(|c| c.get_name() == a.as_str()));
+    let command = match sub {
+        Some(sub) => format!("infertrace {sub}"),
+        None => "infertrace".to_owned(),
+    };
+    // clap's "to pass '-x' as a value, use '-- -x'" is wrong for `record`,
+    // where what follows `--` is the command to launch.
+    if command.ends_with(" record") {
+        tips.retain(|t| !t.contains("'-- "));
+    }
+    let hint = if tips.is_empty() { format!("`{command} --help` lists the options") } else { tips.join("; ") };
+    if what.is_empty() {
+        what = rendered.lines().next().unwrap_or("invalid command line").to_owned();
+    }
+    format!("error: {} (hint: {})", printable(&what), printable(&hint))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            // One line: the error and its causes, then the hint.
+            // One line: the error and its causes, then the hint; names and
+            // paths in it escaped for the terminal.
             let msg = e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
             // A closed stderr is no reason to panic.
-            let _ = writeln!(std::io::stderr(), "error: {}", msg.replace('\n', " "));
+            let _ = writeln!(std::io::stderr(), "error: {}", printable(&msg.replace('\n', " ")));
             ExitCode::FAILURE
         }
     }
@@ -279,9 +407,9 @@ mod tests {
     #[test]
     fn flag_defaults_are_the_options_defaults() {
         let d = collect::RecordOptions::default();
-        assert_eq!(parse_duration_or_zero(collect::DEFAULT_SLOW_SYSCALL).unwrap(), d.slow_syscall.unwrap());
+        assert_eq!(parse_slow_syscall(collect::DEFAULT_SLOW_SYSCALL).unwrap(), d.slow_syscall.unwrap());
         assert_eq!((d.sched.frequency, d.gpu_sample_hz), (collect::DEFAULT_FREQUENCY, nvml::DEFAULT_HZ));
-        assert_eq!(parse_duration_or_zero(checkpoint::DEFAULT_EVERY).ok(), d.checkpoint_every);
+        assert_eq!(parse_checkpoint_every(checkpoint::DEFAULT_EVERY).ok(), d.checkpoint_every);
     }
 
     #[test]
@@ -290,9 +418,60 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("365d").unwrap(), collect::MAX_DURATION);
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("5x").is_err());
+    }
+
+    #[test]
+    fn huge_and_negative_values_are_refused_in_one_line() {
+        for bad in ["3000000000000000h", "6000000000000000h", "366d", "1e400", "99999999999999999999999999999", "-1", "-5s", "inf", "NaN"] {
+            let e = parse_duration(bad).expect_err(bad);
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(parse_duration("3000000000000000h").unwrap_err().contains("too long (use 1ms to 365d)"));
+        assert!(parse_duration("-1").unwrap_err().contains("negative"));
+        assert_eq!(parse_slow_syscall("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_slow_syscall("24h").unwrap(), collect::MAX_SLOW_SYSCALL);
+        for bad in ["6000000000000000h", "25h", "100ns", "0.0000001", "-1ms"] {
+            let e = parse_slow_syscall(bad).expect_err(bad);
+            assert!(e.ends_with("or 0 to turn it off") || e.contains("negative"), "{e}");
+        }
+        assert_eq!(parse_frequency("0"), Ok(0));
+        assert_eq!(parse_frequency("10000"), Ok(10_000));
+        for bad in ["10001", "-1", "18446744073709551616", "1.5", "x"] {
+            assert!(parse_frequency(bad).expect_err(bad).contains("0 (off) to 10000 Hz"));
+        }
+        assert_eq!(parse_pid("1"), Ok(1));
+        for bad in ["0", "-1", "4294967296", "x"] {
+            assert!(parse_pid(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_max_inflated("4GiB"), Ok(4 << 30));
+        assert!(parse_max_inflated("1K").is_err());
+    }
+
+    /// What the binary prints for bad command lines: one line, clap's tip
+    /// as the hint unless it is wrong for `record`.
+    #[test]
+    fn usage_errors_are_one_line() {
+        use clap::Parser as _;
+        let line = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(_) => panic!("{args:?} accepted"),
+            Err(e) => usage_error_line(&e.render().to_string(), &args.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
+        };
+        let l = line(&["infertrace", "record", "--duration", "-1", "--", "true"]);
+        assert!(l.starts_with("error: invalid value '-1' for '--duration <DURATION>': `-1` is negative"), "{l}");
+        assert!(l.ends_with("(hint: `infertrace record --help` lists the options)"), "{l}");
+        let l = line(&["infertrace", "record", "-x", "--", "true"]);
+        assert!(!l.contains("'-- "), "{l}");
+        let l = line(&["infertrace", "record", "-F", "-1", "--", "true"]);
+        assert!(l.contains("-1 Hz is out of range"), "{l}");
+        let l = line(&["infertrace", "report", "x.itr", "--formt", "json"]);
+        assert!(l.contains("(hint: a similar argument exists: '--format')"), "{l}");
+        let l = line(&["infertrace", "report", "x.itr", "--format", "\x1b]0;PWNED\x07"]);
+        assert!(!l.chars().any(char::is_control), "{l:?}");
+        assert!(l.ends_with("(hint: possible values: text, json, folded, svg)"), "{l}");
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
 pub enum RecordError {
     #[error("nothing to trace")]
     NoTarget,
-    #[error("tracing needs root or CAP_BPF+CAP_PERFMON (this process has neither)")]
+    #[error("tracing needs root or CAP_BPF+CAP_PERFMON (this process lacks {})", missing_tracing_caps().join(" and "))]
     NotPermitted,
     #[error("kernel BTF not found at {0}")]
     NoBtf(PathBuf),
@@ -129,8 +129,24 @@ const CAP_BPF: u64 = 1 << 39;
 
 /// Root or CAP_BPF+CAP_PERFMON (CAP_SYS_ADMIN implies both on older kernels).
 pub fn has_tracing_privileges() -> bool {
-    let caps = procfs::own_effective_caps().unwrap_or(0);
-    caps & CAP_SYS_ADMIN != 0 || (caps & CAP_BPF != 0 && caps & CAP_PERFMON != 0)
+    missing_tracing_caps().is_empty()
+}
+
+/// The capabilities this process lacks to trace (none with CAP_SYS_ADMIN,
+/// which implies both), e.g. `["CAP_PERFMON"]` when it holds CAP_BPF only.
+pub fn missing_tracing_caps() -> Vec<&'static str> {
+    missing_caps(procfs::own_effective_caps().unwrap_or(0))
+}
+
+fn missing_caps(effective: u64) -> Vec<&'static str> {
+    if effective & CAP_SYS_ADMIN != 0 {
+        return Vec::new();
+    }
+    [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|(bit, _)| effective & bit == 0)
+        .map(|(_, name)| name)
+        .collect()
 }
 
 pub fn btf_path() -> PathBuf {
@@ -330,7 +346,8 @@ async fn record_inner(
     let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
     let mut tick = tokio::time::interval(tick_every);
     let mut due = vec![Instant::now(); collectors.len()];
-    let deadline = cx.opts.duration.map(|d| tokio::time::Instant::now() + d);
+    // A window too long for the clock has no deadline (the CLI caps --duration).
+    let deadline = cx.opts.duration.and_then(|d| tokio::time::Instant::now().checked_add(d));
     // One period into the window, then every period: not at once, when a
     // launched command is loading its libraries (the first snapshot
     // symbolizes, which holds the loop up for a while).
@@ -552,5 +569,19 @@ impl StatusLine {
         if self.enabled && self.tty && self.last.get().is_some() {
             let _ = write!(std::io::stderr(), "\r\x1b[2K");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_missing_capability() {
+        assert_eq!(missing_caps(0), ["CAP_BPF", "CAP_PERFMON"]);
+        assert_eq!(missing_caps(CAP_BPF), ["CAP_PERFMON"]);
+        assert_eq!(missing_caps(CAP_PERFMON), ["CAP_BPF"]);
+        assert!(missing_caps(CAP_BPF | CAP_PERFMON).is_empty());
+        assert!(missing_caps(CAP_SYS_ADMIN).is_empty());
     }
 }

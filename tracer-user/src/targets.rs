@@ -13,6 +13,8 @@ use crate::procfs;
 pub enum TargetError {
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    #[error("{tid} is not a process id: it is thread {tid} of process {pid}; `-p {pid}` traces that process with all its threads")]
+    Thread { tid: u32, pid: u32 },
     #[error("pid {0} is a kernel thread; only user-space processes can be traced")]
     KernelThread(u32),
     #[error("pid {0} is infertrace's own pid; tracing itself is not supported")]
@@ -31,6 +33,7 @@ impl TargetError {
     pub fn hint(&self) -> &'static str {
         match self {
             Self::NoSuchProcess(_) => "check the pid with `ps -e`; it may have exited",
+            Self::Thread { .. } => "pass the process id (the Tgid in /proc/TID/status); `ps -eL` lists threads by process",
             Self::KernelThread(_) => "pass the pid of a user-space process",
             Self::OwnPid(_) => "run infertrace against another process",
             Self::CommandNotFound(_) => "give a path or a command on $PATH",
@@ -50,8 +53,8 @@ pub fn validate_pid(pid: u32) -> Result<(), TargetError> {
         return Err(TargetError::NoSuchProcess(pid));
     }
     // Threads have /proc entries too (hidden from listings): accept only leaders.
-    if procfs::tgid_of(pid).is_some_and(|tgid| tgid != pid) {
-        return Err(TargetError::NoSuchProcess(pid));
+    if let Some(tgid) = procfs::tgid_of(pid).filter(|&tgid| tgid != pid) {
+        return Err(TargetError::Thread { tid: pid, pid: tgid });
     }
     if procfs::is_kernel_thread(pid) == Some(true) {
         return Err(TargetError::KernelThread(pid));
@@ -205,6 +208,27 @@ mod tests {
     fn own_pid_and_missing_pid_are_rejected() {
         assert!(matches!(validate_pid(std::process::id()), Err(TargetError::OwnPid(_))));
         assert!(matches!(validate_pid(u32::MAX - 1), Err(TargetError::NoSuchProcess(_))));
+    }
+
+    #[test]
+    fn a_thread_id_names_its_process() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let me = std::process::id();
+        match validate_pid(tid) {
+            Err(e @ TargetError::Thread { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(&format!("thread {tid} of process {me}")) && text.contains(&format!("-p {me}")), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(stop_tx);
+        t.join().unwrap();
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::{
 pub enum TracefsError {
     #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {0}")]
     MountFailed(std::io::Error),
+    #[error("tracefs is mounted at {}, but not readable by uid {uid}", path.display())]
+    Unreadable { path: PathBuf, uid: u32 },
     #[error("cannot read tracepoint format {path}: {source}")]
     Format { path: PathBuf, source: std::io::Error },
     #[error("field `{field}` not found in {path}")]
@@ -23,9 +25,35 @@ fn looks_mounted(p: &Path) -> bool {
     p.join("events").is_dir()
 }
 
-/// The mounted tracefs, if any.
+/// The mounted tracefs, if any (and readable by this process).
 pub fn find() -> Option<PathBuf> {
     CANDIDATES.iter().map(PathBuf::from).find(|p| looks_mounted(p))
+}
+
+/// Where tracefs is mounted according to the mount table, readable or not
+/// (tracefs is mode 0700: an unprivileged process sees it mounted, but
+/// cannot list it).
+pub fn mount_point() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    tracefs_mount(&mounts)
+}
+
+/// The first tracefs mount in a `/proc/self/mounts` text, preferring the
+/// usual places.
+fn tracefs_mount(mounts: &str) -> Option<PathBuf> {
+    let points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, point, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "tracefs").then_some(point)
+        })
+        .collect();
+    CANDIDATES
+        .iter()
+        .find(|c| points.contains(c))
+        .or(points.first())
+        .map(PathBuf::from)
 }
 
 /// Finds tracefs, mounting it at /sys/kernel/tracing when it is missing (as
@@ -33,6 +61,10 @@ pub fn find() -> Option<PathBuf> {
 pub fn ensure_mounted() -> Result<(PathBuf, bool), TracefsError> {
     if let Some(p) = find() {
         return Ok((p, false));
+    }
+    if let Some(path) = mount_point() {
+        // SAFETY: geteuid cannot fail.
+        return Err(TracefsError::Unreadable { path, uid: unsafe { libc::geteuid() } });
     }
     let target = CString::new(CANDIDATES[0]).expect("static path has no NUL");
     let fstype = CString::new("tracefs").expect("static string has no NUL");
@@ -78,6 +110,14 @@ mod tests {
 \tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;\n\
 \tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n\
 \tfield:u64 clone_flags;\toffset:32;\tsize:8;\tsigned:0;\n";
+
+    #[test]
+    fn finds_the_mount_in_the_table() {
+        let table = "sysfs /sys sysfs rw 0 0\nnone /mnt/t tracefs rw 0 0\ntracefs /sys/kernel/tracing tracefs rw,relatime 0 0\n";
+        assert_eq!(tracefs_mount(table), Some(PathBuf::from("/sys/kernel/tracing")));
+        assert_eq!(tracefs_mount("none /mnt/t tracefs rw 0 0\n"), Some(PathBuf::from("/mnt/t")));
+        assert_eq!(tracefs_mount("sysfs /sys sysfs rw 0 0\n"), None);
+    }
 
     #[test]
     fn parses_offsets() {

@@ -28,7 +28,10 @@ use std::{collections::VecDeque, path::PathBuf, time::Duration};
 
 use aya::Ebpf;
 
-pub use options::{RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL};
+pub use options::{
+    RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
+    MAX_SLOW_SYSCALL, MIN_SLOW_SYSCALL,
+};
 pub use programs::{FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec};
 pub use sink::{Sink, Topic};
 pub use target_set::{TargetSet, TargetState};

@@ -9,6 +9,14 @@ pub const DEFAULT_GPU_SAMPLE_HZ: u32 = 5;
 /// `record --slow-syscall`, as the flag's default text (checked against
 /// [`RecordOptions::default`] by the CLI's tests).
 pub const DEFAULT_SLOW_SYSCALL: &str = "1ms";
+/// `record -F`: the most CPU samples per second (0 turns sampling off).
+pub const MAX_FREQUENCY: u64 = 10_000;
+/// `record --duration`: the longest window.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// `record --slow-syscall`: the shortest threshold (0 turns it off)...
+pub const MIN_SLOW_SYSCALL: Duration = Duration::from_micros(1);
+/// ... and the longest.
+pub const MAX_SLOW_SYSCALL: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Clone, Copy, Debug)]
 pub struct SchedOptions {

@@ -18,7 +18,11 @@ use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
 pub mod cuda;
+pub mod limits;
 pub mod output;
+
+pub use limits::ReadLimits;
+use limits::{fmt_size, Guard, LimitHit};
 
 /// Function name of a frame that could not be resolved.
 pub const UNKNOWN: &str = "[unknown]";
@@ -31,6 +35,10 @@ const ENCODING_GZIP_JSON: u32 = 1;
 pub enum RecordingError {
     #[error("cannot open {path}: {source}")]
     Open { path: PathBuf, source: io::Error },
+    #[error("{path} is a directory, not a recording")]
+    IsDirectory { path: PathBuf },
+    #[error("{path} is empty (0 bytes): no recording was written to it")]
+    Empty { path: PathBuf },
     #[error("{path} is not an infertrace recording (bad magic)")]
     BadMagic { path: PathBuf },
     #[error("{path} has format version {found}; this infertrace reads up to {FORMAT_VERSION} (upgrade infertrace)")]
@@ -39,8 +47,34 @@ pub enum RecordingError {
     BadEncoding { path: PathBuf, found: u32 },
     #[error("{path} is truncated or corrupt: {detail}")]
     Corrupt { path: PathBuf, detail: String },
+    #[error("{path} inflates to more than {} (the reading limit); not read", fmt_size(*limit))]
+    TooLarge { path: PathBuf, limit: u64 },
+    #[error("{path} inflates more than {ratio} times its size ({} from {}): a decompression bomb?; not read", fmt_size(*inflated), fmt_size(*compressed))]
+    Bomb { path: PathBuf, ratio: u64, inflated: u64, compressed: u64 },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+}
+
+impl RecordingError {
+    /// What to do about it, for the one-line error.
+    pub fn hint(&self) -> String {
+        match self {
+            Self::Open { .. } => "check the path and its permissions".into(),
+            Self::IsDirectory { path } => format!("pass a .itr file, e.g. one of `ls {}/*.itr`", path.display()),
+            Self::Empty { .. } => "the recorder stopped before writing it (killed, or the disk was full); record again".into(),
+            Self::BadMagic { .. } => "pass a .itr file written by `infertrace record`".into(),
+            Self::TooNew { .. } | Self::BadEncoding { .. } => "read it with the infertrace that wrote it, or upgrade".into(),
+            Self::Corrupt { .. } => "the file was cut short or altered; record again, or read a snapshot".into(),
+            Self::TooLarge { limit, .. } => format!(
+                "if the file is trusted, raise the limit, e.g. `--max-inflated {}`; reading needs a few times that in memory",
+                fmt_size(limit.saturating_mul(4).max(4 << 30)).replace(' ', "")
+            ),
+            Self::Bomb { .. } => {
+                "if the file is trusted, read it with an explicit limit, e.g. `--max-inflated 4GiB`; reading needs a few times that in memory".into()
+            }
+            Self::Write { .. } => "check free space and permissions of the output directory".into(),
+        }
+    }
 }
 
 /// Where a target came from.
@@ -288,25 +322,92 @@ impl Recording {
         Ok(())
     }
 
+    /// Reads a recording within the default [`ReadLimits`].
     pub fn read(path: &Path) -> Result<Recording, RecordingError> {
-        let file = File::open(path).map_err(|source| RecordingError::Open { path: path.to_owned(), source })?;
-        let mut input = BufReader::new(file);
+        Self::read_limited(path, ReadLimits::default())
+    }
+
+    /// Reads a recording, inflating at most `limits.max_inflated` bytes.
+    pub fn read_limited(path: &Path, limits: ReadLimits) -> Result<Recording, RecordingError> {
+        let open = |source| RecordingError::Open { path: path.to_owned(), source };
+        let file = File::open(path).map_err(open)?;
+        if file.metadata().map_err(open)?.is_dir() {
+            return Err(RecordingError::IsDirectory { path: path.to_owned() });
+        }
+        Self::from_reader(file, path, limits)
+    }
+
+    /// Reads a recording from `input` (`path` names it in errors). The
+    /// JSON is parsed as it inflates, within `limits` (see
+    /// [`limits`]): whatever the input, this returns a recording or an
+    /// error, in time and memory bounded by the limit.
+    pub fn from_reader(input: impl Read, path: &Path, limits: ReadLimits) -> Result<Recording, RecordingError> {
+        let err_path = || path.to_owned();
+        let mut input = BufReader::new(input);
         let mut header = [0u8; 16];
-        if input.read_exact(&mut header).is_err() || &header[..8] != MAGIC {
-            return Err(RecordingError::BadMagic { path: path.to_owned() });
+        let n = read_up_to(&mut input, &mut header).map_err(|source| RecordingError::Open { path: err_path(), source })?;
+        if n == 0 {
+            return Err(RecordingError::Empty { path: err_path() });
+        }
+        if header[..n.min(8)] != MAGIC[..n.min(8)] {
+            return Err(RecordingError::BadMagic { path: err_path() });
+        }
+        if n < header.len() {
+            return Err(RecordingError::Corrupt { path: err_path(), detail: format!("cut short in its header ({n} of 16 bytes)") });
         }
         let word = |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
         let (version, encoding) = (word(8), word(12));
         if version > FORMAT_VERSION {
-            return Err(RecordingError::TooNew { path: path.to_owned(), found: version });
+            return Err(RecordingError::TooNew { path: err_path(), found: version });
         }
         if encoding != ENCODING_GZIP_JSON {
-            return Err(RecordingError::BadEncoding { path: path.to_owned(), found: encoding });
+            return Err(RecordingError::BadEncoding { path: err_path(), found: encoding });
         }
-        serde_json::from_reader(GzDecoder::new(input))
-            .map_err(|e| RecordingError::Corrupt { path: path.to_owned(), detail: e.to_string() })
+        // The parser reads byte by byte: buffer the inflated side too.
+        let (input, compressed) = limits::Counted::new(input, header.len() as u64);
+        let mut guard = Guard::new(GzDecoder::new(input), limits, Some(compressed));
+        let parsed = serde_json::from_reader(BufReader::with_capacity(64 << 10, &mut guard));
+        match (parsed, guard.hit()) {
+            (Ok(rec), _) => Ok(rec),
+            (Err(_), Some(LimitHit::Inflated { limit })) => Err(RecordingError::TooLarge { path: err_path(), limit }),
+            (Err(_), Some(LimitHit::Ratio { inflated, compressed })) => Err(RecordingError::Bomb {
+                path: err_path(),
+                ratio: limits.max_ratio.unwrap_or_default(),
+                inflated,
+                compressed,
+            }),
+            (Err(_), Some(LimitHit::String { at })) => Err(RecordingError::Corrupt {
+                path: err_path(),
+                detail: format!("a string longer than {} at inflated byte {at} (no recording holds one)", fmt_size(limits::MAX_STRING)),
+            }),
+            (Err(_), Some(LimitHit::BareRun { at })) => Err(RecordingError::Corrupt {
+                path: err_path(),
+                detail: format!(
+                    "{} of whitespace or digits at inflated byte {at} (no recording holds them)",
+                    fmt_size(limits::MAX_BARE_RUN)
+                ),
+            }),
+            (Err(e), None) => Err(RecordingError::Corrupt { path: err_path(), detail: e.to_string() }),
+        }
     }
 }
+
+/// Fills `buf` as far as `input` goes; the number of bytes read.
+fn read_up_to(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -372,6 +473,22 @@ pub(crate) mod tests {
         future.extend_from_slice(&1u32.to_le_bytes());
         std::fs::write(&path, &future).unwrap();
         assert!(matches!(Recording::read(&path), Err(RecordingError::TooNew { found: 99, .. })));
+
+        // What a user may give by mistake, each said as what it is.
+        let e = Recording::read(&dir).unwrap_err();
+        assert!(matches!(e, RecordingError::IsDirectory { .. }) && e.to_string().contains("is a directory"), "{e}");
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(Recording::read(&path), Err(RecordingError::Empty { .. })));
+        std::fs::write(&path, &MAGIC[..5]).unwrap();
+        let e = Recording::read(&path).unwrap_err();
+        assert!(matches!(e, RecordingError::Corrupt { .. }) && e.to_string().contains("header (5 of 16 bytes)"), "{e}");
+
+        // The inflated-size limit, and the hint that raises it.
+        rec.write_to(File::create(&path).unwrap(), &path).unwrap();
+        let e = Recording::read_limited(&path, ReadLimits::plain(100)).unwrap_err();
+        assert!(matches!(e, RecordingError::TooLarge { limit: 100, .. }), "{e}");
+        assert!(e.to_string().contains("inflates to more than 100 B") && e.hint().contains("--max-inflated 4GiB"), "{e}: {}", e.hint());
+        assert!(Recording::read_limited(&path, ReadLimits::plain(100_000)).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

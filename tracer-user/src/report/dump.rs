@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use super::fmt::{printable, printable_json, printable_text};
 use crate::recording::{Frame, FrameKind, ThreadDump};
 
 /// py-spy-like text:
@@ -17,13 +18,14 @@ use crate::recording::{Frame, FrameKind, ThreadDump};
 /// Python frames only, unless `native` is set: then every frame is shown,
 /// native ones as `function (module)` or `function (file:line)` when known.
 /// A thread whose tid is unknown shows `?`; one without Python frames shows
-/// `    (no Python frames)`.
+/// `    (no Python frames)`. Names and paths are escaped for the terminal
+/// ([`printable`]): a thread can name itself anything.
 pub fn render_dump_text(dumps: &[ThreadDump], native: bool) -> String {
     let mut out = String::new();
     for d in dumps {
         let tid = if d.tid == 0 { "?".to_string() } else { d.tid.to_string() };
         match &d.thread_name {
-            Some(name) => writeln!(out, "Thread {tid} ({name})").unwrap(),
+            Some(name) => writeln!(out, "Thread {tid} ({})", printable(name)).unwrap(),
             None => writeln!(out, "Thread {tid}").unwrap(),
         }
         let frames: Vec<&Frame> = d.frames.iter().filter(|f| native || f.kind == FrameKind::Python).collect();
@@ -34,15 +36,16 @@ pub fn render_dump_text(dumps: &[ThreadDump], native: bool) -> String {
             writeln!(out, "    {}", frame_text(f)).unwrap();
         }
     }
-    out
+    printable_text(out)
 }
 
 fn frame_text(f: &Frame) -> String {
+    let function = printable(&f.function);
     match (&f.file, f.line, &f.module) {
-        (Some(file), Some(line), _) => format!("{} ({file}:{line})", f.function),
-        (Some(file), None, _) => format!("{} ({file})", f.function),
-        (None, _, Some(module)) => format!("{} ({module})", f.function),
-        (None, _, None) => f.function.clone(),
+        (Some(file), Some(line), _) => format!("{function} ({}:{line})", printable(file)),
+        (Some(file), None, _) => format!("{function} ({})", printable(file)),
+        (None, _, Some(module)) => format!("{function} ({})", printable(module)),
+        (None, _, None) => function.into_owned(),
     }
 }
 
@@ -50,7 +53,7 @@ fn frame_text(f: &Frame) -> String {
 /// "line", "kind"}]}`, frames leaf first (`module` too on native frames
 /// where known).
 pub fn render_dump_json(dumps: &[ThreadDump]) -> String {
-    serde_json::to_string_pretty(dumps).expect("thread dumps serialize")
+    printable_json(serde_json::to_string_pretty(dumps).expect("thread dumps serialize"))
 }
 
 #[cfg(test)]
@@ -96,6 +99,17 @@ mod tests {
              Thread ?\n    (no Python frames)\n"
         );
         assert!(render_dump_text(&dumps(), true).contains("    read (libc.so.6)\n    level3 (/srv/app.py:39)\n"));
+    }
+
+    #[test]
+    fn text_escapes_names() {
+        let d = vec![ThreadDump {
+            tid: 7,
+            thread_name: Some("\x1b]0;PWNED\x07\x1b[2J".into()),
+            frames: vec![Frame { function: "f\nThread 1 (forged)".into(), ..py("x", 1) }],
+        }];
+        let text = render_dump_text(&d, false);
+        assert_eq!(text, "Thread 7 (\\x1b]0;PWNED\\x07\\x1b[2J)\n    f\\nThread 1 (forged) (/srv/app.py:1)\n");
     }
 
     #[test]

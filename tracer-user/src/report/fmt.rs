@@ -6,8 +6,14 @@
 //! printed them differently: [`fmt_duration`] (`10.50 ms`, `4.5 us`) in the
 //! syscall, wall-time and Python sections, [`fmt_ns`] (`10.5 ms`, `4.5 µs`)
 //! in the CUDA and GPU sections and in findings.
+//!
+//! [`printable`] is the one escaping rule for text printed to a terminal:
+//! every name, path and argument a text renderer prints (they come from the
+//! traced processes, or from a recording file that anyone can craft) goes
+//! through it, so that a thread named `"\x1b]0;PWNED\x07"` cannot retitle
+//! or clear the reader's terminal, nor a `\n` in a name forge a line.
 
-use std::fmt::Write as _;
+use std::{borrow::Cow, fmt::Write as _};
 
 /// Width of the bar of a histogram row, in characters.
 const BAR_WIDTH: u64 = 40;
@@ -86,6 +92,80 @@ pub fn gbps(bytes: u64, ns: u64) -> String {
     }
 }
 
+/// Characters a terminal may act on rather than print: C0 controls (and
+/// DEL), C1 controls (U+0080-U+009F: U+009B is CSI on some terminals), and
+/// the Unicode bidirectional overrides that reorder what is shown.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    let _ = match c {
+        '\n' => write!(out, "\\n"),
+        '\r' => write!(out, "\\r"),
+        '\t' => write!(out, "\\t"),
+        c if (c as u32) < 0x80 => write!(out, "\\x{:02x}", c as u32),
+        c => write!(out, "\\u{{{:x}}}", c as u32),
+    };
+}
+
+/// `s` safe to print on a terminal: control characters (line breaks
+/// included) and bidirectional overrides written as escapes (`\n`, `\t`,
+/// `\x1b`, `\u{9b}`, `\u{202e}`), everything else unchanged. Borrows when
+/// there is nothing to escape.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if needs_escape(c) {
+            push_escaped(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A whole rendered text, made safe for a terminal: [`printable`] on every
+/// line, the line breaks kept. The text renderers escape each name where
+/// they print it; this is the last pass over their output, so that a field
+/// they forgot cannot reach the terminal raw either.
+pub fn printable_text(text: String) -> String {
+    if !text.chars().any(|c| c != '\n' && needs_escape(c)) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&printable(line));
+    }
+    out
+}
+
+/// JSON text made safe for a terminal without changing what it says: the
+/// characters [`printable`] escapes that JSON leaves raw (DEL, C1 controls,
+/// bidirectional overrides; JSON escapes the C0 controls itself) written as
+/// `\uXXXX`. Outside strings JSON is plain ASCII, so they only occur inside
+/// strings, where the escape decodes to the same character.
+pub fn printable_json(json: String) -> String {
+    if !json.chars().any(needs_escape) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if needs_escape(c) && !matches!(c, '\n' | '\r' | '\t') {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// bpftrace-style rows of a log2 ns histogram, from the first to the last
 /// non-empty bucket.
 pub fn histogram_rows(out: &mut String, hist: &[u64]) {
@@ -109,6 +189,23 @@ mod tests {
     fn durations() {
         assert_eq!(fmt_duration(10_500_000), "10.50 ms");
         assert_eq!(fmt_ns_short(8_388_608), "8ms");
+    }
+
+    #[test]
+    fn printable_escapes_what_a_terminal_acts_on() {
+        assert!(matches!(printable("python3 worker-1 /srv/app.py µs"), Cow::Borrowed(_)));
+        assert_eq!(printable("\x1b]0;PWNED\x07\x1b[2J"), "\\x1b]0;PWNED\\x07\\x1b[2J");
+        assert_eq!(printable("a\nb\tc\rd\x7f"), "a\\nb\\tc\\rd\\x7f");
+        assert_eq!(printable("csi\u{9b}2J rtl\u{202e}txt"), "csi\\u{9b}2J rtl\\u{202e}txt");
+        let text = printable_text("line \x1b[2J one\nline two\n".to_owned());
+        assert_eq!(text, "line \\x1b[2J one\nline two\n");
+        assert_eq!(printable_text("plain\n".to_owned()), "plain\n");
+        let json = serde_json::to_string_pretty(&serde_json::json!({"comm": "a\u{9b}b\u{7f}\u{202e}\x1b\n"})).unwrap();
+        let safe = printable_json(json);
+        assert!(!safe.chars().any(|c| c != '\n' && needs_escape(c)), "{safe}");
+        assert!(safe.contains(r#""a\u009bb\u007f\u202e\u001b\n""#), "{safe}");
+        let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back["comm"], "a\u{9b}b\u{7f}\u{202e}\x1b\n");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::fmt::printable;
 use crate::recording::{FrameKind, OffCpuReason, Recording, StackKind, StackRecord};
 
 /// Which time a flame graph shows.
@@ -139,16 +140,12 @@ fn stack_line(comms: &HashMap<u32, String>, stack: &StackRecord, context: Option
     line
 }
 
-/// A name safe inside a folded line: no `;` (frame separator), no line
-/// breaks or other control characters.
+/// A name safe inside a folded line: no `;` (frame separator), and line
+/// breaks and other control characters escaped as everywhere in the text
+/// outputs ([`printable`]), which also keeps them out of the SVG (XML 1.0
+/// allows no C0 control but tab and line breaks, escaped or not).
 fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
+    printable(name).replace(';', ":")
 }
 
 #[cfg(test)]
@@ -238,7 +235,7 @@ pub(crate) mod tests {
             out,
             "child;main 2\n\
              demo;main;read;ksys_read_[k] 1\n\
-             demo;main;work:loop x 7\n\
+             demo;main;work:loop\\nx 7\n\
              pid 99 5\n"
         );
     }
@@ -263,7 +260,7 @@ pub(crate) mod tests {
              demo;[off-cpu: io];main;read;schedule_[k] 2000\n\
              demo;[off-cpu: sleep];main;clock_nanosleep;schedule_[k] 2000\n\
              demo;[on-cpu];main;read;ksys_read_[k] 10000\n\
-             demo;[on-cpu];main;work:loop x 70000\n\
+             demo;[on-cpu];main;work:loop\\nx 70000\n\
              pid 99;[on-cpu] 50000\n"
         );
         let mut rec = stacks_sample();

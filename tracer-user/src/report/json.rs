@@ -105,7 +105,8 @@ pub fn render(rec: &Recording) -> String {
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
-    s
+    // The same strings, with what a terminal would act on \u-escaped.
+    super::fmt::printable_json(s)
 }
 
 #[cfg(test)]

@@ -59,6 +59,18 @@ mod tests {
     }
 
     #[test]
+    fn hostile_names_are_escaped() {
+        let mut rec = stacks_sample();
+        rec.stacks[0].frames[0].function = "<script>alert(1)</script>&\x1b]0;PWNED\x07\u{9b}2J".into();
+        rec.targets[0].comm = "\"demo\n\x00".into();
+        let svg = render(&rec, Profile::Cpu).unwrap();
+        assert!(!svg.contains("<script>"), "markup passed through");
+        assert!(svg.contains("&lt;script&gt;alert(1)&lt;/script&gt;&amp;\\x1b]0:PWNED\\x07\\u{9b}2J"), "{svg}");
+        let bad: Vec<char> = svg.chars().filter(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r')).collect();
+        assert!(bad.is_empty(), "control characters in the SVG: {bad:?}");
+    }
+
+    #[test]
     fn empty_is_an_error() {
         let mut rec = stacks_sample();
         rec.stacks.clear();

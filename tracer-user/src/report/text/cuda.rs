@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use super::nvml;
 use crate::{
     recording::cuda::{CudaCall, CudaReport, Site},
-    report::fmt::{fmt_bytes, fmt_ns, gbps},
+    report::fmt::{fmt_bytes, fmt_ns, gbps, printable},
 };
 
 /// Rows shown per table before "... N more".
@@ -38,11 +38,12 @@ pub fn error_name(rc: i32) -> &'static str {
 }
 
 fn short_site(s: &Site) -> String {
-    let file = s.file.as_deref().map(|f| f.rsplit('/').next().unwrap_or(f));
+    let file = s.file.as_deref().map(|f| printable(f.rsplit('/').next().unwrap_or(f)));
+    let function = printable(&s.function);
     match (file, s.line) {
-        (Some(f), Some(l)) => format!("{} ({f}:{l})", s.function),
-        (Some(f), None) => format!("{} ({f})", s.function),
-        _ => s.function.clone(),
+        (Some(f), Some(l)) => format!("{function} ({f}:{l})"),
+        (Some(f), None) => format!("{function} ({f})"),
+        _ => function.into_owned(),
     }
 }
 
@@ -90,7 +91,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     }
     for l in &cuda.libraries {
         let pids: Vec<String> = l.pids.iter().map(u32::to_string).collect();
-        let _ = writeln!(out, "probed {} ({} functions), mapped by pid {}", l.path, l.functions.len(), pids.join(", "));
+        let _ = writeln!(out, "probed {} ({} functions), mapped by pid {}", printable(&l.path), l.functions.len(), pids.join(", "));
     }
 
     if traced {
@@ -106,11 +107,11 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         }
     }
     for f in &cuda.findings {
-        let _ = writeln!(out, "  [{}] {} at {} (pid {})", f.severity, f.kind, f.site.display(), f.pid);
+        let _ = writeln!(out, "  [{}] {} at {} (pid {})", printable(&f.severity), printable(&f.kind), printable(&f.site.display()), f.pid);
         let _ = writeln!(
             out,
             "      {}; {} times, {}, {}",
-            f.message,
+            printable(&f.message),
             f.count,
             fmt_bytes(f.bytes),
             fmt_ns(f.time_ns)
@@ -123,7 +124,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 if f.events_lost_process_wide() { "in this process" } else { "at this site" }
             );
         }
-        let _ = writeln!(out, "      advice: {}", f.advice);
+        let _ = writeln!(out, "      advice: {}", printable(&f.advice));
     }
 
     let copies: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.kind.is_some()).collect();
@@ -148,8 +149,8 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 fmt_ns(c.total_ns),
                 share(c.total_ns, w),
                 c.errors,
-                c.api,
-                c.kind.as_deref().unwrap_or("-"),
+                printable(&c.api),
+                printable(c.kind.as_deref().unwrap_or("-")),
                 host,
                 short_site(&c.site)
             );
@@ -174,7 +175,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 fmt_ns(c.total_ns / c.count.max(1)),
                 share(c.total_ns, w),
                 c.errors,
-                c.api,
+                printable(&c.api),
                 short_site(&c.site)
             );
         }
@@ -195,7 +196,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 fmt_bytes(c.bytes),
                 fmt_ns(c.total_ns),
                 c.errors,
-                c.api,
+                printable(&c.api),
                 short_site(&c.site)
             );
         }
@@ -208,7 +209,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         let _ = writeln!(out, "\nkernel launches by kernel and site ({total} in all):");
         let _ = writeln!(out, "  {:>8}  {:<48} SITE", "CALLS", "KERNEL");
         for l in cuda.launches.iter().take(MAX_ROWS) {
-            let _ = writeln!(out, "  {:>8}  {:<48} {}", l.count, l.kernel, short_site(&l.site));
+            let _ = writeln!(out, "  {:>8}  {:<48} {}", l.count, printable(&l.kernel), short_site(&l.site));
         }
         more(out, cuda.launches.len());
         incomplete(out, cuda, &[], "");
@@ -225,7 +226,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         let _ = writeln!(out, "\nfailed calls: {}", list.join(", "));
     }
     for n in &cuda.notes {
-        let _ = writeln!(out, "note: {n}");
+        let _ = writeln!(out, "note: {}", printable(n));
     }
 }
 

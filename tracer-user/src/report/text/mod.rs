@@ -15,7 +15,7 @@ pub mod walltime;
 use std::fmt::Write as _;
 
 use super::{
-    fmt::fmt_duration,
+    fmt::{fmt_duration, printable, printable_text},
     rows::{syscall_rows, totals, SyscallRow},
 };
 use crate::{
@@ -31,7 +31,7 @@ pub fn render(rec: &Recording) -> String {
     let _ = writeln!(
         out,
         "infertrace {}: {} process{} traced for {}, {} syscalls, {} lost events",
-        rec.tool_version,
+        printable(&rec.tool_version),
         rec.targets.len(),
         if rec.targets.len() == 1 { "" } else { "es" },
         fmt_duration(rec.duration_ns),
@@ -77,13 +77,15 @@ pub fn render(rec: &Recording) -> String {
     if rec.lost_events() == 0 {
         out.push_str("lost events: 0\n");
     } else {
-        let detail: Vec<String> = rec.lost.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let detail: Vec<String> = rec.lost.iter().map(|(k, v)| format!("{}={v}", printable(k))).collect();
         let _ = writeln!(out, "lost events: {} ({}) -- counts above are incomplete", rec.lost_events(), detail.join(", "));
     }
     for n in &rec.notes {
-        let _ = writeln!(out, "note: {n}");
+        let _ = writeln!(out, "note: {}", printable(n));
     }
-    out
+    // Names are escaped where they are printed; this catches any other
+    // string of the recording (a file anyone can write).
+    printable_text(out)
 }
 
 #[cfg(test)]
@@ -107,5 +109,50 @@ mod tests {
         let line = s.lines().nth(1).unwrap_or_default();
         assert!(line.starts_with("CUT: this recording ends at the tracer's last checkpoint, taken 20"), "{s}");
         assert!(line.contains("the tracer did not finish"), "{line}");
+    }
+
+    /// Every name, path and argument of a crafted recording reaches the
+    /// text escaped: no control character but the line breaks, no line
+    /// forged by a name.
+    #[test]
+    fn hostile_names_are_escaped() {
+        use crate::recording::{Frame, FrameKind, StackKind, StackRecord, ThreadTimes};
+        const EVIL: &str = "\x1b]0;PWNED\x07\x1b[2J\u{9b}2J\nlost events: 0\r\x7f";
+        let mut rec = crate::recording::tests::sample();
+        rec.tool_version = EVIL.into();
+        rec.targets[0].comm = EVIL.into();
+        rec.targets[0].cmdline = vec![EVIL.into(), "--flag".into()];
+        rec.threads = vec![ThreadTimes {
+            pid: 10,
+            tid: 11,
+            comm: EVIL.into(),
+            wall_ns: 100,
+            on_cpu_ns: 50,
+            syscall_ns: 0,
+            off_cpu: Default::default(),
+            runqueue_ns: 0,
+        }];
+        let frame = |kind| Frame { function: EVIL.into(), file: Some(format!("/srv/{EVIL}.py")), line: Some(3), kind, module: Some(EVIL.into()) };
+        rec.stacks = vec![StackRecord {
+            kind: StackKind::Cpu,
+            reason: None,
+            pid: 10,
+            tid: 11,
+            samples: 5,
+            weight_ns: 0,
+            syscall: None,
+            frames: vec![frame(FrameKind::Native), frame(FrameKind::Python)],
+        }];
+        rec.sample_hz = 99;
+        rec.lost.insert(EVIL.into(), 1);
+        rec.notes = vec![EVIL.into()];
+        let s = super::render(&rec);
+        let bad: Vec<char> = s.chars().filter(|&c| c != '\n' && (c.is_control() || c == '\u{202e}')).collect();
+        assert!(bad.is_empty(), "raw control characters {bad:?} in:\n{s}");
+        assert!(!s.lines().any(|l| l.starts_with("lost events: 0")), "a name forged a line:\n{s}");
+        let shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\u{9b}2J\\nlost events: 0\\r\\x7f";
+        for needle in [format!("(pid 10 ({shown})"), format!("{shown} --flag"), format!("tid 11 {shown}"), format!("note: {shown}")] {
+            assert!(s.contains(needle.trim_start_matches('(')), "{needle:?} not in:\n{s}");
+        }
     }
 }

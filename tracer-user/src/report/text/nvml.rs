@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     recording::cuda::{CudaReport, GpuSample},
-    report::fmt::{fmt_bytes, fmt_ns, fmt_rate, gbps},
+    report::fmt::{fmt_bytes, fmt_ns, fmt_rate, gbps, printable},
 };
 
 /// Most slices of the GPU utilization timeline.
@@ -121,7 +121,7 @@ pub fn render(out: &mut String, cuda: &CudaReport, traced: bool) {
             mem,
             rate(g.pcie_tx_mean),
             rate(g.pcie_rx_mean),
-            g.name.as_deref().unwrap_or("-")
+            printable(g.name.as_deref().unwrap_or("-"))
         );
     }
     let n = timeline_slices(&sums);

@@ -6,7 +6,10 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord},
-    report::{fmt::fmt_duration, rows::stack_weight},
+    report::{
+        fmt::{fmt_duration, printable},
+        rows::stack_weight,
+    },
 };
 
 /// How many Python functions each ranking shows.
@@ -49,7 +52,7 @@ pub fn render(out: &mut String, rec: &Recording) {
             .into_iter()
             .map(|((function, file), (w, lines))| {
                 let hot = lines.iter().max_by_key(|(_, w)| **w).map(|(l, _)| *l).unwrap_or(0);
-                (format!("{function} ({file}:{hot})"), w)
+                (format!("{} ({}:{hot})", printable(&function), printable(&file)), w)
             })
             .collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::{
-    recording::{Origin, Recording},
+    recording::{Origin, Recording, Target},
     report::{
-        fmt::{fmt_duration, histogram_rows},
+        fmt::{fmt_duration, histogram_rows, printable},
         rows::{targets, totals, SyscallRow},
     },
 };
@@ -30,16 +30,26 @@ pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec
             out,
             "\n== pid {} ({}) [{}{}] {}",
             t.pid,
-            t.comm,
+            printable(&t.comm),
             origin,
             exit,
-            if t.cmdline.is_empty() { t.exe.clone().unwrap_or_default() } else { t.cmdline.join(" ") }
+            command_line(t)
         );
         match rows.get(&t.pid) {
             Some(r) => table(out, r),
             None => out.push_str("(no syscalls in the window)\n"),
         }
     }
+}
+
+/// What a target ran, as one line: its arguments (each escaped, so that
+/// an argument holding a line break or an escape sequence stays one
+/// visible argument), or its executable when they are unknown.
+fn command_line(t: &Target) -> String {
+    if t.cmdline.is_empty() {
+        return printable(t.exe.as_deref().unwrap_or_default()).into_owned();
+    }
+    t.cmdline.iter().map(|a| printable(a)).collect::<Vec<_>>().join(" ")
 }
 
 /// Latency histograms of the top [`HISTOGRAMS_PER_PROCESS`] syscalls by
@@ -51,7 +61,7 @@ pub fn render_latency(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Ve
         if top.is_empty() {
             continue;
         }
-        let _ = writeln!(out, "\n== latency, pid {} ({}): top {} syscalls by time", t.pid, t.comm, top.len());
+        let _ = writeln!(out, "\n== latency, pid {} ({}): top {} syscalls by time", t.pid, printable(&t.comm), top.len());
         for row in top {
             histogram(out, row);
         }

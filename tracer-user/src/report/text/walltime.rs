@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, ThreadTimes},
     report::{
-        fmt::{fmt_duration, histogram_rows},
+        fmt::{fmt_duration, histogram_rows, printable},
         rows::stack_weight,
     },
 };
@@ -104,9 +104,9 @@ pub fn render(out: &mut String, rec: &Recording) {
     let _ = writeln!(out, "\n== wall time per thread ({LEGEND})");
     for (pid, threads) in &by_pid {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
-        line(out, &format!("pid {pid} ({comm}) all"), &sum(threads));
+        line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads));
         for t in threads {
-            line(out, &format!("  tid {} {}", t.tid, t.comm), t);
+            line(out, &format!("  tid {} {}", t.tid, printable(&t.comm)), t);
         }
     }
     stacks_section(out, rec, StackKind::Cpu, None);
@@ -129,15 +129,15 @@ fn reason_name(r: OffCpuReason) -> &'static str {
 }
 
 fn frame_text(f: &Frame) -> String {
-    let mut s = f.function.clone();
+    let mut s = printable(&f.function).into_owned();
     if f.function == "[unknown]" {
         if let Some(m) = &f.module {
-            s = format!("[unknown in {m}]");
+            s = format!("[unknown in {}]", printable(m));
         }
     }
     if let (Some(file), Some(line)) = (&f.file, f.line) {
         let base = file.rsplit('/').next().unwrap_or(file);
-        s.push_str(&format!(" ({base}:{line})"));
+        s.push_str(&format!(" ({}:{line})", printable(base)));
     }
     if f.kind == FrameKind::Kernel {
         s.push_str(" [k]");
