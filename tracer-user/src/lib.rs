@@ -23,6 +23,8 @@ pub mod procfs;
 pub mod python;
 pub mod pystacks;
 pub mod recording;
+#[cfg(test)]
+mod recording_fuzz;
 pub mod report;
 pub mod sched;
 pub mod session;

@@ -29,7 +29,7 @@ pub const UNKNOWN: &str = "[unknown]";
 
 pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
 pub const FORMAT_VERSION: u32 = 1;
-const ENCODING_GZIP_JSON: u32 = 1;
+pub(crate) const ENCODING_GZIP_JSON: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordingError {
@@ -405,9 +405,6 @@ fn read_up_to(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(n)
 }
-
-#[cfg(test)]
-mod fuzz;
 
 #[cfg(test)]
 pub(crate) mod tests {

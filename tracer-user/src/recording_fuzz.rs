@@ -1,4 +1,6 @@
-//! A seeded property test of the recording reader, run with the unit tests
+//! A seeded property test of the recording reader (a module of its own:
+//! its fixtures come from `report`, which the recording model may not
+//! import), run with the unit tests
 //! (`cargo xtask test`) for a bounded time: valid recordings are mutated
 //! (cut short, bytes flipped, spliced, numbers made huge or negative,
 //! strings made huge, arrays nested deep, gzip bombs) at the file level and
@@ -20,7 +22,7 @@ use std::{
 
 use flate2::{write::GzEncoder, Compression};
 
-use super::{
+use crate::recording::{
     cuda::{CudaLaunch, CudaLibrary, CudaReport, Site},
     limits::{ReadLimits, MAX_STRING},
     Recording, RecordingError, ENCODING_GZIP_JSON, FORMAT_VERSION, MAGIC,
@@ -123,7 +125,7 @@ fn itr(json: &[u8]) -> Vec<u8> {
 /// Valid recordings to start from: the small sample, one with stacks and
 /// threads, one with a CUDA section.
 fn seeds() -> Vec<Vec<u8>> {
-    let small = super::tests::sample();
+    let small = crate::recording::tests::sample();
     let stacks = crate::report::folded::tests::stacks_sample();
     let site = Site { function: "step".into(), file: Some("/srv/app.py".into()), line: Some(7) };
     let mut cuda = stacks.clone();
