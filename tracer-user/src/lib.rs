@@ -31,3 +31,4 @@ pub mod system;
 pub mod syscalls;
 pub mod targets;
 pub mod tracefs;
+pub mod uprobe_multi;
