@@ -56,9 +56,10 @@ pub fn bpf_prog_ids() -> HashSet<u64> {
 }
 
 /// Waits until infertrace process `pid` has its syscall programs loaded
-/// (`sys_enter` and `sys_exit` programs held by `pid`, or, when bpftool does
-/// not report holders, new ones not in `before`). Returns the ids of all
-/// programs attributed to it.
+/// (`sys_enter` and `sys_exit` programs held by `pid`: through its file
+/// descriptors, else as bpftool reports holders, else new ones not in
+/// `before`, which on a machine where other tracers start meanwhile takes
+/// theirs too). Returns the ids of all programs attributed to it.
 pub fn wait_for_tracer_progs(
     pid: u32,
     before: &HashSet<u64>,
@@ -66,11 +67,18 @@ pub fn wait_for_tracer_progs(
 ) -> Option<Vec<u64>> {
     poll(timeout, || {
         let progs = bpf_progs();
+        let held = held_prog_ids(pid);
         let reports_pids = progs.iter().any(|p| !p.pids.is_empty());
         let mine: Vec<&Prog> = progs
             .iter()
             .filter(|p| !before.contains(&p.id))
-            .filter(|p| !reports_pids || p.pids.contains(&pid))
+            .filter(|p| {
+                if !held.is_empty() {
+                    held.contains(&p.id)
+                } else {
+                    !reports_pids || p.pids.contains(&pid)
+                }
+            })
             .collect();
         let linked = linked_prog_ids();
         // A syscall program counts once it is loaded and, when bpftool can
