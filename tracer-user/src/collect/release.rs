@@ -146,6 +146,23 @@ mod tests {
         assert!(!r.shown);
     }
 
+    struct Sleepy(Duration);
+    impl Drop for Sleepy {
+        fn drop(&mut self) {
+            std::thread::sleep(self.0);
+        }
+    }
+
+    #[test]
+    fn progress_past_a_second_unless_quiet() {
+        let slow = || vec![Sleepy(Duration::from_millis(1300)), Sleepy(Duration::from_millis(10))];
+        let r = release_all(slow(), "slow test items", false);
+        assert!(r.elapsed >= SHOW_AFTER);
+        assert!(r.shown, "no progress after {:?}", r.elapsed);
+        assert!(!release_all(slow(), "slow test items", true).shown);
+        assert!(!release_all(vec![Sleepy(Duration::from_millis(10))], "quick test items", false).shown);
+    }
+
     #[test]
     fn nothing_to_release() {
         let r = release_all(Vec::<Slow>::new(), "nothing", false);
