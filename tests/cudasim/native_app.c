@@ -29,6 +29,10 @@ int main(void) {
         }
         nanosleep(&ts, NULL);
     }
+    /* The first int3 is the return probe's (attached before the entry
+     * probe): settle like cuda_patterns.py and cuda_burst.c. */
+    ts.tv_nsec = 200 * 1000 * 1000;
+    nanosleep(&ts, NULL);
     for (int i = 0; i < 32; i++) upload_batch(buf, i);
     ts.tv_nsec = 300 * 1000 * 1000;
     nanosleep(&ts, NULL);

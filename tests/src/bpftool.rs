@@ -56,9 +56,10 @@ pub fn bpf_prog_ids() -> HashSet<u64> {
 }
 
 /// Waits until infertrace process `pid` has its syscall programs loaded
-/// (`sys_enter` and `sys_exit` programs held by `pid`, or, when bpftool does
-/// not report holders, new ones not in `before`). Returns the ids of all
-/// programs attributed to it.
+/// (`sys_enter` and `sys_exit` programs held by `pid`: through its file
+/// descriptors, else as bpftool reports holders, else new ones not in
+/// `before`, which on a machine where other tracers start meanwhile takes
+/// theirs too). Returns the ids of all programs attributed to it.
 pub fn wait_for_tracer_progs(
     pid: u32,
     before: &HashSet<u64>,
@@ -66,11 +67,18 @@ pub fn wait_for_tracer_progs(
 ) -> Option<Vec<u64>> {
     poll(timeout, || {
         let progs = bpf_progs();
+        let held = held_prog_ids(pid);
         let reports_pids = progs.iter().any(|p| !p.pids.is_empty());
         let mine: Vec<&Prog> = progs
             .iter()
             .filter(|p| !before.contains(&p.id))
-            .filter(|p| !reports_pids || p.pids.contains(&pid))
+            .filter(|p| {
+                if !held.is_empty() {
+                    held.contains(&p.id)
+                } else {
+                    !reports_pids || p.pids.contains(&pid)
+                }
+            })
             .collect();
         let linked = linked_prog_ids();
         // A syscall program counts once it is loaded and, when bpftool can
@@ -105,6 +113,22 @@ pub fn linked_prog_ids() -> Option<HashSet<u64>> {
 /// The ids of the BPF maps process `pid` holds a file descriptor to (the
 /// `map_id:` lines of /proc/PID/fdinfo/*).
 pub fn held_map_ids(pid: u32) -> HashSet<u64> {
+    held_ids(pid, "map_id:")
+}
+
+/// The ids of the BPF links process `pid` holds a file descriptor to.
+pub fn held_link_ids(pid: u32) -> HashSet<u64> {
+    held_ids(pid, "link_id:")
+}
+
+/// The ids of the BPF programs process `pid` holds a file descriptor to,
+/// itself or through a link.
+pub fn held_prog_ids(pid: u32) -> HashSet<u64> {
+    held_ids(pid, "prog_id:")
+}
+
+/// The values of the `key` lines (`map_id:`, ...) of /proc/PID/fdinfo/*.
+fn held_ids(pid: u32, key: &str) -> HashSet<u64> {
     let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
         return HashSet::new();
     };
@@ -112,10 +136,29 @@ pub fn held_map_ids(pid: u32) -> HashSet<u64> {
         .filter_map(|e| fs::read_to_string(e.path()).ok())
         .filter_map(|info| {
             info.lines()
-                .find_map(|l| l.strip_prefix("map_id:"))
+                .find_map(|l| l.strip_prefix(key))
                 .and_then(|v| v.trim().parse().ok())
         })
         .collect()
+}
+
+/// The BPF links in the system as (link id, program id) (`bpftool link
+/// list`), or `None` when bpftool cannot list links.
+pub fn bpf_links() -> Option<Vec<(u64, u64)>> {
+    let o = Command::new("bpftool")
+        .args(["link", "list", "-j"])
+        .output()
+        .ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some(
+        v.as_array()?
+            .iter()
+            .filter_map(|l| Some((l["id"].as_u64()?, l["prog_id"].as_u64()?)))
+            .collect(),
+    )
 }
 
 /// The entries (`bpftool map dump -j`) of the BPF map named `name` held by

@@ -34,3 +34,4 @@ pub mod system;
 pub mod syscalls;
 pub mod targets;
 pub mod tracefs;
+pub mod uprobe_multi;

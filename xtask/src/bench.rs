@@ -32,6 +32,11 @@
 //!   stand-in as fast as they can for 10 s (the iterations column is
 //!   seconds); ns/iter is per call of any thread, and the line under the
 //!   table gives the calls per second, untraced and traced.
+//! - `stop` (bench_cuda.py, only holding the stand-in libraries): how long
+//!   `infertrace record -p` takes from SIGINT (the end of the window) to
+//!   its exit with the stand-in libcudart and libcuda probed (66
+//!   functions), against `--no-cuda`; median of 5 runs each (goal: 1.5 s).
+//!   Releasing uprobes waits for the kernel: this is what it costs.
 //!
 //! All but the syscall loop report the median of equal chunks of their loop,
 //! so that a burst of unrelated load on a shared machine moves the result
@@ -332,6 +337,11 @@ const LOOP_TIMEOUT: Duration = Duration::from_secs(90);
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a tracer may take to exit after SIGINT.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Runs of each `stop` measurement; the median is shown.
+const STOP_RUNS: usize = 5;
+/// Longest acceptable time from SIGINT to exit with CUDA probed (shown, not
+/// enforced).
+const STOP_GOAL_S: f64 = 1.5;
 
 enum Outcome {
     Measured {
@@ -342,7 +352,7 @@ enum Outcome {
     Failed(String),
 }
 
-pub fn bench(build: bool) -> Result<()> {
+pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     if build {
         tasks::build()?;
     }
@@ -351,6 +361,11 @@ pub fn bench(build: bool) -> Result<()> {
         eprintln!("WARNING: not root: the tracers below need root and will fail");
     }
     ensure_tracefs();
+    if stop_only {
+        let line = stop_times(&ctx)?;
+        println!("{line}");
+        return Ok(());
+    }
     let started = Instant::now();
 
     let mut rows: Vec<(&Bench, &Mode, Outcome)> = Vec::new();
@@ -550,6 +565,11 @@ pub fn bench(build: bool) -> Result<()> {
         let rate = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.0} calls/s", 1e9 / ns));
         println!("{label}: {} untraced, {} traced ({INFERTRACE})", rate(baseline(b)), rate(traced));
     }
+    let stop = stop_times(&ctx);
+    match &stop {
+        Ok(line) => println!("{line}"),
+        Err(e) => println!("stop (SIGINT to exit): FAILED: {e:#}"),
+    }
     println!(
         "(total {:.0}s; tracer logs in {})",
         started.elapsed().as_secs_f64(),
@@ -578,10 +598,92 @@ pub fn bench(build: bool) -> Result<()> {
     if rows
         .iter()
         .any(|(_, m, o)| matches!(m.kind, Kind::Infertrace(_)) && matches!(o, Outcome::Failed(_)))
+        || stop.is_err()
     {
         bail!("infertrace failed in the benchmark (see the notes above)");
     }
     Ok(())
+}
+
+/// The `stop` workload: bench_cuda.py with the stand-in libraries loaded,
+/// never released (it only holds them; `Untraced`: no `--probed`).
+const STOP_BENCH: Bench = Bench {
+    args: &["copy"],
+    cuda_probe: Some("stop"),
+    ..workload("stop", "bench_cuda.py", &[])
+};
+const STOP_MODE: Mode = mode(Kind::Untraced, "holding the libraries", None, 1);
+
+/// `stop`: the median time from SIGINT to exit of `infertrace record -p`,
+/// with CUDA probed and with `--no-cuda`, as the line printed under the
+/// table.
+fn stop_times(ctx: &Ctx) -> Result<String> {
+    if !util::infertrace_bin().is_file() {
+        return Ok("stop (SIGINT to exit): n/a (no infertrace binary)".into());
+    }
+    let script = util::workspace_root().join("tests/workloads").join(STOP_BENCH.script);
+    let mut functions = 0;
+    let mut median = |flags: &[&str]| -> Result<f64> {
+        let mut times = Vec::new();
+        for run in 1..=STOP_RUNS {
+            let label = format!("infertrace {}-p (run {run})", flags.iter().map(|f| format!("{f} ")).collect::<String>());
+            eprint!("bench: {:<13} {label:<37} ", STOP_BENCH.name);
+            let (secs, probed) = stop_once(ctx, &script, flags, run).inspect_err(|_| eprintln!("failed"))?;
+            eprintln!("{secs:.3} s ({probed} CUDA functions probed)");
+            functions = functions.max(probed);
+            times.push(secs);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let cuda = median(&[])?;
+    let no_cuda = median(&["--no-cuda"])?;
+    let verdict = if cuda <= STOP_GOAL_S { "met" } else { "MISSED" };
+    Ok(format!(
+        "stop (SIGINT to exit, {INFERTRACE}, median of {STOP_RUNS}): {cuda:.2} s with {functions} CUDA functions probed \
+         (goal <= {STOP_GOAL_S} s {verdict}), {no_cuda:.2} s with --no-cuda"
+    ))
+}
+
+/// One `stop` run: attaches to a process holding the stand-in libraries,
+/// waits until the probes are in place, sends SIGINT and times the exit.
+/// Returns the seconds and the CUDA functions probed (from the report's
+/// notes).
+fn stop_once(ctx: &Ctx, script: &Path, flags: &[&str], run: usize) -> Result<(f64, usize)> {
+    let w = Workload::start(ctx, script, &STOP_BENCH, &STOP_MODE)?;
+    let name = slug(&["stop", &flags.join(" "), &run.to_string()]);
+    let recording = ctx.out_dir.join(format!("{name}.itr"));
+    let _ = fs::remove_file(&recording);
+    let mut cmd = boosted(util::infertrace_bin());
+    cmd.args(["record", "-q"]).args(flags).args(["-p", &w.pids[0].to_string(), "-o"]).arg(&recording);
+    let mut t = Tracer::spawn(cmd, ctx.out_dir.join(format!("{name}.log")))?;
+    t.wait_for_probes()?;
+    let sent = Instant::now();
+    util::signal(t.child.id(), util::SIGINT);
+    let status = loop {
+        if let Some(status) = t.child.try_wait()? {
+            break status;
+        }
+        if sent.elapsed() > EXIT_TIMEOUT {
+            bail!("infertrace did not exit within {EXIT_TIMEOUT:?} of SIGINT: {}", t.log_tail());
+        }
+        thread::sleep(Duration::from_millis(2));
+    };
+    let secs = sent.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("infertrace exited with {status}: {}", t.log_tail());
+    }
+    // `note: pid N: CUDA runtime PATH: 27 functions probed`
+    let log = fs::read_to_string(&t.log).unwrap_or_default();
+    let probed = log
+        .lines()
+        .filter_map(|l| l.strip_suffix(" functions probed"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum();
+    if flags.is_empty() && probed == 0 {
+        bail!("no CUDA function probed: {}", t.log_tail());
+    }
+    Ok((secs, probed))
 }
 
 struct Ctx {

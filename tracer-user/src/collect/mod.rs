@@ -20,6 +20,7 @@
 //! channel for notes and lost-event counters.
 
 mod options;
+pub mod release;
 pub mod programs;
 mod sink;
 mod target_set;
@@ -80,11 +81,16 @@ pub struct Context {
     /// `sys_exit`); when not, a collector that needs new libraries
     /// re-scans the maps instead.
     pub mappings_followed: bool,
+    /// Duplicates of the object's map descriptors, taken before any family
+    /// took its map out of [`ebpf`](Self::ebpf): what programs loaded
+    /// outside aya are relocated against ([`crate::uprobe_multi`]).
+    pub map_fds: crate::uprobe_multi::MapFds,
     events: VecDeque<TargetEvent>,
 }
 
 impl Context {
     pub fn new(ebpf: Ebpf, btf: KernelBtf, tracefs: Option<PathBuf>, opts: RecordOptions, argv: Vec<String>, window_start: u64) -> Self {
+        let map_fds = crate::uprobe_multi::MapFds::capture(&ebpf);
         Context {
             ebpf,
             btf,
@@ -99,6 +105,7 @@ impl Context {
             sink: Sink::default(),
             ebpf_log: None,
             mappings_followed: false,
+            map_fds,
             events: VecDeque::new(),
         }
     }

@@ -69,6 +69,9 @@ pub struct CudaCollector {
     pub(super) thresholds: Thresholds,
     /// None: not loaded yet; Some(false): loading failed (noted).
     loaded: Option<bool>,
+    /// The programs and every probe attached (None until loaded, and
+    /// after the window closed).
+    probes: Option<programs::CudaProbes>,
     /// The per-call events and their replay (None until loaded).
     pub(super) events: Option<EventDrain>,
     /// (st_dev, st_ino) -> what was attached there.
@@ -173,7 +176,7 @@ impl CudaCollector {
             return Ok(());
         }
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &by_fd, &symbols)?;
+        let (functions, errors) = self.attach_file(cx, &by_fd, &symbols)?;
         let shown = &found.path;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
@@ -320,7 +323,7 @@ impl CudaCollector {
             return Ok(None);
         }
         let attach_start = clock::monotonic_ns();
-        let (functions, errors) = programs::attach_file(&mut cx.ebpf, &attach_path, &symbols)?;
+        let (functions, errors) = self.attach_file(cx, &attach_path, &symbols)?;
         let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
@@ -348,12 +351,31 @@ impl CudaCollector {
         Ok(Some(opened.identity))
     }
 
+    /// Attaches the probes of one file (the programs are loaded).
+    fn attach_file(
+        &mut self,
+        cx: &mut Context,
+        path: &Path,
+        symbols: &[(u32, u64)],
+    ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+        match self.probes.as_mut() {
+            Some(p) => p.attach_file(&mut cx.ebpf, path, symbols),
+            None => Ok((Vec::new(), Vec::new())),
+        }
+    }
+
     fn ensure_loaded(&mut self, cx: &mut Context) -> Result<bool, ProbeError> {
         if let Some(ok) = self.loaded {
             return Ok(ok);
         }
-        for spec in programs::TABLE.programs {
-            if let Err(e) = spec.load(&mut cx.ebpf, &cx.btf.btf) {
+        match programs::CudaProbes::load(&mut cx.ebpf, &cx.btf.btf, &cx.map_fds) {
+            Ok((probes, note)) => {
+                if let Some(n) = note {
+                    cx.sink.note_on(Topic::Gpu, n);
+                }
+                self.probes = Some(probes);
+            }
+            Err(e) => {
                 cx.sink.note_on(Topic::Gpu, format!("CUDA probes disabled: {e}"));
                 self.loaded = Some(false);
                 return Ok(false);
@@ -505,20 +527,20 @@ impl Collector for CudaCollector {
         Ok(())
     }
 
-    /// Unloads the programs (detaching every probe), so that the final
+    /// Releases every probe and unloads the programs, so that the final
     /// drain and the aggregates read after it agree: a process traced with
     /// `-p` goes on calling CUDA after the window. A call in flight at this
-    /// moment is in neither.
+    /// moment is in neither. The probes are released from several threads
+    /// at once (progress on stderr past a second, unless `-q`); this
+    /// returns when all are gone.
     fn detach(&mut self, cx: &mut Context) {
-        if std::mem::replace(&mut self.detached, true) || self.loaded != Some(true) {
+        if std::mem::replace(&mut self.detached, true) {
             return;
         }
-        for spec in programs::TABLE.programs {
-            if let Ok(p) = probe::program::<aya::programs::UProbe>(&mut cx.ebpf, spec.name) {
-                if let Err(e) = p.unload() {
-                    cx.sink.note_on(Topic::Gpu, format!("detaching {}: {e}", spec.name));
-                }
-            }
+        let Some(probes) = self.probes.take() else { return };
+        let (_, errors) = probes.release(&mut cx.ebpf, cx.opts.quiet);
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, e);
         }
     }
 

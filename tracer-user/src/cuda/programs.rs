@@ -1,19 +1,38 @@
 //! The CUDA probe family's kernel programs: uprobes on the runtime
 //! (libcudart) and driver (libcuda) functions, attached per library file by
 //! the collector once it finds one, and the two globals they read.
+//!
+//! Where the kernel has multi-uprobe links (Linux 6.6+), each program is
+//! attached to a file with one link for all its functions
+//! ([`crate::uprobe_multi`]): at most 8 links per file, released in ~0.1 s
+//! at the window end. Elsewhere aya attaches one perf-event uprobe per
+//! function and kind (124 for 66 functions), each taking ~0.1 s to release
+//! under a kernel-wide lock. Either way the links are released from
+//! several threads at once, with progress shown past a second
+//! ([`release_all`]), before the final drain.
+
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+};
 
 use aya::{
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
         UProbe,
     },
-    Ebpf,
+    Btf, Ebpf,
 };
 use tracer_common::cuda::api;
 
 use crate::{
-    collect::{FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec},
+    collect::{
+        release::{release_all, Released},
+        FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
+    },
     probe::{self, ProbeError},
+    uprobe_multi::{self, MapFds},
 };
 
 const fn uprobe(name: &'static str) -> ProgramSpec {
@@ -57,20 +76,163 @@ fn entry_program(id: u32) -> &'static str {
     }
 }
 
-/// Attaches the entry (and, but for launches, return) probe to every
-/// function found. Returns the functions probed and the failures.
-///
-/// Each function's return probe goes in before its entry probe: the kernel
-/// hooks a call's return at its entry, so a call whose entry the programs
-/// see has its return seen too, also for calls made while the probes are
-/// being attached to a running process, and for calls nested in them.
-/// (Entry first, a call entered between the two attachments kept its
-/// in-flight slot: the thread's next call took it over and counted the
-/// first as lost, and a driver call nested in a runtime call never
-/// un-nested.)
-pub fn attach_file(
+/// The program that takes the returns of every function but launches.
+const RETURN_PROGRAM: &str = "cuda_return";
+
+/// The CUDA uprobes of one recording: how they are attached, and every
+/// attachment, to release together at the window end.
+pub enum CudaProbes {
+    /// Multi-uprobe links: the programs loaded for them, and one link per
+    /// (program, file, entry or return).
+    Multi { programs: HashMap<&'static str, OwnedFd>, links: Vec<OwnedFd> },
+    /// aya's perf-event uprobes, one per function and kind, taken out of
+    /// the programs so that they can be released from several threads.
+    Perf { links: Vec<UProbeLink> },
+}
+
+impl CudaProbes {
+    /// Loads the programs (the verifier runs here): for multi-uprobe links
+    /// where the kernel has them, else with aya. The note says why
+    /// multi-uprobe links are not used when the kernel has them but
+    /// loading for them failed.
+    pub fn load(ebpf: &mut Ebpf, btf: &Btf, maps: &MapFds) -> Result<(Self, Option<String>), ProbeError> {
+        let mut note = None;
+        if uprobe_multi::supported() {
+            let names: Vec<&'static str> = TABLE.programs.iter().map(|p| p.name).collect();
+            match uprobe_multi::load_programs(&names, maps, btf) {
+                Ok(programs) => return Ok((CudaProbes::Multi { programs, links: Vec::new() }, None)),
+                Err(e) => {
+                    note = Some(format!(
+                        "CUDA probes attached one perf event per function ({e}): stopping takes about 0.1 s per probe"
+                    ))
+                }
+            }
+        }
+        for spec in TABLE.programs {
+            spec.load(ebpf, btf)?;
+        }
+        Ok((CudaProbes::Perf { links: Vec::new() }, note))
+    }
+
+    /// How many attachments there are to release.
+    pub fn links(&self) -> usize {
+        match self {
+            CudaProbes::Multi { links, .. } => links.len(),
+            CudaProbes::Perf { links } => links.len(),
+        }
+    }
+
+    /// Attaches the entry (and, but for launches, return) probe to every
+    /// function found. Returns the functions probed and the failures.
+    ///
+    /// Each function's return probe goes in before its entry probe: the
+    /// kernel hooks a call's return at its entry, so a call whose entry the
+    /// programs see has its return seen too, also for calls made while the
+    /// probes are being attached to a running process, and for calls nested
+    /// in them. (Entry first, a call entered between the two attachments
+    /// kept its in-flight slot: the thread's next call took it over and
+    /// counted the first as lost, and a driver call nested in a runtime call
+    /// never un-nested.) With multi-uprobe links, every return of the file
+    /// goes in (one link) before any entry.
+    pub fn attach_file(
+        &mut self,
+        ebpf: &mut Ebpf,
+        path: &Path,
+        symbols: &[(u32, u64)],
+    ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+        match self {
+            CudaProbes::Multi { programs, links } => attach_multi(programs, links, path, symbols),
+            CudaProbes::Perf { links } => attach_perf(ebpf, links, path, symbols),
+        }
+    }
+
+    /// Releases every probe (from several threads; progress on stderr past
+    /// a second unless `quiet`), then the programs. Returns when all are
+    /// gone, with what went wrong unloading a program.
+    pub fn release(self, ebpf: &mut Ebpf, quiet: bool) -> (Released, Vec<String>) {
+        let mut errors = Vec::new();
+        let released = match self {
+            CudaProbes::Multi { programs, links } => {
+                let r = release_all(links, "CUDA uprobe links", quiet);
+                drop(programs);
+                r
+            }
+            CudaProbes::Perf { links } => {
+                let r = release_all(links, "CUDA uprobes", quiet);
+                for spec in TABLE.programs {
+                    if let Ok(p) = probe::program::<UProbe>(ebpf, spec.name) {
+                        if let Err(e) = p.unload() {
+                            errors.push(format!("detaching {}: {e}", spec.name));
+                        }
+                    }
+                }
+                r
+            }
+        };
+        (released, errors)
+    }
+}
+
+/// The functions of one file one program takes, on entry or return.
+struct Group {
+    program: &'static str,
+    ret: bool,
+    /// (function id, file offset)
+    members: Vec<(u32, u64)>,
+}
+
+/// One link per program for all its functions in `path`, returns first;
+/// a link that fails is retried one function at a time, to name those
+/// that fail.
+fn attach_multi(
+    programs: &HashMap<&'static str, OwnedFd>,
+    links: &mut Vec<OwnedFd>,
+    path: &Path,
+    symbols: &[(u32, u64)],
+) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+    let returns = symbols.iter().copied().filter(|&(id, _)| !api::is_launch(id)).collect();
+    let mut groups = vec![Group { program: RETURN_PROGRAM, ret: true, members: returns }];
+    for &(id, offset) in symbols {
+        let program = entry_program(id);
+        match groups.iter_mut().find(|g| g.program == program && !g.ret) {
+            Some(g) => g.members.push((id, offset)),
+            None => groups.push(Group { program, ret: false, members: vec![(id, offset)] }),
+        }
+    }
+    let mut failed = HashSet::new();
+    let mut errors = Vec::new();
+    for Group { program, ret, members } in groups {
+        // A function whose return probe failed gets no entry probe.
+        let members: Vec<(u32, u64)> = members.into_iter().filter(|(id, _)| !failed.contains(id)).collect();
+        if members.is_empty() {
+            continue;
+        }
+        let prog = programs.get(program).ok_or(ProbeError::MissingProgram(program))?;
+        let offsets: Vec<u64> = members.iter().map(|m| m.1).collect();
+        let cookies: Vec<u64> = members.iter().map(|m| u64::from(m.0)).collect();
+        if let Ok(link) = uprobe_multi::attach(prog.as_fd(), path, &offsets, &cookies, ret) {
+            links.push(link);
+            continue;
+        }
+        for (id, offset) in members {
+            match uprobe_multi::attach(prog.as_fd(), path, &[offset], &[u64::from(id)], ret) {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    errors.push(format!("probing {} failed: {e}", api::NAMES[id as usize]));
+                    failed.insert(id);
+                }
+            }
+        }
+    }
+    let done = symbols.iter().filter(|(id, _)| !failed.contains(id)).map(|&(id, _)| api::NAMES[id as usize]).collect();
+    Ok((done, errors))
+}
+
+/// One aya perf-event uprobe per function and kind, return first.
+fn attach_perf(
     ebpf: &mut Ebpf,
-    path: &std::path::Path,
+    links: &mut Vec<UProbeLink>,
+    path: &Path,
     symbols: &[(u32, u64)],
 ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
     let mut done = Vec::new();
@@ -79,17 +241,21 @@ pub fn attach_file(
         let name = api::NAMES[id as usize];
         let mut progs = Vec::with_capacity(2);
         if !api::is_launch(id) {
-            progs.push("cuda_return");
+            progs.push(RETURN_PROGRAM);
         }
         progs.push(entry_program(id));
         let mut ok = true;
         for prog_name in progs {
             let prog: &mut UProbe = probe::program(ebpf, prog_name)?;
             let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(id as u64) };
-            if let Err(e) = prog.attach(point, path, UProbeScope::AllProcesses) {
-                errors.push(format!("probing {name} failed: {e}"));
-                ok = false;
-                break;
+            let attached = prog.attach(point, path, UProbeScope::AllProcesses).and_then(|l| prog.take_link(l));
+            match attached {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    errors.push(format!("probing {name} failed: {e}"));
+                    ok = false;
+                    break;
+                }
             }
         }
         if ok {
