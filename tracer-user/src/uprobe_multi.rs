@@ -44,6 +44,8 @@ pub enum MultiError {
     Relocate(String),
     #[error("eBPF program `{0}` missing from the object")]
     MissingProgram(&'static str),
+    #[error("loading the object's BTF: {0}")]
+    Btf(String),
     #[error("loading eBPF program `{name}` for multi-uprobe links failed: {detail}")]
     Load { name: &'static str, detail: String },
     #[error("path {0:?} contains a NUL byte")]
@@ -201,7 +203,7 @@ pub fn supported() -> bool {
 /// kernel that has every BTF feature (any kernel with multi-uprobe links).
 fn load_btf(obj: &mut aya_obj::Object) -> Result<Option<OwnedFd>, MultiError> {
     let features = aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
-    let Some(btf) = obj.fixup_and_sanitize_btf(&features).map_err(|e| MultiError::Relocate(e.to_string()))? else {
+    let Some(btf) = obj.fixup_and_sanitize_btf(&features).map_err(|e| MultiError::Btf(e.to_string()))? else {
         return Ok(None);
     };
     let raw = btf.to_bytes();
@@ -210,9 +212,7 @@ fn load_btf(obj: &mut aya_obj::Object) -> Result<Option<OwnedFd>, MultiError> {
     let u = unsafe { &mut attr.__bindgen_anon_7 };
     u.btf = raw.as_ptr() as u64;
     u.btf_size = raw.len() as u32;
-    sys_bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr)
-        .map(Some)
-        .map_err(|e| MultiError::Load { name: "(object BTF)", detail: e.to_string() })
+    sys_bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr).map(Some).map_err(|e| MultiError::Btf(e.to_string()))
 }
 
 /// Loads `names` from the embedded object for multi-uprobe links,
