@@ -175,12 +175,12 @@ pub struct OffCpuTimes {
 
 impl OffCpuTimes {
     pub fn total(&self) -> u64 {
-        self.io_ns + self.lock_ns + self.poll_ns + self.sleep_ns + self.other_ns + self.gil_ns
+        [self.io_ns, self.lock_ns, self.poll_ns, self.sleep_ns, self.other_ns, self.gil_ns].into_iter().fold(0, u64::saturating_add)
     }
 }
 
 /// Where one thread's wall time went inside the window.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ThreadTimes {
     pub pid: u32,
     pub tid: u32,
@@ -244,7 +244,7 @@ impl Recording {
     }
 
     pub fn lost_events(&self) -> u64 {
-        self.lost.values().sum()
+        self.lost.values().fold(0, |a, b| a.saturating_add(*b))
     }
 
     pub fn write_to(&self, file: File, path: &Path) -> Result<(), RecordingError> {
