@@ -117,7 +117,12 @@ pub fn render(out: &mut String, rec: &Recording) {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
         flagged += usize::from(line(out, &format!("pid {pid} ({comm}) all"), &sum(threads)));
         for t in threads {
-            flagged += usize::from(line(out, &format!("  tid {} {}", t.tid, t.comm), t));
+            let label = if t.aggregated_threads > 0 {
+                format!("  exited threads ({})", t.aggregated_threads)
+            } else {
+                format!("  tid {} {}", t.tid, t.comm)
+            };
+            flagged += usize::from(line(out, &label, t));
         }
     }
     if flagged > 0 {
@@ -246,6 +251,7 @@ mod tests {
             syscall_ns: sys,
             off_cpu: crate::recording::OffCpuTimes { io_ns: io, ..Default::default() },
             runqueue_ns: rq,
+            aggregated_threads: 0,
         }
     }
 
@@ -274,7 +280,7 @@ mod tests {
     #[test]
     fn hostile_rows_are_clamped_and_flagged() {
         let mut rec = crate::recording::tests::sample();
-        let mut crafted = |wall: u64, on: u64| ThreadTimes { wall_ns: wall, on_cpu_ns: on, ..thread(0, 0, 0, 0) };
+        let crafted = |wall: u64, on: u64| ThreadTimes { wall_ns: wall, on_cpu_ns: on, ..thread(0, 0, 0, 0) };
         rec.threads = vec![crafted(1, 2_000_000_000), crafted(1, 200_000_000), crafted(0, u64::MAX), crafted(u64::MAX, u64::MAX), crafted(10, 5)];
         rec.threads[3].runqueue_ns = u64::MAX;
         let mut out = String::new();
