@@ -25,7 +25,11 @@ pub fn write_itr(path: &Path, payload: &Value) {
 /// The JSON payload of an `.itr` file.
 pub fn read_itr(path: &Path) -> Value {
     let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(bytes.len() >= 16 && &bytes[..8] == MAGIC, "{}: not a recording", path.display());
+    assert!(
+        bytes.len() >= 16 && &bytes[..8] == MAGIC,
+        "{}: not a recording",
+        path.display()
+    );
     let mut s = String::new();
     GzDecoder::new(&bytes[16..])
         .read_to_string(&mut s)

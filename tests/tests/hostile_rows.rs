@@ -29,7 +29,11 @@ fn report_bounded(path: &Path, format: &str) -> Run {
         Duration::from_secs(20),
     );
     r.assert_ok();
-    assert!(r.elapsed < Duration::from_secs(10), "report took {:?}", r.elapsed);
+    assert!(
+        r.elapsed < Duration::from_secs(10),
+        "report took {:?}",
+        r.elapsed
+    );
     r
 }
 
@@ -49,16 +53,32 @@ fn parts_beyond_wall_are_clamped_and_flagged() {
     ];
     for (what, row) in cases {
         let path = dir.join("crafted.itr");
-        write_itr(&path, &crafted_recording(serde_json::Value::Array(vec![row, thread_row(10, 1_000_000, 500_000, 0)])));
+        write_itr(
+            &path,
+            &crafted_recording(serde_json::Value::Array(vec![
+                row,
+                thread_row(10, 1_000_000, 500_000, 0),
+            ])),
+        );
         let text = report_bounded(&path, "text");
-        let rows: Vec<&str> = text.stdout.lines().filter(|l| l.contains("  tid ")).collect();
+        let rows: Vec<&str> = text
+            .stdout
+            .lines()
+            .filter(|l| l.contains("  tid "))
+            .collect();
         assert_eq!(rows.len(), 2, "{what}: thread rows\n{}", text.stdout);
         for l in &rows {
             assert!(l.len() < 300, "{what}: unbounded row {l:?}");
         }
-        let crafted = rows.iter().find(|l| l.contains("crafted") && l.contains("|!")).unwrap_or_else(|| {
-            panic!("{what}: the crafted row is not flagged with `|!`\n{}", text.stdout)
-        });
+        let crafted = rows
+            .iter()
+            .find(|l| l.contains("crafted") && l.contains("|!"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{what}: the crafted row is not flagged with `|!`\n{}",
+                    text.stdout
+                )
+            });
         assert!(
             !crafted.contains("10469500") && crafted.contains("100.0%!"),
             "{what}: shares are not capped and flagged: {crafted}"
@@ -70,7 +90,8 @@ fn parts_beyond_wall_are_clamped_and_flagged() {
         );
         // The healthy row is untouched.
         assert!(
-            rows.iter().any(|l| l.contains("tid 10 ") && l.contains("cpu  50.0% ") && !l.contains('!')),
+            rows.iter()
+                .any(|l| l.contains("tid 10 ") && l.contains("cpu  50.0% ") && !l.contains('!')),
             "{what}: healthy row\n{}",
             text.stdout
         );
@@ -78,9 +99,24 @@ fn parts_beyond_wall_are_clamped_and_flagged() {
         assert_eq!(json.threads().len(), 2, "{what}");
         for format in ["folded", "svg"] {
             // No stacks: a one-line error, never a crash.
-            let r = run_infertrace([OsStr::new("report"), path.as_os_str(), "--format".as_ref(), format.as_ref()]);
-            assert_ne!(r.code(), Some(101), "{what}: {format} panicked\n{}", r.describe());
-            assert_ne!(r.code(), Some(134), "{what}: {format} aborted\n{}", r.describe());
+            let r = run_infertrace([
+                OsStr::new("report"),
+                path.as_os_str(),
+                "--format".as_ref(),
+                format.as_ref(),
+            ]);
+            assert_ne!(
+                r.code(),
+                Some(101),
+                "{what}: {format} panicked\n{}",
+                r.describe()
+            );
+            assert_ne!(
+                r.code(),
+                Some(134),
+                "{what}: {format} aborted\n{}",
+                r.describe()
+            );
         }
     }
 }
