@@ -23,7 +23,10 @@ use tracer_common::{
 
 pub use crate::collect::SchedOptions;
 use crate::{
-    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
+    collect::{
+        programs::Links, Collector, Context, ExitedThreads, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
+        TargetEvent,
+    },
     probe::{self, ProbeError},
     procfs,
     recording::{OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
@@ -246,17 +249,23 @@ impl SchedCollector {
         // them (never "now": a thread may exit while the maps are read).
         let end = cx.window_end.unwrap_or(u64::MAX);
         for t in take_exited(&mut cx.ebpf)? {
-            let (verdict, evicted) = cx.exited.exited(t.pid, t.tid, lifetime(&t, end));
-            if verdict.keep {
-                self.kept.insert(verdict.id, t);
-            } else {
-                self.folded.entry(t.pid).or_default().add(&t, end);
-            }
-            if let Some(k) = evicted.and_then(|e| self.kept.remove(&e.id)) {
-                self.folded.entry(k.pid).or_default().add(&k, end);
-            }
+            self.retire(&mut cx.exited, t, end);
         }
         Ok(())
+    }
+
+    /// One exited thread (ended by `end_ns` at the latest): kept, or summed
+    /// into its process's row, as `policy` decides.
+    fn retire(&mut self, policy: &mut ExitedThreads, t: ThreadState, end_ns: u64) {
+        let (verdict, evicted) = policy.exited(t.pid, t.tid, lifetime(&t, end_ns));
+        if verdict.keep {
+            self.kept.insert(verdict.id, t);
+        } else {
+            self.folded.entry(t.pid).or_default().add(&t, end_ns);
+        }
+        if let Some(k) = evicted.and_then(|e| self.kept.remove(&e.id)) {
+            self.folded.entry(k.pid).or_default().add(&k, end_ns);
+        }
     }
 
     /// The per-thread breakdown up to `end_ns`; `syscalls` gives each
@@ -468,6 +477,42 @@ impl Collector for SchedCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exited thread of pid 1: alive from `first` to `end`, on CPU
+    /// `on` of it, off CPU (sleep) the rest.
+    fn exited(tid: u32, first: u64, end: u64, on: u64) -> ThreadState {
+        let mut t = ThreadState { pid: 1, tid, state: STATE_DEAD, first_ns: first, since_ns: end, end_ns: end, on_cpu_ns: on, ..Default::default() };
+        t.off_cpu_ns[REASON_SLEEP as usize] = end - first - on;
+        t
+    }
+
+    /// Two lives of one thread id are two threads: each decided and
+    /// accounted on its own; the summed row adds up like the others.
+    #[test]
+    fn reused_ids_and_summed_threads_add_up() {
+        let mut policy = ExitedThreads::new(2);
+        let mut c = SchedCollector::default();
+        // tid 7 lives twice (100 ns, then 1000 ns); tids 8 and 9 are short.
+        c.retire(&mut policy, exited(7, 0, 100, 40), 10_000);
+        c.retire(&mut policy, exited(8, 50, 80, 10), 10_000);
+        c.retire(&mut policy, exited(7, 200, 1_200, 300), 10_000);
+        c.retire(&mut policy, exited(9, 300, 310, 5), 10_000);
+        // Kept: the 1000 ns and 100 ns lives of tid 7; summed: 8 and 9.
+        let mut kept: Vec<(u32, u64)> = c.kept.values().map(|t| (t.tid, lifetime(t, u64::MAX))).collect();
+        kept.sort();
+        assert_eq!(kept, [(7, 100), (7, 1_000)]);
+        let f = c.folded[&1];
+        assert_eq!((f.threads, f.wall_ns, f.on_cpu_ns), (2, 40, 15));
+        assert_eq!(f.on_cpu_ns + f.off_cpu_ns.iter().sum::<u64>() + f.runqueue_ns, f.wall_ns);
+        // A third, longer life pushes the 100 ns one into the sum.
+        c.retire(&mut policy, exited(7, 2_000, 2_500, 100), 10_000);
+        let f = c.folded[&1];
+        assert_eq!((f.threads, f.wall_ns, f.on_cpu_ns), (3, 140, 55));
+        assert_eq!(policy.folded(1), 3);
+        // Clipped to the window's end: a thread cannot outlive it.
+        c.retire(&mut policy, exited(9, 9_000, 12_000, 0), 10_000);
+        assert_eq!(c.kept.values().map(|t| lifetime(t, 10_000)).max(), Some(1_000));
+    }
 
     #[test]
     fn classification() {
