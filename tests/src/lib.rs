@@ -20,6 +20,7 @@
 //! - running commands and infertrace ([`Run`], `record_launch`): [`run`];
 //! - processes by pid (`alive`, `kill`, [`KillOnDrop`], `poll`): [`procs`];
 //! - the JSON [`Report`] and its invariants: [`json`];
+//! - crafting and reading `.itr` recordings directly: [`itr`];
 //! - `strace -c` as ground truth: [`strace`];
 //! - the loaded BPF programs and a tracer's maps: [`bpftool`];
 //! - checks of the text report: [`text`];
@@ -31,6 +32,7 @@ pub use serde_json;
 
 pub mod bpftool;
 pub mod cudalibs;
+pub mod itr;
 pub mod json;
 pub mod locations;
 pub mod markers;
@@ -47,6 +49,7 @@ pub mod workloads;
 
 pub use bpftool::*;
 pub use cudalibs::*;
+pub use itr::*;
 pub use json::*;
 pub use locations::*;
 pub use markers::*;

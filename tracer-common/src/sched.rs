@@ -84,6 +84,16 @@ pub fn split_missed_switch_in(elapsed: u64, exec_then: u64, exec_now: u64) -> (u
     (ran, elapsed - ran)
 }
 
+/// Key of the `REUSED_THREADS` map: an earlier life of a reused thread id
+/// (value: its closed `ThreadState`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReusedKey {
+    pub tid: u32,
+    pub _pad: u32,
+    pub first_ns: u64,
+}
+
 /// Key of the `OFFCPU_STACKS` map (value: ns).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -124,6 +134,7 @@ mod pod {
     unsafe impl aya::Pod for super::OffCpuKey {}
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::RunqKey {}
+    unsafe impl aya::Pod for super::ReusedKey {}
 }
 
 #[cfg(test)]
@@ -136,6 +147,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
         assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
+        assert_eq!(core::mem::size_of::<ReusedKey>(), 16);
     }
 
     #[test]

@@ -36,13 +36,23 @@ use tracer_common::{proc_events::ProcEvent, syscalls::SyscallStart};
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
 /// `[0]`: `bpf_ktime_get_ns()` when the window opened, written by userspace
-/// right before attaching. Read on rare paths only.
+/// right before attaching. `[1]`: when it closed (0 while open), written
+/// by userspace before it detaches anything: events after it belong to no
+/// recording (the scheduler and syscall programs ignore them).
 #[map]
-pub static WINDOW: Array<u64> = Array::with_max_entries(1, 0);
+pub static WINDOW: Array<u64> = Array::with_max_entries(2, 0);
 
 #[inline(always)]
 pub fn window_start_ns() -> u64 {
     WINDOW.get(0).copied().unwrap_or(0)
+}
+
+/// Whether the window had closed at `now` (an array read, inlined by the
+/// verifier: cheap enough for every context switch).
+#[inline(always)]
+pub fn window_closed(now: u64) -> bool {
+    let end = WINDOW.get(1).copied().unwrap_or(0);
+    end != 0 && now > end
 }
 
 /// Drop counters, indexed by `tracer_common::counters::*`.

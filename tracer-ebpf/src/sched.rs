@@ -15,10 +15,19 @@ use tracer_common::{
     syscalls::hist_bucket,
 };
 
-use crate::{count_drop, global, is_target, python, syscall_in_flight, user_stack_id, window_start_ns, NO_SYSCALL, STACKS};
+use crate::{
+    count_drop, global, is_target, python, syscall_in_flight, user_stack_id, window_closed, window_start_ns, NO_SYSCALL, STACKS,
+};
 
 #[map]
 pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
+
+/// Earlier lives of reused thread ids: a new thread whose id still has an
+/// entry in `THREADS` moves that entry here (closed, `STATE_DEAD`), keyed
+/// by (tid, first_ns), and starts a row of its own. Drained by userspace
+/// with the dead entries of `THREADS`.
+#[map]
+pub static REUSED_THREADS: HashMap<ReusedKey, ThreadState> = HashMap::with_max_entries(4096, 0);
 
 #[map]
 pub static OFFCPU_STACKS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(32768, 0);
@@ -150,6 +159,9 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
     let now = unsafe { bpf_ktime_get_ns() };
+    if window_closed(now) {
+        return 0;
+    }
     let prev_tgid = (pid_tgid >> 32) as u32;
     if prev_tid != 0 && is_target(prev_tgid) {
         let prev: u64 = ctx.arg(1);
@@ -246,10 +258,23 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
+    if window_closed(now) {
+        return;
+    }
     let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
-    if new && t.state == STATE_DEAD {
-        // A reused tid: start over.
+    if new && t.first_ns != now {
+        // A new thread whose id has an entry: the id was reused, that entry
+        // belongs to a thread that exited. Close it (a thread whose exit we
+        // never saw ends at its last event), keep it for userspace, start over.
+        if t.state != STATE_DEAD {
+            t.state = STATE_DEAD;
+            t.end_ns = t.since_ns;
+        }
+        let key = ReusedKey { tid, _pad: 0, first_ns: t.first_ns };
+        if REUSED_THREADS.insert(&key, &*t, 0).is_err() {
+            count_drop(counters::THREADS_FULL);
+        }
         *t = ThreadState {
             pid: tgid,
             tid,
@@ -290,7 +315,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if tid == 0 || !is_target(tgid) {
+    if tid == 0 || !is_target(tgid) || window_closed(unsafe { bpf_ktime_get_ns() }) {
         return 0;
     }
     let key = SampleKey {

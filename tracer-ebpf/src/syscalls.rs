@@ -16,7 +16,8 @@ use tracer_common::{
 };
 
 use crate::{
-    count_drop, emit_proc_event, global, is_target, python, user_stack_id, window_start_ns, SYSCALL_START, TARGETS,
+    count_drop, emit_proc_event, global, is_target, python, user_stack_id, window_closed, window_start_ns, SYSCALL_START,
+    TARGETS,
 };
 use tracer_common::proc_events::KIND_MAPPED;
 
@@ -90,12 +91,15 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let nr = id as u32;
+    let now = unsafe { bpf_ktime_get_ns() };
+    if window_closed(now) {
+        return 0;
+    }
     if nr == global(&NR_EXIT) || nr == global(&NR_EXIT_GROUP) {
         // Never returns: account it now, with no duration.
         account(tgid, tid, nr, 0, 0);
         return 0;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
     let arg0 = if nr == global(&NR_FUTEX) {
         first_arg(&ctx)
     } else if nr == global(&NR_MMAP) {
@@ -147,6 +151,11 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     }
     let tid = pid_tgid as u32;
     let now = unsafe { bpf_ktime_get_ns() };
+    if window_closed(now) {
+        // After the window: a call still in flight stays so, and is
+        // accounted as in flight at the end.
+        return 0;
+    }
     let ret: i64 = ctx.arg(1);
     let (start_ns, nr, arg0) = match take_start(tid) {
         Some(v) => v,

@@ -14,15 +14,19 @@ use aya::{
 };
 use tracer_common::{
     sched::{
-        split_missed_switch_in, OffCpuKey, RunqKey, ThreadState, NO_STACK, REASON_IO, REASON_LOCK, REASON_OTHER,
-        REASON_GIL, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, EXEC_UNKNOWN, STATE_DEAD, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING,
+        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
+        REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
+        STATE_RUNNABLE, STATE_RUNNING,
     },
     syscalls::HIST_BUCKETS,
 };
 
 pub use crate::collect::SchedOptions;
 use crate::{
-    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
+    collect::{
+        programs::Links, Collector, Context, ExitedThreads, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
+        TargetEvent,
+    },
     probe::{self, ProbeError},
     procfs,
     recording::{OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
@@ -118,13 +122,57 @@ const DRAIN_EVERY: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct SchedCollector {
     links: Links,
-    /// Threads that exited, moved out of the kernel map.
-    retired: Vec<ThreadState>,
+    /// Exited threads that keep rows of their own (`crate::collect::ExitedThreads`),
+    /// by verdict id: their final state.
+    kept: HashMap<u64, ThreadState>,
+    /// pid -> the exited threads folded into one row.
+    folded: BTreeMap<u32, Folded>,
+}
+
+/// Exited threads of one process, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Folded {
+    threads: u64,
+    wall_ns: u64,
+    on_cpu_ns: u64,
+    runqueue_ns: u64,
+    off_cpu_ns: [u64; REASONS],
+    blocked_in_syscall_ns: u64,
+}
+
+impl Folded {
+    fn add(&mut self, t: &ThreadState, end_ns: u64) {
+        self.threads += 1;
+        self.wall_ns = self.wall_ns.saturating_add(lifetime(t, end_ns));
+        self.on_cpu_ns = self.on_cpu_ns.saturating_add(t.on_cpu_ns);
+        self.runqueue_ns = self.runqueue_ns.saturating_add(t.runqueue_ns);
+        for (a, b) in self.off_cpu_ns.iter_mut().zip(t.off_cpu_ns) {
+            *a = a.saturating_add(b);
+        }
+        self.blocked_in_syscall_ns = self.blocked_in_syscall_ns.saturating_add(t.blocked_in_syscall_ns);
+    }
+}
+
+/// The wall time of an exited thread inside the window ending at `end_ns`.
+fn lifetime(t: &ThreadState, end_ns: u64) -> u64 {
+    let end = if t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
+    end.saturating_sub(t.first_ns)
 }
 
 fn comm_of(raw: &[u8; 16]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(16);
     String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+fn off_cpu_times(off: &[u64; REASONS]) -> OffCpuTimes {
+    OffCpuTimes {
+        other_ns: off[REASON_OTHER as usize],
+        io_ns: off[REASON_IO as usize],
+        lock_ns: off[REASON_LOCK as usize],
+        poll_ns: off[REASON_POLL as usize],
+        sleep_ns: off[REASON_SLEEP as usize],
+        gil_ns: off[REASON_GIL as usize],
+    }
 }
 
 /// Records the state of every thread of `pid` at `now` (the window
@@ -163,22 +211,69 @@ fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
     Ok(())
 }
 
-impl SchedCollector {
-    /// Moves exited threads out of the kernel map (keeps it small).
-    fn drain(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+/// Moves the threads that exited out of the kernel maps: the dead entries
+/// of `THREADS` and the earlier lives of reused ids (`REUSED_THREADS`),
+/// in the order they exited.
+fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
+    let mut exited = Vec::new();
+    {
         let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
         let dead: Vec<(u32, ThreadState)> =
             threads.iter().filter_map(Result::ok).filter(|(_, t)| t.state == STATE_DEAD).collect();
         for (tid, t) in dead {
-            self.retired.push(t);
-            let _ = threads.remove(&tid);
+            // Still that dead thread (a new thread may have taken the id
+            // since, moving the dead one to REUSED_THREADS): delete it.
+            if threads.get(&tid, 0).is_ok_and(|now| now.state == STATE_DEAD && now.first_ns == t.first_ns) {
+                let _ = threads.remove(&tid);
+                exited.push(t);
+            }
+        }
+    }
+    {
+        let mut reused: BpfHashMap<_, ReusedKey, ThreadState> = probe::hash_map(ebpf, "REUSED_THREADS")?;
+        let lives: Vec<(ReusedKey, ThreadState)> = reused.iter().filter_map(Result::ok).collect();
+        for (k, t) in lives {
+            let _ = reused.remove(&k);
+            exited.push(t);
+        }
+    }
+    exited.sort_by_key(|t| (t.end_ns, t.tid));
+    Ok(exited)
+}
+
+impl SchedCollector {
+    /// Moves exited threads out of the kernel maps (keeps them small) and
+    /// applies the policy: a row of their own, or summed per process.
+    fn drain(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        // Exited threads end at their exit; only the window's end clips
+        // them (never "now": a thread may exit while the maps are read).
+        let end = cx.window_end.unwrap_or(u64::MAX);
+        for t in take_exited(&mut cx.ebpf)? {
+            self.retire(&mut cx.exited, t, end);
         }
         Ok(())
     }
 
+    /// One exited thread (ended by `end_ns` at the latest): kept, or summed
+    /// into its process's row, as `policy` decides.
+    fn retire(&mut self, policy: &mut ExitedThreads, t: ThreadState, end_ns: u64) {
+        let (verdict, evicted) = policy.exited(t.pid, t.tid, lifetime(&t, end_ns));
+        if verdict.keep {
+            self.kept.insert(verdict.id, t);
+        } else {
+            self.folded.entry(t.pid).or_default().add(&t, end_ns);
+        }
+        if let Some(k) = evicted.and_then(|e| self.kept.remove(&e.id)) {
+            self.folded.entry(k.pid).or_default().add(&k, end_ns);
+        }
+    }
+
     /// The per-thread breakdown up to `end_ns`; `syscalls` gives each
     /// thread's syscall time (for `syscall_ns`). Also returns the off-CPU
-    /// intervals still open at `end_ns`, for the stacks.
+    /// intervals still open at `end_ns`, for the stacks. Exited threads
+    /// are those drained by the polls (the last one runs after the window
+    /// closed), so that the thread and syscall tables keep and fold the
+    /// same threads.
     fn threads(
         &mut self,
         ebpf: &mut Ebpf,
@@ -186,19 +281,21 @@ impl SchedCollector {
         target_pids: &[u32],
         syscalls: &[ThreadSyscall],
     ) -> Result<(Vec<ThreadTimes>, HashMap<OffCpuKey, u64>), ProbeError> {
-        self.drain(ebpf)?;
-        let mut states = self.retired.clone();
+        let mut states: Vec<ThreadState> = self.kept.values().copied().collect();
         {
             let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
             states.extend(threads.iter().filter_map(Result::ok).map(|(_, t)| t));
         }
         let mut open_offcpu: HashMap<OffCpuKey, u64> = HashMap::new();
-        let mut syscall_time: HashMap<u32, u64> = HashMap::new();
+        let mut syscall_time: HashMap<(u32, u32), u64> = HashMap::new();
         for s in syscalls {
-            *syscall_time.entry(s.tid).or_default() += s.total_ns;
+            let v = syscall_time.entry((s.pid, s.tid)).or_default();
+            *v = v.saturating_add(s.total_ns);
         }
         let mut threads = Vec::new();
-        for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid)) {
+        // A thread born after the end (while the programs were being
+        // detached) is not in the window.
+        for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid) && t.first_ns < end_ns) {
             let end = if t.state == STATE_DEAD && t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
             let mut open = end.saturating_sub(t.since_ns);
             if t.state == STATE_RUNNABLE || t.state == STATE_OFF_CPU {
@@ -240,8 +337,7 @@ impl SchedCollector {
                 }
                 _ => {}
             }
-            let off = t.off_cpu_ns;
-            let sys_total = syscall_time.get(&t.tid).copied().unwrap_or(0);
+            let sys_total = syscall_time.get(&(t.pid, t.tid)).copied().unwrap_or(0);
             // A live thread's current name; the kernel's copy (from its last
             // switch-out) for the others.
             let comm = match procfs::thread_comm(t.pid, t.tid) {
@@ -255,21 +351,32 @@ impl SchedCollector {
                 wall_ns: end.saturating_sub(t.first_ns),
                 on_cpu_ns: t.on_cpu_ns,
                 syscall_ns: sys_total.saturating_sub(t.blocked_in_syscall_ns).min(t.on_cpu_ns),
-                off_cpu: OffCpuTimes {
-                    other_ns: off[REASON_OTHER as usize],
-                    io_ns: off[REASON_IO as usize],
-                    lock_ns: off[REASON_LOCK as usize],
-                    poll_ns: off[REASON_POLL as usize],
-                    sleep_ns: off[REASON_SLEEP as usize],
-                    gil_ns: off[REASON_GIL as usize],
-                },
+                off_cpu: off_cpu_times(&t.off_cpu_ns),
                 runqueue_ns: t.runqueue_ns,
+                aggregated_threads: 0,
             });
         }
-        threads.sort_by_key(|t| (t.pid, t.tid));
+        for (&pid, f) in self.folded.iter().filter(|(pid, _)| target_pids.contains(pid)) {
+            let sys_total = syscall_time.get(&(pid, 0)).copied().unwrap_or(0);
+            threads.push(ThreadTimes {
+                pid,
+                tid: 0,
+                comm: EXITED_THREADS_COMM.to_owned(),
+                wall_ns: f.wall_ns,
+                on_cpu_ns: f.on_cpu_ns,
+                syscall_ns: sys_total.saturating_sub(f.blocked_in_syscall_ns).min(f.on_cpu_ns),
+                off_cpu: off_cpu_times(&f.off_cpu_ns),
+                runqueue_ns: f.runqueue_ns,
+                aggregated_threads: f.threads,
+            });
+        }
+        threads.sort_by_key(|t| (t.pid, t.tid == 0, t.tid));
         Ok((threads, open_offcpu))
     }
 }
+
+/// `comm` of the row that sums a process's folded exited threads.
+pub const EXITED_THREADS_COMM: &str = "(exited threads)";
 
 /// Off-CPU stacks: the kernel's aggregates plus the intervals still open.
 fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
@@ -348,7 +455,7 @@ impl Collector for SchedCollector {
     }
 
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.drain(&mut cx.ebpf)
+        self.drain(cx)
     }
 
     /// Needs `rec.syscalls` (the syscall collector's snapshot runs first).
@@ -370,6 +477,42 @@ impl Collector for SchedCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exited thread of pid 1: alive from `first` to `end`, on CPU
+    /// `on` of it, off CPU (sleep) the rest.
+    fn exited(tid: u32, first: u64, end: u64, on: u64) -> ThreadState {
+        let mut t = ThreadState { pid: 1, tid, state: STATE_DEAD, first_ns: first, since_ns: end, end_ns: end, on_cpu_ns: on, ..Default::default() };
+        t.off_cpu_ns[REASON_SLEEP as usize] = end - first - on;
+        t
+    }
+
+    /// Two lives of one thread id are two threads: each decided and
+    /// accounted on its own; the summed row adds up like the others.
+    #[test]
+    fn reused_ids_and_summed_threads_add_up() {
+        let mut policy = ExitedThreads::new(2);
+        let mut c = SchedCollector::default();
+        // tid 7 lives twice (100 ns, then 1000 ns); tids 8 and 9 are short.
+        c.retire(&mut policy, exited(7, 0, 100, 40), 10_000);
+        c.retire(&mut policy, exited(8, 50, 80, 10), 10_000);
+        c.retire(&mut policy, exited(7, 200, 1_200, 300), 10_000);
+        c.retire(&mut policy, exited(9, 300, 310, 5), 10_000);
+        // Kept: the 1000 ns and 100 ns lives of tid 7; summed: 8 and 9.
+        let mut kept: Vec<(u32, u64)> = c.kept.values().map(|t| (t.tid, lifetime(t, u64::MAX))).collect();
+        kept.sort();
+        assert_eq!(kept, [(7, 100), (7, 1_000)]);
+        let f = c.folded[&1];
+        assert_eq!((f.threads, f.wall_ns, f.on_cpu_ns), (2, 40, 15));
+        assert_eq!(f.on_cpu_ns + f.off_cpu_ns.iter().sum::<u64>() + f.runqueue_ns, f.wall_ns);
+        // A third, longer life pushes the 100 ns one into the sum.
+        c.retire(&mut policy, exited(7, 2_000, 2_500, 100), 10_000);
+        let f = c.folded[&1];
+        assert_eq!((f.threads, f.wall_ns, f.on_cpu_ns), (3, 140, 55));
+        assert_eq!(policy.folded(1), 3);
+        // Clipped to the window's end: a thread cannot outlive it.
+        c.retire(&mut policy, exited(9, 9_000, 12_000, 0), 10_000);
+        assert_eq!(c.kept.values().map(|t| lifetime(t, 10_000)).max(), Some(1_000));
+    }
 
     #[test]
     fn classification() {

@@ -231,7 +231,7 @@ fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Resul
             Err(e) => cx.sink.note(format!("--debug-ebpf: {e}")),
         }
     }
-    set_window_start(&mut cx.ebpf, cx.window_start)?;
+    set_window(&mut cx.ebpf, WINDOW_START, cx.window_start)?;
     Ok(cx)
 }
 
@@ -293,6 +293,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
     }
     rec.targets = cx.targets.to_targets();
     cx.sink.fill(&mut rec);
+    rec.attribute_folded_stacks();
     rec.sort_stacks();
     Ok(rec)
 }
@@ -300,6 +301,12 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
 /// Closes the window: detaches every program, takes the last events, and
 /// returns the final recording.
 fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
+    // First tell the kernel programs: detaching takes time, and what
+    // happens meanwhile (threads started after the end) is not in the
+    // window. The end is read after the kernel has it: a busy machine can
+    // hold this thread between the two, and every event the programs kept
+    // must fall inside the window.
+    set_window(&mut cx.ebpf, WINDOW_END, clock::monotonic_ns())?;
     cx.window_end = Some(clock::monotonic_ns());
     for c in collectors.iter_mut() {
         c.detach(cx);
@@ -512,10 +519,14 @@ fn write_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>], path:
     Ok(())
 }
 
-fn set_window_start(ebpf: &mut Ebpf, start: u64) -> Result<(), RecordError> {
+/// Slots of the kernel's `WINDOW` array: when the window opened and closed.
+const WINDOW_START: u32 = 0;
+const WINDOW_END: u32 = 1;
+
+fn set_window(ebpf: &mut Ebpf, slot: u32, ns: u64) -> Result<(), RecordError> {
     let map = ebpf.map_mut("WINDOW").ok_or(ProbeError::MissingMap("WINDOW"))?;
     let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map("WINDOW", e))?;
-    arr.set(0, start, 0).map_err(|e| ProbeError::map("WINDOW", e))?;
+    arr.set(slot, ns, 0).map_err(|e| ProbeError::map("WINDOW", e))?;
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 mod bench;
 mod pyroot;
 mod setup;
+mod soak;
 mod tasks;
 mod util;
 
@@ -47,6 +48,12 @@ commands:
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
              --stop        only the time from SIGINT to exit (~1 min)
+  soak     build, then N minutes of thread and process churn (850 threads/s,
+           ~10 processes/s, tests/workloads/churn.c) under `infertrace
+           record -p`: the tracer's RSS at each minute, the recording's
+           size, `report`'s time and memory on it (needs root; not in `test`)
+             --minutes N   minutes of churn (default 10)
+             --no-build    use the infertrace binary as it is
   help     this text
 ";
 
@@ -102,6 +109,7 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
             }
             bench::bench(build, stop_only)
         }
+        "soak" => soak::soak(parse_soak_args(rest)?),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
@@ -111,6 +119,25 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
             bail!("unknown command `{other}`")
         }
     }
+}
+
+fn parse_soak_args(rest: &[OsString]) -> Result<soak::SoakArgs> {
+    let mut args = soak::SoakArgs { minutes: 10, build: true };
+    let mut iter = rest.iter();
+    while let Some(a) = iter.next() {
+        match a.to_str() {
+            Some("--no-build") => args.build = false,
+            Some("--minutes") => {
+                let v = iter.next().and_then(|v| v.to_str()).unwrap_or("");
+                args.minutes = match v.parse() {
+                    Ok(n) if (1..=24 * 60).contains(&n) => n,
+                    _ => bail!("--minutes takes a whole number of minutes from 1 to 1440 (got {v:?})"),
+                };
+            }
+            _ => bail!("unknown option {a:?} for `soak`; see `cargo xtask help`"),
+        }
+    }
+    Ok(args)
 }
 
 fn parse_test_args(rest: &[OsString]) -> Result<tasks::TestArgs> {

@@ -16,9 +16,11 @@
 //!
 //! Everything the families share lives in the [`Context`]: the loaded
 //! object, the kernel BTF (parsed once), the target set, the stack resolver
-//! (one symbolizer, the Python frame resolver) and the [`Sink`], the one
-//! channel for notes and lost-event counters.
+//! (one symbolizer, the Python frame resolver), the policy for exited
+//! threads ([`ExitedThreads`]: which keep rows of their own) and the
+//! [`Sink`], the one channel for notes and lost-event counters.
 
+mod exited;
 mod options;
 pub mod release;
 pub mod programs;
@@ -29,6 +31,7 @@ use std::{collections::VecDeque, path::PathBuf, time::Duration};
 
 use aya::Ebpf;
 
+pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
 pub use options::{
     RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
     MAX_SLOW_SYSCALL, MIN_SLOW_SYSCALL,
@@ -72,6 +75,8 @@ pub struct Context {
     /// Set when the window closed (the programs are detached).
     pub window_end: Option<u64>,
     pub targets: TargetSet,
+    /// Which exited threads keep rows of their own (`exited`).
+    pub exited: ExitedThreads,
     pub stacks: Stacks,
     pub sink: Sink,
     /// The reader of the kernel's diagnostics (`--debug-ebpf`), if on.
@@ -101,6 +106,7 @@ impl Context {
             window_start,
             window_end: None,
             targets: TargetSet::default(),
+            exited: ExitedThreads::default(),
             stacks: Stacks::default(),
             sink: Sink::default(),
             ebpf_log: None,

@@ -8,7 +8,7 @@
 //! that fill it and the reports that render it. It imports no collector.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     fs::File,
     io::{self, BufReader, BufWriter, Read, Write},
     path::{Path, PathBuf},
@@ -117,6 +117,14 @@ pub struct ThreadSyscall {
     /// Calls still in flight when the window closed (counted, timed to the end).
     #[serde(default)]
     pub in_flight: u64,
+    /// On the row of `tid` 0: how many exited threads of the process are
+    /// summed in it (collect/exited.rs); absent (0) on a thread's own row.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub aggregated_threads: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Kind of a stack frame.
@@ -210,12 +218,14 @@ pub struct OffCpuTimes {
 
 impl OffCpuTimes {
     pub fn total(&self) -> u64 {
-        self.io_ns + self.lock_ns + self.poll_ns + self.sleep_ns + self.other_ns + self.gil_ns
+        [self.io_ns, self.lock_ns, self.poll_ns, self.sleep_ns, self.other_ns, self.gil_ns].into_iter().fold(0, u64::saturating_add)
     }
 }
 
-/// Where one thread's wall time went inside the window.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// Where one thread's wall time went inside the window; or, with
+/// `aggregated_threads` > 0 (tid 0), the sum over exited threads of the
+/// process that did not keep rows of their own.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ThreadTimes {
     pub pid: u32,
     pub tid: u32,
@@ -227,6 +237,9 @@ pub struct ThreadTimes {
     pub syscall_ns: u64,
     pub off_cpu: OffCpuTimes,
     pub runqueue_ns: u64,
+    /// Exited threads summed in this row (tid 0); absent (0) on a thread's own row.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub aggregated_threads: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -300,8 +313,42 @@ impl Recording {
         self.stacks.sort_by_key(|s| (s.kind == StackKind::Syscall, std::cmp::Reverse((s.samples, s.weight_ns))));
     }
 
+    /// Gives the stacks of exited threads folded into their process's
+    /// summed row (`aggregated_threads`, tid 0) to that row, merging the
+    /// records that become identical: every stack's tid then names a row
+    /// of `threads`.
+    pub fn attribute_folded_stacks(&mut self) {
+        let folded: HashSet<u32> = self.threads.iter().filter(|t| t.aggregated_threads > 0).map(|t| t.pid).collect();
+        if folded.is_empty() {
+            return;
+        }
+        let own: HashSet<(u32, u32)> = self.threads.iter().filter(|t| t.aggregated_threads == 0).map(|t| (t.pid, t.tid)).collect();
+        type Key = (StackKind, Option<OffCpuReason>, u32, Option<String>, Vec<Frame>);
+        let mut merged: HashMap<Key, usize> = HashMap::new();
+        let mut out: Vec<StackRecord> = Vec::with_capacity(self.stacks.len());
+        for mut s in std::mem::take(&mut self.stacks) {
+            if !folded.contains(&s.pid) || own.contains(&(s.pid, s.tid)) {
+                out.push(s);
+                continue;
+            }
+            s.tid = 0;
+            let key = (s.kind, s.reason, s.pid, s.syscall.clone(), s.frames.clone());
+            match merged.get(&key) {
+                Some(&i) => {
+                    out[i].samples = out[i].samples.saturating_add(s.samples);
+                    out[i].weight_ns = out[i].weight_ns.saturating_add(s.weight_ns);
+                }
+                None => {
+                    merged.insert(key, out.len());
+                    out.push(s);
+                }
+            }
+        }
+        self.stacks = out;
+    }
+
     pub fn lost_events(&self) -> u64 {
-        self.lost.values().sum()
+        self.lost.values().fold(0, |a, b| a.saturating_add(*b))
     }
 
     pub fn write_to(&self, file: File, path: &Path) -> Result<(), RecordingError> {
@@ -440,6 +487,7 @@ pub(crate) mod tests {
                 max_ns: 2000,
                 hist_log2_ns: vec![0; 40],
                 in_flight: 0,
+                aggregated_threads: 0,
             }],
             threads: vec![],
             stacks: vec![],
@@ -450,6 +498,29 @@ pub(crate) mod tests {
             notes: vec![],
             cut: None,
         }
+    }
+
+    #[test]
+    fn stacks_of_folded_threads_go_to_the_summed_row() {
+        let mut rec = sample();
+        let row = |tid: u32, aggregated_threads: u64| ThreadTimes { pid: 10, tid, aggregated_threads, ..Default::default() };
+        rec.threads = vec![row(10, 0), row(0, 2)];
+        let frame = Frame { function: "f".into(), file: None, line: None, kind: FrameKind::Native, module: None };
+        let stack = |tid: u32, ns: u64| StackRecord {
+            kind: StackKind::OffCpu,
+            reason: Some(OffCpuReason::Io),
+            pid: 10,
+            tid,
+            samples: 0,
+            weight_ns: ns,
+            syscall: None,
+            frames: vec![frame.clone()],
+        };
+        // Two exited threads (11, 12) with the same stack, and the main thread's own.
+        rec.stacks = vec![stack(11, 5), stack(10, 7), stack(12, 3)];
+        rec.attribute_folded_stacks();
+        let got: Vec<(u32, u64)> = rec.stacks.iter().map(|s| (s.tid, s.weight_ns)).collect();
+        assert_eq!(got, [(0, 8), (10, 7)]);
     }
 
     #[test]

@@ -12,6 +12,14 @@
 //! traced processes, or from a recording file that anyone can craft) goes
 //! through it, so that a thread named `"\x1b]0;PWNED\x07"` cannot retitle
 //! or clear the reader's terminal, nor a `\n` in a name forge a line.
+//!
+//! Values come from a recording file, which may be hostile or inconsistent
+//! (a part larger than its whole, `u64::MAX`): [`share`], [`fmt_share`] and
+//! [`bar_cells`] are the one place that turns a part of a whole into a
+//! percentage or a bar length, clamped to the whole and flagged when it
+//! exceeded it; [`saturating_sum`] adds without overflowing. Every text
+//! section uses them, so no value can make a renderer allocate, panic or
+//! print more than its column.
 
 use std::{borrow::Cow, fmt::Write as _};
 
@@ -166,6 +174,50 @@ pub fn printable_json(json: String) -> String {
     out
 }
 
+/// A part of a whole, as a share for display.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Share {
+    /// Percent of the whole, clamped to 0..=100 (0 when the whole is 0 and the part too).
+    pub percent: f64,
+    /// The part exceeded the whole (or the whole was 0 and the part was not):
+    /// `percent` was clamped, the values are inconsistent.
+    pub over: bool,
+}
+
+/// `part` as a share of `whole`, clamped to 100% and flagged beyond it.
+pub fn share(part: u64, whole: u64) -> Share {
+    if part > whole {
+        return Share { percent: 100.0, over: true };
+    }
+    if whole == 0 {
+        return Share { percent: 0.0, over: false };
+    }
+    Share { percent: (part as f64 * 100.0 / whole as f64).clamp(0.0, 100.0), over: false }
+}
+
+/// `part` of `whole` as `" 42.0%"` (6 characters, like `{:5.1}%`); a part
+/// beyond the whole prints `"100.0%!"`: clamped and flagged.
+pub fn fmt_share(part: u64, whole: u64) -> String {
+    let s = share(part, whole);
+    format!("{:5.1}%{}", s.percent, if s.over { "!" } else { "" })
+}
+
+/// Cells of a bar `width` wide that `part` of `whole` fills (rounded to the
+/// nearest cell): never more than `width`, whatever the values.
+pub fn bar_cells(part: u64, whole: u64, width: usize) -> usize {
+    let part = part.min(whole);
+    if whole == 0 {
+        return 0;
+    }
+    let cells = (u128::from(part) * width as u128 + u128::from(whole) / 2) / u128::from(whole);
+    usize::try_from(cells).unwrap_or(width).min(width)
+}
+
+/// The sum of `values`, saturating at `u64::MAX` instead of overflowing.
+pub fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0u64, u64::saturating_add)
+}
+
 /// bpftrace-style rows of a log2 ns histogram, from the first to the last
 /// non-empty bucket.
 pub fn histogram_rows(out: &mut String, hist: &[u64]) {
@@ -173,10 +225,14 @@ pub fn histogram_rows(out: &mut String, hist: &[u64]) {
     let last = hist.iter().rposition(|&c| c > 0);
     let (Some(first), Some(last)) = (first, last) else { return };
     let peak = hist.iter().copied().max().unwrap_or(1).max(1);
+    // Recordings from elsewhere may hold more buckets than 64: the edges
+    // saturate rather than overflow the shift.
+    let edge = |i: usize| 1u64.checked_shl(i as u32).unwrap_or(u64::MAX);
     for (i, &c) in hist.iter().enumerate().take(last + 1).skip(first) {
-        let lo = if i == 0 { 0 } else { 1u64 << i };
-        let hi = 1u64 << (i + 1);
-        let bar = "@".repeat(((c * BAR_WIDTH).div_ceil(peak)) as usize);
+        let lo = if i == 0 { 0 } else { edge(i) };
+        let hi = edge(i + 1);
+        let cells = (u128::from(c) * u128::from(BAR_WIDTH)).div_ceil(u128::from(peak)).min(u128::from(BAR_WIDTH));
+        let bar = "@".repeat(cells as usize);
         let _ = writeln!(out, "  [{:>7}, {:>7}) {:>9} |{:<40}|", fmt_ns_short(lo), fmt_ns_short(hi), c, bar);
     }
 }
@@ -217,5 +273,32 @@ mod tests {
         assert_eq!(fmt_rate(12_500.0), "12.50 kB/s");
         assert_eq!(fmt_rate(3.1e9), "3.10 GB/s");
         assert_eq!(fmt_rate(f64::NAN), "0 B/s");
+    }
+
+    #[test]
+    fn shares_and_bars_are_clamped_and_flagged() {
+        assert_eq!(fmt_share(1, 4), " 25.0%");
+        assert_eq!(fmt_share(0, 0), "  0.0%");
+        assert_eq!(fmt_share(2_000_000_000, 1), "100.0%!");
+        assert_eq!(fmt_share(u64::MAX, 0), "100.0%!");
+        assert_eq!(fmt_share(u64::MAX, u64::MAX), "100.0%");
+        assert!(share(5, 0).over && !share(5, 5).over);
+        assert_eq!(bar_cells(1, 2, 50), 25);
+        assert_eq!(bar_cells(2_000_000_000, 1, 50), 50);
+        assert_eq!(bar_cells(u64::MAX, u64::MAX, 50), 50);
+        assert_eq!(bar_cells(u64::MAX, 0, 50), 0);
+        assert_eq!(saturating_sum([u64::MAX, 1, 2]), u64::MAX);
+    }
+
+    #[test]
+    fn histogram_rows_are_bounded() {
+        let mut out = String::new();
+        let mut hist = vec![0u64; 70];
+        hist[1] = u64::MAX;
+        hist[2] = u64::MAX / 3;
+        hist[69] = 1;
+        histogram_rows(&mut out, &hist);
+        assert!(out.lines().all(|l| l.matches('@').count() <= BAR_WIDTH as usize), "{out}");
+        assert_eq!(out.lines().count(), 69);
     }
 }

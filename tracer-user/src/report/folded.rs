@@ -188,6 +188,7 @@ pub(crate) mod tests {
                 syscall_ns: 0,
                 off_cpu: Default::default(),
                 runqueue_ns: 0,
+                aggregated_threads: 0,
             }],
             stacks: vec![
                 // Two threads' records of the same stack: merged.

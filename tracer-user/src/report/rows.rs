@@ -45,19 +45,21 @@ pub fn syscall_rows(rec: &Recording) -> BTreeMap<u32, Vec<SyscallRow>> {
             hist_log2_ns: vec![0; t.hist_log2_ns.len()],
             in_flight: 0,
         });
-        row.count += t.count;
-        row.errors += t.errors;
-        row.total_ns += t.total_ns;
+        // Saturating: a recording is outside data, its counters may be anything.
+        row.count = row.count.saturating_add(t.count);
+        row.errors = row.errors.saturating_add(t.errors);
+        row.total_ns = row.total_ns.saturating_add(t.total_ns);
         row.max_ns = row.max_ns.max(t.max_ns);
-        row.in_flight += t.in_flight;
+        row.in_flight = row.in_flight.saturating_add(t.in_flight);
         if row.hist_log2_ns.len() < t.hist_log2_ns.len() {
             row.hist_log2_ns.resize(t.hist_log2_ns.len(), 0);
         }
         for (a, b) in row.hist_log2_ns.iter_mut().zip(&t.hist_log2_ns) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
         for (e, n) in &t.errnos {
-            *row.errnos.entry(errno_name(*e)).or_default() += n;
+            let v = row.errnos.entry(errno_name(*e)).or_default();
+            *v = v.saturating_add(*n);
         }
     }
     let mut out: BTreeMap<u32, Vec<SyscallRow>> = BTreeMap::new();
@@ -81,9 +83,9 @@ pub struct Totals {
 
 pub fn totals<'a>(rows: impl IntoIterator<Item = &'a SyscallRow>) -> Totals {
     rows.into_iter().fold(Totals::default(), |t, r| Totals {
-        count: t.count + r.count,
-        errors: t.errors + r.errors,
-        total_ns: t.total_ns + r.total_ns,
+        count: t.count.saturating_add(r.count),
+        errors: t.errors.saturating_add(r.errors),
+        total_ns: t.total_ns.saturating_add(r.total_ns),
     })
 }
 

@@ -18,7 +18,7 @@ use tracer_common::{
 };
 
 use crate::{
-    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec},
+    collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     probe::ProbeError,
     procfs,
     recording::{Origin, Recording, StackKind, StackRecord, ThreadSyscall},
@@ -73,35 +73,81 @@ pub static TABLE: FamilyTable = FamilyTable {
 /// How often the kernel aggregates are copied and dead threads retired.
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
+/// Drains an exited thread's rows wait for the scheduler collector's
+/// verdict before they are folded without one (a thread whose exit the
+/// scheduler programs missed).
+const VERDICT_WAIT_DRAINS: u32 = 5;
+
 /// The syscall probe family.
 #[derive(Default)]
 pub struct SyscallCollector {
     links: Links,
-    /// Threads that exited: final values, removed from the kernel maps.
-    retired: HashMap<Key, Acc>,
     /// Latest snapshot of live threads.
     live: HashMap<Key, Acc>,
+    /// Rows of threads that exited, by (pid, tid), waiting for the verdict
+    /// of `cx.exited` (with the drains waited so far).
+    pending: HashMap<(u32, u32), (BTreeMap<u32, Acc>, u32)>,
+    /// Exited threads that keep rows of their own, by verdict id:
+    /// (pid, tid, rows by syscall number). A boxed slice, not a map: a
+    /// B-tree node for 11 rows would be allocated for the 3 rows of a
+    /// short-lived child process.
+    kept: HashMap<u64, KeptRows>,
+    /// (pid, nr) -> the rows of the exited threads folded together (tid 0).
+    folded: BTreeMap<(u32, u32), Acc>,
+    /// The threads of attached processes when the window opened: only
+    /// they can have been blocked in one syscall for the whole window.
+    initial_threads: HashSet<(u32, u32)>,
 }
+
+/// The syscall rows of an exited thread that keeps them: (pid, tid, rows).
+type KeptRows = (u32, u32, Box<[(u32, Acc)]>);
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
     crate::probe::hash_map(ebpf, "SYSCALL_STATS")
 }
 
+/// Deletes the kernel entries (counts and errnos) of `rows`.
+fn forget_kernel_rows(ebpf: &mut Ebpf, rows: &[(Key, Acc)]) -> Result<(), ProbeError> {
+    let mut map = stats_map(ebpf)?;
+    for &((pid, tid, nr), _) in rows {
+        let _ = map.remove(&SyscallKey { pid, tid, nr, _pad: 0 });
+    }
+    let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
+    for ((pid, tid, nr), a) in rows {
+        for &errno in a.errnos.keys() {
+            let _ = emap.remove(&ErrnoKey { pid: *pid, tid: *tid, nr: *nr, errno });
+        }
+    }
+    Ok(())
+}
+
+fn fold_into<'a>(folded: &mut BTreeMap<(u32, u32), Acc>, pid: u32, rows: impl IntoIterator<Item = (&'a u32, &'a Acc)>) {
+    for (nr, a) in rows {
+        folded.entry((pid, *nr)).or_default().merge(a);
+    }
+}
+
 impl SyscallCollector {
     /// Total calls counted so far (for the status line).
     fn total_calls(&self) -> u64 {
-        self.retired.values().chain(self.live.values()).map(|a| a.stats.count).sum()
+        let rows = self.live.values().chain(self.folded.values());
+        let pending = self.pending.values().flat_map(|(r, _)| r.values());
+        let kept = self.kept.values().flat_map(|(_, _, r)| r.iter().map(|(_, a)| a));
+        rows.chain(pending).chain(kept).map(|a| a.stats.count).fold(0, u64::saturating_add)
     }
 
-    /// Copies the kernel aggregates; threads that exited are moved to the
-    /// retired set and their entries deleted from the kernel maps.
-    fn drain(&mut self, ebpf: &mut Ebpf, retire_dead: bool) -> Result<(), ProbeError> {
+    /// Copies the kernel aggregates; threads that exited are moved out of
+    /// the kernel maps, then kept or folded as `cx.exited` decides.
+    /// `retire_dead`: ask /proc which threads exited (not after the window).
+    fn drain(&mut self, cx: &mut Context, retire_dead: bool) -> Result<(), ProbeError> {
+        let ebpf = &mut cx.ebpf;
         let mut alive_cache: HashMap<(u32, u32), bool> = HashMap::new();
         let mut alive = |pid: u32, tid: u32| {
             !retire_dead || *alive_cache.entry((pid, tid)).or_insert_with(|| procfs::thread_alive(pid, tid))
         };
         let mut live: HashMap<Key, Acc> = HashMap::new();
         let mut dead_keys = Vec::new();
+        let mut newly_dead: Vec<(u32, u32)> = Vec::new();
         {
             let map = stats_map(ebpf)?;
             for item in map.iter() {
@@ -111,7 +157,11 @@ impl SyscallCollector {
                 if alive(k.pid, k.tid) {
                     live.insert(key, acc);
                 } else {
-                    self.retired.entry(key).or_default().merge(&acc);
+                    let (rows, waited) = self.pending.entry((k.pid, k.tid)).or_default();
+                    if rows.is_empty() && *waited == 0 {
+                        newly_dead.push((k.pid, k.tid));
+                    }
+                    rows.entry(k.nr).or_default().merge(&acc);
                     dead_keys.push(k);
                 }
             }
@@ -125,7 +175,8 @@ impl SyscallCollector {
                 if alive(k.pid, k.tid) {
                     live.entry(key).or_default().errnos.insert(k.errno, n);
                 } else {
-                    *self.retired.entry(key).or_default().errnos.entry(k.errno).or_default() += n;
+                    let (rows, _) = self.pending.entry((k.pid, k.tid)).or_default();
+                    *rows.entry(k.nr).or_default().errnos.entry(k.errno).or_default() += n;
                     dead_errno.push(k);
                 }
             }
@@ -147,24 +198,104 @@ impl SyscallCollector {
             }
         }
         self.live = live;
+        if !cx.opts.sched.enabled {
+            // No scheduler collector: this one sees the exits, and decides
+            // by syscall time.
+            for (pid, tid) in newly_dead {
+                let weight = self.pending.get(&(pid, tid)).map(|(rows, _)| rows.values().map(|a| a.stats.total_ns).fold(0, u64::saturating_add));
+                cx.exited.exited(pid, tid, weight.unwrap_or(0));
+            }
+        }
+        self.apply_verdicts(cx)
+    }
+
+    /// Keeps or folds the rows of the threads `cx.exited` decided about.
+    fn apply_verdicts(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        let verdicts = cx.exited.take_verdicts();
+        if verdicts.is_empty() {
+            self.age_pending(cx);
+            return Ok(());
+        }
+        // The rows of a thread still counted as live (no /proc check after
+        // the window): by (pid, tid).
+        let mut live_by_thread: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
+        for &(pid, tid, nr) in self.live.keys() {
+            live_by_thread.entry((pid, tid)).or_default().push(nr);
+        }
+        let mut taken_live: Vec<(Key, Acc)> = Vec::new();
+        for v in verdicts {
+            let rows: BTreeMap<u32, Acc> = match self.kept.remove(&v.id) {
+                // A kept thread pushed out of the top.
+                Some((_, _, rows)) => rows.into_vec().into_iter().collect(),
+                None => match self.pending.remove(&(v.pid, v.tid)) {
+                    Some((rows, _)) => rows,
+                    // Still in /proc (a zombie main thread), or no /proc
+                    // check after the window: its rows are taken out of the
+                    // live ones, and of the kernel maps below.
+                    None => live_by_thread
+                        .remove(&(v.pid, v.tid))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|nr| self.live.remove(&(v.pid, v.tid, nr)).map(|a| (nr, a)))
+                        .inspect(|(nr, a)| taken_live.push(((v.pid, v.tid, *nr), a.clone())))
+                        .collect(),
+                },
+            };
+            if v.keep {
+                if !rows.is_empty() {
+                    self.kept.insert(v.id, (v.pid, v.tid, rows.into_iter().collect()));
+                }
+            } else {
+                fold_into(&mut self.folded, v.pid, &rows);
+            }
+        }
+        if !taken_live.is_empty() {
+            forget_kernel_rows(&mut cx.ebpf, &taken_live)?;
+        }
+        self.age_pending(cx);
         Ok(())
+    }
+
+    /// Rows that waited too long for a verdict are folded: the scheduler
+    /// programs missed that thread's exit.
+    fn age_pending(&mut self, cx: &mut Context) {
+        let mut stale = Vec::new();
+        for (&(pid, tid), (_, waited)) in self.pending.iter_mut() {
+            *waited += 1;
+            if *waited > VERDICT_WAIT_DRAINS {
+                stale.push((pid, tid));
+            }
+        }
+        for (pid, tid) in stale {
+            if let Some((rows, _)) = self.pending.remove(&(pid, tid)) {
+                fold_into(&mut self.folded, pid, &rows);
+                cx.exited.folded_unseen(pid);
+            }
+        }
     }
 
     /// Every thread's table up to `end_ns` (CLOCK_MONOTONIC): the counted
     /// calls, plus the calls still in flight accounted up to the end: those
     /// entered inside the window and, for attached processes, those of
     /// threads blocked in one syscall for the whole window (from
-    /// /proc/PID/task/TID/syscall).
-    fn table(&self, ebpf: &mut Ebpf, window: (u64, u64), live_pids: &[u32], attached_pids: &[u32]) -> Result<Vec<ThreadSyscall>, ProbeError> {
+    /// /proc/PID/task/TID/syscall). Exited threads folded together are the
+    /// rows of tid 0.
+    fn table(&self, cx: &mut Context, window: (u64, u64)) -> Result<Vec<ThreadSyscall>, ProbeError> {
         let (start_ns, end_ns) = window;
-        let mut all = self.retired.clone();
-        for (k, v) in &self.live {
-            all.entry(*k).or_default().merge(v);
+        let (live_pids, attached_pids) = (cx.targets.live_pids(), cx.targets.attached_pids());
+        let mut all: HashMap<Key, Acc> = self.live.clone();
+        let pending = self.pending.iter().flat_map(|(&(pid, tid), (rows, _))| rows.iter().map(move |(nr, a)| ((pid, tid, *nr), a)));
+        let kept = self.kept.values().flat_map(|(pid, tid, rows)| rows.iter().map(move |(nr, a)| ((*pid, *tid, *nr), a)));
+        for (key, a) in pending.chain(kept) {
+            all.entry(key).or_default().merge(a);
+        }
+        for (&(pid, nr), a) in &self.folded {
+            all.entry((pid, 0, nr)).or_default().merge(a);
         }
         let mut active: HashSet<u32> = all.keys().map(|&(_, tid, _)| tid).collect();
         let mut in_flight: Vec<SyscallStart> = Vec::new();
         {
-            let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(ebpf, "SYSCALL_START")?;
+            let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(&mut cx.ebpf, "SYSCALL_START")?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
         }
         for start in in_flight.into_iter().filter(|s| s.ts != 0 && s.ts < end_ns) {
@@ -175,10 +306,12 @@ impl SyscallCollector {
             }
         }
         // Threads of attached processes with no syscall activity at all in the
-        // window, sitting in a syscall now: blocked in it the whole window.
+        // window, sitting in a syscall now: blocked in it the whole window
+        // (if they were there when it opened: a thread started since,
+        // after the window closed say, was not).
         for &pid in attached_pids.iter().filter(|p| live_pids.contains(p)) {
             for tid in procfs::thread_ids(pid) {
-                if active.contains(&tid) {
+                if active.contains(&tid) || !self.initial_threads.contains(&(pid, tid)) {
                     continue;
                 }
                 if let Some(nr) = procfs::blocked_syscall(pid, tid) {
@@ -200,6 +333,7 @@ impl SyscallCollector {
                 max_ns: a.stats.max_ns,
                 hist_log2_ns: a.stats.hist.to_vec(),
                 in_flight: a.in_flight,
+                aggregated_threads: if tid == 0 { cx.exited.folded(pid) } else { 0 },
             })
             .collect();
         out.sort_by_key(|t| (t.pid, t.tid, t.nr));
@@ -219,18 +353,28 @@ impl Collector for SyscallCollector {
         Ok(())
     }
 
+    fn target(&mut self, _cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+        if let TargetEvent::Appeared { pid, origin: Origin::Attached } = ev {
+            self.initial_threads.extend(procfs::thread_ids(*pid).into_iter().map(|tid| (*pid, tid)));
+        }
+        Ok(())
+    }
+
     fn poll_every(&self) -> Duration {
         DRAIN_EVERY
     }
 
     fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.drain(&mut cx.ebpf, true)
+        self.drain(cx, true)
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        self.drain(&mut cx.ebpf, cx.window_end.is_none())?;
+        self.drain(cx, cx.window_end.is_none())?;
         let window = (cx.window_start, cx.now_or_end());
-        let syscalls = self.table(&mut cx.ebpf, window, &cx.targets.live_pids(), &cx.targets.attached_pids())?;
+        let syscalls = self.table(cx, window)?;
+        if let Some(note) = cx.exited.note() {
+            cx.sink.state_note("exited_threads", note);
+        }
         // Processes seen only through their syscalls (a fork event lost).
         for s in &syscalls {
             cx.targets.entry(s.pid, Origin::Followed);

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use super::nvml;
 use crate::{
     recording::cuda::{CudaCall, CudaReport, Site},
-    report::fmt::{fmt_bytes, fmt_ns, gbps, printable},
+    report::fmt::{fmt_bytes, fmt_ns, gbps, printable, saturating_sum},
 };
 
 /// Rows shown per table before "... N more".
@@ -64,7 +64,7 @@ fn more(out: &mut String, total: usize) {
 /// Under a table of calls: what lost events and lost calls leave out of
 /// it. `per_call`: the table has columns from the per-call events.
 fn incomplete(out: &mut String, cuda: &CudaReport, rows: &[&CudaCall], per_call: &str) {
-    let events: u64 = rows.iter().map(|c| c.events_lost).sum();
+    let events = saturating_sum(rows.iter().map(|c| c.events_lost));
     if events > 0 && !per_call.is_empty() {
         let _ = writeln!(
             out,
@@ -205,7 +205,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     }
 
     if !cuda.launches.is_empty() {
-        let total: u64 = cuda.launches.iter().map(|l| l.count).sum();
+        let total = saturating_sum(cuda.launches.iter().map(|l| l.count));
         let _ = writeln!(out, "\nkernel launches by kernel and site ({total} in all):");
         let _ = writeln!(out, "  {:>8}  {:<48} SITE", "CALLS", "KERNEL");
         for l in cuda.launches.iter().take(MAX_ROWS) {
@@ -218,7 +218,8 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
     for c in &cuda.calls {
         for (rc, n) in c.return_codes.iter().filter(|(rc, _)| **rc != 0) {
-            *codes.entry(*rc).or_default() += n;
+            let total = codes.entry(*rc).or_default();
+            *total = total.saturating_add(*n);
         }
     }
     if !codes.is_empty() {

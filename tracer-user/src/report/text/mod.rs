@@ -15,7 +15,7 @@ pub mod walltime;
 use std::fmt::Write as _;
 
 use super::{
-    fmt::{fmt_duration, printable, printable_text},
+    fmt::{fmt_duration, printable, printable_text, saturating_sum},
     rows::{syscall_rows, totals, SyscallRow},
 };
 use crate::{
@@ -70,7 +70,7 @@ pub fn render(rec: &Recording) -> String {
         grand.total_ns as f64 / 1e9,
         fmt_duration(rec.duration_ns)
     );
-    let in_flight: u64 = all_rows.iter().map(|r| r.in_flight).sum();
+    let in_flight = saturating_sum(all_rows.iter().map(|r| r.in_flight));
     if in_flight > 0 {
         let _ = writeln!(out, "{in_flight} calls were still in flight when the window closed (counted, timed to its end)");
     }

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     recording::cuda::{CudaReport, GpuSample},
-    report::fmt::{fmt_bytes, fmt_ns, fmt_rate, gbps, printable},
+    report::fmt::{fmt_bytes, fmt_ns, fmt_rate, gbps, printable, saturating_sum},
 };
 
 /// Most slices of the GPU utilization timeline.
@@ -93,7 +93,7 @@ fn copy_totals(cuda: &CudaReport, kind: &str) -> (u64, u64) {
     cuda.calls
         .iter()
         .filter(|c| c.kind.as_deref() == Some(kind) && c.errors < c.count)
-        .fold((0, 0), |(b, t), c| (b + c.bytes, t + c.total_ns))
+        .fold((0u64, 0u64), |(b, t), c| (b.saturating_add(c.bytes), t.saturating_add(c.total_ns)))
 }
 
 /// The NVML section: per GPU utilization, memory and PCIe throughput, the
@@ -144,7 +144,9 @@ pub fn render(out: &mut String, cuda: &CudaReport, traced: bool) {
         ("DtoH", "device->host", all(|g| g.pcie_tx_mean), "PCIe TX"),
     ] {
         let (bytes, ns) = copy_totals(cuda, kind);
-        failed += cuda.calls.iter().filter(|c| c.kind.as_deref() == Some(kind) && c.errors >= c.count).map(|c| c.count).sum::<u64>();
+        failed = failed.saturating_add(saturating_sum(
+            cuda.calls.iter().filter(|c| c.kind.as_deref() == Some(kind) && c.errors >= c.count).map(|c| c.count),
+        ));
         if bytes == 0 {
             continue;
         }

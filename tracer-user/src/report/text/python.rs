@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord},
     report::{
-        fmt::{fmt_duration, printable},
+        fmt::{fmt_duration, fmt_share, printable},
         rows::stack_weight,
     },
 };
@@ -37,12 +37,13 @@ pub fn render(out: &mut String, rec: &Recording) {
         let mut by_fn: BTreeMap<(String, String), (u64, BTreeMap<u32, u64>)> = BTreeMap::new();
         let mut total = 0u64;
         for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason)) {
-            total += stack_weight(s);
+            total = total.saturating_add(stack_weight(s));
             if let Some(f) = python_leaf(s) {
                 let file = f.file.as_deref().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or("?");
                 let e = by_fn.entry((f.function.clone(), file.to_owned())).or_default();
-                e.0 += stack_weight(s);
-                *e.1.entry(f.line.unwrap_or(0)).or_default() += stack_weight(s);
+                e.0 = e.0.saturating_add(stack_weight(s));
+                let l = e.1.entry(f.line.unwrap_or(0)).or_default();
+                *l = l.saturating_add(stack_weight(s));
             }
         }
         if by_fn.is_empty() {
@@ -59,7 +60,7 @@ pub fn render(out: &mut String, rec: &Recording) {
         let _ = writeln!(out, "\n== top Python functions by {title}");
         for (name, w) in ranked.into_iter().take(TOP_FUNCTIONS) {
             let amount = if kind == StackKind::Cpu { format!("{w} samples") } else { fmt_duration(w) };
-            let _ = writeln!(out, "{:5.1}%  {amount:>12}  {name}", w as f64 * 100.0 / total.max(1) as f64);
+            let _ = writeln!(out, "{}  {amount:>12}  {name}", fmt_share(w, total));
         }
     }
 }

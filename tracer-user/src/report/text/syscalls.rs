@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use crate::{
     recording::{Origin, Recording, Target},
     report::{
-        fmt::{fmt_duration, histogram_rows, printable},
+        fmt::{fmt_duration, histogram_rows, printable, share},
         rows::{targets, totals, SyscallRow},
     },
 };
@@ -75,7 +75,7 @@ fn table(out: &mut String, rows: &[SyscallRow]) {
     out.push_str(rule);
     out.push('\n');
     for r in rows {
-        let pct = if tot.total_ns > 0 { r.total_ns as f64 * 100.0 / tot.total_ns as f64 } else { 0.0 };
+        let pct = share(r.total_ns, tot.total_ns).percent;
         let per_call = r.total_ns.checked_div(r.count).unwrap_or(0) / 1000;
         let errors = if r.errors > 0 { r.errors.to_string() } else { String::new() };
         let _ = writeln!(

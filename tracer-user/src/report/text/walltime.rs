@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, ThreadTimes},
     report::{
-        fmt::{fmt_duration, histogram_rows, printable},
+        fmt::{bar_cells, fmt_duration, fmt_share, histogram_rows, printable, saturating_sum},
         rows::stack_weight,
     },
 };
@@ -24,7 +24,7 @@ const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l l
 fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
     [
         ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
-        ('s', t.syscall_ns),
+        ('s', t.syscall_ns.min(t.on_cpu_ns)),
         ('r', t.runqueue_ns),
         ('g', t.off_cpu.gil_ns),
         ('i', t.off_cpu.io_ns),
@@ -35,64 +35,74 @@ fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
     ]
 }
 
-fn bar(t: &ThreadTimes) -> String {
-    let wall = t.wall_ns.max(1);
-    let mut s = String::new();
-    for (c, ns) in parts(t) {
-        let n = ((ns as u128 * BAR as u128 + wall as u128 / 2) / wall as u128) as usize;
-        s.extend(std::iter::repeat_n(c, n));
-    }
-    s.truncate(BAR);
-    format!("{s:<BAR$}")
+/// How far the parts of a row may exceed its wall time before the row is
+/// flagged (the accounting's documented tolerance, docs/wall-time.md).
+const OVER_TOLERANCE: f64 = 0.02;
+
+/// Whether the parts of `t` exceed its wall time beyond the tolerance (an
+/// inconsistent or edited recording): its row is marked `!`.
+fn exceeds_wall(t: &ThreadTimes) -> bool {
+    // In u128: parts that each saturated at u64::MAX still add up past it.
+    let parts: u128 = parts(t).iter().map(|(_, ns)| u128::from(*ns)).sum();
+    let wall = u128::from(t.wall_ns);
+    parts > wall && (parts - wall) as f64 > OVER_TOLERANCE * wall as f64
 }
 
-fn pct(ns: u64, wall: u64) -> String {
-    format!("{:5.1}%", ns as f64 * 100.0 / wall.max(1) as f64)
+/// The parts of `t` as a bar of exactly [`BAR`] cells: each part's cells
+/// come from the running total, so rounding never adds up past the bar,
+/// and parts beyond the wall time are cut off.
+fn bar(t: &ThreadTimes) -> String {
+    let mut s = String::with_capacity(BAR);
+    let (mut total, mut drawn) = (0u64, 0usize);
+    for (c, ns) in parts(t) {
+        total = total.saturating_add(ns);
+        let upto = bar_cells(total, t.wall_ns, BAR);
+        s.extend(std::iter::repeat_n(c, upto.saturating_sub(drawn)));
+        drawn = drawn.max(upto);
+    }
+    s.extend(std::iter::repeat_n(' ', BAR.saturating_sub(drawn)));
+    s
 }
 
 fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
-    let mut s = ThreadTimes {
-        pid: 0,
-        tid: 0,
-        comm: String::new(),
-        wall_ns: 0,
-        on_cpu_ns: 0,
-        syscall_ns: 0,
-        off_cpu: Default::default(),
-        runqueue_ns: 0,
-    };
+    let mut s = ThreadTimes::default();
     for t in threads {
-        s.wall_ns += t.wall_ns;
-        s.on_cpu_ns += t.on_cpu_ns;
-        s.syscall_ns += t.syscall_ns;
-        s.runqueue_ns += t.runqueue_ns;
-        s.off_cpu.io_ns += t.off_cpu.io_ns;
-        s.off_cpu.lock_ns += t.off_cpu.lock_ns;
-        s.off_cpu.poll_ns += t.off_cpu.poll_ns;
-        s.off_cpu.sleep_ns += t.off_cpu.sleep_ns;
-        s.off_cpu.other_ns += t.off_cpu.other_ns;
-        s.off_cpu.gil_ns += t.off_cpu.gil_ns;
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut s.wall_ns, t.wall_ns);
+        add(&mut s.on_cpu_ns, t.on_cpu_ns);
+        add(&mut s.syscall_ns, t.syscall_ns);
+        add(&mut s.runqueue_ns, t.runqueue_ns);
+        add(&mut s.off_cpu.io_ns, t.off_cpu.io_ns);
+        add(&mut s.off_cpu.lock_ns, t.off_cpu.lock_ns);
+        add(&mut s.off_cpu.poll_ns, t.off_cpu.poll_ns);
+        add(&mut s.off_cpu.sleep_ns, t.off_cpu.sleep_ns);
+        add(&mut s.off_cpu.other_ns, t.off_cpu.other_ns);
+        add(&mut s.off_cpu.gil_ns, t.off_cpu.gil_ns);
     }
     s
 }
 
-fn line(out: &mut String, label: &str, t: &ThreadTimes) {
+/// One row: wall time, bar, shares. Returns whether it was flagged.
+fn line(out: &mut String, label: &str, t: &ThreadTimes) -> bool {
     let w = t.wall_ns;
+    let over = exceeds_wall(t);
     let _ = writeln!(
         out,
-        "{label:<24} {:>10} |{}| cpu {} (sys {}) rq {} gil {} io {} lock {} poll {} sleep {} other {}",
+        "{label:<24} {:>10} |{}|{} cpu {} (sys {}) rq {} gil {} io {} lock {} poll {} sleep {} other {}",
         fmt_duration(w),
         bar(t),
-        pct(t.on_cpu_ns, w),
-        pct(t.syscall_ns, w),
-        pct(t.runqueue_ns, w),
-        pct(t.off_cpu.gil_ns, w),
-        pct(t.off_cpu.io_ns, w),
-        pct(t.off_cpu.lock_ns, w),
-        pct(t.off_cpu.poll_ns, w),
-        pct(t.off_cpu.sleep_ns, w),
-        pct(t.off_cpu.other_ns, w),
+        if over { "!" } else { "" },
+        fmt_share(t.on_cpu_ns, w),
+        fmt_share(t.syscall_ns, w),
+        fmt_share(t.runqueue_ns, w),
+        fmt_share(t.off_cpu.gil_ns, w),
+        fmt_share(t.off_cpu.io_ns, w),
+        fmt_share(t.off_cpu.lock_ns, w),
+        fmt_share(t.off_cpu.poll_ns, w),
+        fmt_share(t.off_cpu.sleep_ns, w),
+        fmt_share(t.off_cpu.other_ns, w),
     );
+    over
 }
 
 /// Wall time per process and thread, then the top stacks of each kind.
@@ -102,12 +112,25 @@ pub fn render(out: &mut String, rec: &Recording) {
         by_pid.entry(t.pid).or_default().push(t);
     }
     let _ = writeln!(out, "\n== wall time per thread ({LEGEND})");
+    let mut flagged = 0usize;
     for (pid, threads) in &by_pid {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
-        line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads));
+        flagged += usize::from(line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads)));
         for t in threads {
-            line(out, &format!("  tid {} {}", t.tid, printable(&t.comm)), t);
+            let label = if t.aggregated_threads > 0 {
+                format!("  exited threads ({})", t.aggregated_threads)
+            } else {
+                format!("  tid {} {}", t.tid, printable(&t.comm))
+            };
+            flagged += usize::from(line(out, &label, t));
         }
+    }
+    if flagged > 0 {
+        let _ = writeln!(
+            out,
+            "! {flagged} row{} whose parts exceed the wall time (inconsistent recording): bars cut at the wall time, shares capped at 100%",
+            if flagged == 1 { "" } else { "s" }
+        );
     }
     stacks_section(out, rec, StackKind::Cpu, None);
     stacks_section(out, rec, StackKind::Gil, None);
@@ -155,7 +178,7 @@ fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>)
     for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason)) {
         let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
-        e.0 += stack_weight(s);
+        e.0 = e.0.saturating_add(stack_weight(s));
     }
     let mut v: Vec<(u32, u64, &[Frame])> = m.into_iter().map(|((pid, _), (w, f))| (pid, w, f)).collect();
     v.sort_by_key(|e| std::cmp::Reverse(e.1));
@@ -167,7 +190,7 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
     if stacks.is_empty() {
         return;
     }
-    let total: u64 = stacks.iter().map(|s| s.1).sum();
+    let total = saturating_sum(stacks.iter().map(|s| s.1));
     match (kind, reason) {
         (StackKind::Cpu, _) => {
             let _ = writeln!(out, "\n== top on-CPU stacks ({total} samples at {} Hz)", rec.sample_hz);
@@ -188,7 +211,7 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
             StackKind::Cpu => format!("{w} samples"),
             _ => fmt_duration(w),
         };
-        let _ = writeln!(out, "{:5.1}%  {amount}  pid {pid}", w as f64 * 100.0 / total.max(1) as f64);
+        let _ = writeln!(out, "{}  {amount}  pid {pid}", fmt_share(w, total));
         if frames.is_empty() {
             out.push_str("         (no stack)\n");
         }
@@ -204,11 +227,11 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
 /// Run-queue delay per process: waits, total, and a log2 histogram.
 pub fn render_runqueue(out: &mut String, rec: &Recording) {
     for (pid, hist) in &rec.runqueue_hist {
-        let n: u64 = hist.iter().sum();
+        let n = saturating_sum(hist.iter().copied());
         if n == 0 {
             continue;
         }
-        let waited: u64 = rec.threads.iter().filter(|t| t.pid == *pid).map(|t| t.runqueue_ns).sum();
+        let waited = saturating_sum(rec.threads.iter().filter(|t| t.pid == *pid).map(|t| t.runqueue_ns));
         let _ = writeln!(out, "\n== run-queue delay, pid {pid}: {n} waits, {} total", fmt_duration(waited));
         histogram_rows(out, hist);
     }
@@ -228,6 +251,7 @@ mod tests {
             syscall_ns: sys,
             off_cpu: crate::recording::OffCpuTimes { io_ns: io, ..Default::default() },
             runqueue_ns: rq,
+            aggregated_threads: 0,
         }
     }
 
@@ -249,6 +273,30 @@ mod tests {
         let mut out = String::new();
         render(&mut out, &rec);
         assert!(out.contains("== top GIL-wait stacks (7.00 ms total)") && out.contains("wait_for_gil"), "{out}");
+    }
+
+    /// Issue 15: rows whose parts exceed their wall time (by a lot) render
+    /// as one bounded line each, flagged, and the totals saturate.
+    #[test]
+    fn hostile_rows_are_clamped_and_flagged() {
+        let mut rec = crate::recording::tests::sample();
+        let crafted = |wall: u64, on: u64| ThreadTimes { wall_ns: wall, on_cpu_ns: on, ..thread(0, 0, 0, 0) };
+        rec.threads = vec![crafted(1, 2_000_000_000), crafted(1, 200_000_000), crafted(0, u64::MAX), crafted(u64::MAX, u64::MAX), crafted(10, 5)];
+        rec.threads[3].runqueue_ns = u64::MAX;
+        let mut out = String::new();
+        render(&mut out, &rec);
+        let rows: Vec<&str> = out.lines().filter(|l| l.contains(" tid ") || l.contains(" all ")).collect();
+        assert_eq!(rows.len(), 6, "{out}");
+        for l in &rows {
+            assert!(l.len() < 300, "row too long: {l}");
+            let bar = l.split('|').nth(1).unwrap_or_default();
+            assert_eq!(bar.chars().count(), BAR, "{l}");
+        }
+        // Flagged: the four rows beyond their wall time and the process sum.
+        assert_eq!(rows.iter().filter(|l| l.contains("|!")).count(), 5, "{out}");
+        assert!(rows[1].contains("cpu 100.0%!"), "{out}");
+        assert!(rows[5].contains("cpu  50.0% ") && !rows[5].contains('!'), "{out}");
+        assert!(out.contains("! 5 rows whose parts exceed the wall time"), "{out}");
     }
 
     #[test]
