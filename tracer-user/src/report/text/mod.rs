@@ -131,6 +131,7 @@ mod tests {
             syscall_ns: 0,
             off_cpu: Default::default(),
             runqueue_ns: 0,
+            aggregated_threads: 0,
         }];
         let frame = |kind| Frame { function: EVIL.into(), file: Some(format!("/srv/{EVIL}.py")), line: Some(3), kind, module: Some(EVIL.into()) };
         rec.stacks = vec![StackRecord {
