@@ -280,7 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => bail!("{e} (hint: {})", e.hint()),
             };
             if let Some(note) = interp.layout_note() {
-                eprintln!("note: {}", printable(&note));
+                eprintln!("note: {}", printable(note));
             }
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {
