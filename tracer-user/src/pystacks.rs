@@ -146,6 +146,12 @@ impl PythonCollector {
                 self.publish(cx, pid, interp)?;
             }
             Ok(None) => retry(self, None),
+            // As above: an old interpreter read before it wrote its version.
+            Err(e)
+                if e.version_pending() && self.pending.get(&pid).is_none_or(|p| p.since.elapsed() < VERSION_WAIT) =>
+            {
+                retry(self, Some(e))
+            }
             Err(e @ PythonError::Unsupported { .. }) => {
                 self.pending.remove(&pid);
                 cx.sink.note(format!("pid {pid}: {e}; still traced: {STILL_TRACED}"));
@@ -166,8 +172,10 @@ impl PythonCollector {
                 // Gone before it could be read (short-lived children):
                 // nothing to say, unless its structures were misread (a
                 // layout error is no start-up race: it would stay).
-                if let Some(e @ PythonError::Layout { .. }) = self.pending.remove(&pid).and_then(|p| p.last_error) {
-                    cx.sink.note(format!("pid {pid}: {e}; traced natively"));
+                match self.pending.remove(&pid).and_then(|p| p.last_error) {
+                    Some(e @ PythonError::Layout { .. }) => cx.sink.note(format!("pid {pid}: {e}; traced natively")),
+                    Some(e @ PythonError::Unsupported { .. }) => cx.sink.note(format!("pid {pid}: {e}; still traced: {STILL_TRACED}")),
+                    _ => {}
                 }
                 continue;
             }

@@ -84,11 +84,11 @@ impl Interpreter {
         }
         if let Some((info, mappings, name)) = old_python {
             // CPython without _PyRuntime: 3.6 or older.
-            let version = info
+            let (version, exact) = info
                 .load_bias(&mappings)
                 .and_then(|bias| detect_version(&mem, &info, bias, &name))
-                .map_or_else(|| format!("{name} (no _PyRuntime: older than 3.7)"), |v| v.text);
-            return Err(PythonError::unsupported(version, ""));
+                .map_or_else(|| (format!("{name} (no _PyRuntime: older than 3.7)"), true), |v| (v.text, v.exact));
+            return Err(PythonError::Unsupported { version, detail: String::new(), exact });
         }
         match last_err {
             // A libpython we could not read is an error; an unreadable

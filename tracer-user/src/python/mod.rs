@@ -74,7 +74,13 @@ pub enum PythonError {
     /// A CPython outside 3.8 .. 3.15 whose layout could not be read from
     /// the process, or an unsupported build (free-threaded) of any version.
     #[error("CPython {version}{detail} is not supported (supported: {SUPPORTED})")]
-    Unsupported { version: String, detail: String },
+    Unsupported {
+        version: String,
+        detail: String,
+        /// False when the version came from the file name only: a starting
+        /// interpreter that has not written its version string yet.
+        exact: bool,
+    },
     /// `_PyRuntime` is there but no interpreter is (still starting, or
     /// shutting down): try again later.
     #[error("CPython {version} in process {pid} has no interpreter yet (starting up or exiting)")]
@@ -108,7 +114,14 @@ pub const STILL_TRACED: &str = "syscalls, wall time, off-CPU and native stacks";
 
 impl PythonError {
     fn unsupported(version: String, detail: &str) -> PythonError {
-        PythonError::Unsupported { version, detail: detail.to_owned() }
+        PythonError::Unsupported { version, detail: detail.to_owned(), exact: true }
+    }
+
+    /// An unsupported interpreter whose version is only known from its
+    /// file name (it has not written its version string yet): worth
+    /// reading again in a moment.
+    pub fn version_pending(&self) -> bool {
+        matches!(self, PythonError::Unsupported { exact: false, .. })
     }
 
     fn free_threaded(version: String) -> PythonError {
