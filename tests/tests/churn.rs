@@ -81,6 +81,27 @@ fn check_churned_process(rep: &Report, payload: &Value, pid: u64, running: usize
             "aggregated_threads on tid 0 only: {s}"
         );
     }
+    // The summed row's off-CPU time is its off-CPU stacks' (tid 0), by reason.
+    let row = rep
+        .thread_times()
+        .into_iter()
+        .find(|t| t.pid == pid && t.tid == 0)
+        .unwrap();
+    for (reason, ns) in row.categories() {
+        if reason == "on_cpu" || reason == "runqueue" {
+            continue;
+        }
+        let stacked: u64 = rep
+            .stacks()
+            .iter()
+            .filter(|s| s["pid"] == pid && s["tid"] == 0 && s["reason"] == reason.as_str())
+            .map(|s| s["weight_ns"].as_u64().unwrap())
+            .sum();
+        assert!(
+            (stacked as f64 - ns as f64).abs() <= 0.01 * ns as f64 + 1000.0,
+            "pid {pid}: summed row has {reason} {ns} ns, its stacks {stacked} ns"
+        );
+    }
     // Every stack names a thread row.
     for s in rep.stacks().iter().filter(|s| s["pid"] == pid) {
         assert!(

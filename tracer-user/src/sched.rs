@@ -4,7 +4,7 @@
 //! run-queue histograms.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::Duration,
 };
 
@@ -14,7 +14,7 @@ use aya::{
 };
 use tracer_common::{
     sched::{
-        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
+        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, SampleKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
         REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
         STATE_RUNNABLE, STATE_RUNNING,
     },
@@ -127,6 +127,11 @@ pub struct SchedCollector {
     kept: HashMap<u64, ThreadState>,
     /// pid -> the exited threads folded into one row.
     folded: BTreeMap<u32, Folded>,
+    /// Off-CPU time and CPU samples of the folded threads, moved out of the
+    /// kernel maps (whose keys name threads: churn would fill them) and
+    /// kept by stack, tid 0.
+    folded_offcpu: HashMap<OffCpuKey, u64>,
+    folded_samples: HashMap<SampleKey, u64>,
 }
 
 /// Exited threads of one process, summed.
@@ -248,24 +253,55 @@ impl SchedCollector {
         // Exited threads end at their exit; only the window's end clips
         // them (never "now": a thread may exit while the maps are read).
         let end = cx.window_end.unwrap_or(u64::MAX);
+        let mut folded_now = HashSet::new();
         for t in take_exited(&mut cx.ebpf)? {
-            self.retire(&mut cx.exited, t, end);
+            folded_now.extend(self.retire(&mut cx.exited, t, end));
+        }
+        if !folded_now.is_empty() {
+            self.fold_stacks(&mut cx.ebpf, &folded_now)?;
         }
         Ok(())
     }
 
     /// One exited thread (ended by `end_ns` at the latest): kept, or summed
-    /// into its process's row, as `policy` decides.
-    fn retire(&mut self, policy: &mut ExitedThreads, t: ThreadState, end_ns: u64) {
+    /// into its process's row, as `policy` decides. Returns the (pid, tid)
+    /// of the threads summed: itself, or a kept one it pushed out.
+    fn retire(&mut self, policy: &mut ExitedThreads, t: ThreadState, end_ns: u64) -> Vec<(u32, u32)> {
+        let mut summed = Vec::new();
         let (verdict, evicted) = policy.exited(t.pid, t.tid, lifetime(&t, end_ns));
         if verdict.keep {
             self.kept.insert(verdict.id, t);
         } else {
             self.folded.entry(t.pid).or_default().add(&t, end_ns);
+            summed.push((t.pid, t.tid));
         }
         if let Some(k) = evicted.and_then(|e| self.kept.remove(&e.id)) {
             self.folded.entry(k.pid).or_default().add(&k, end_ns);
+            summed.push((k.pid, k.tid));
         }
+        summed
+    }
+
+    /// Moves the off-CPU and CPU-sample entries of the threads just summed
+    /// out of the kernel maps, into the per-process sums (tid 0).
+    fn fold_stacks(&mut self, ebpf: &mut Ebpf, summed: &HashSet<(u32, u32)>) -> Result<(), ProbeError> {
+        let mut offcpu: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
+        let taken: Vec<(OffCpuKey, u64)> =
+            offcpu.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
+        for (k, ns) in taken {
+            let _ = offcpu.remove(&k);
+            let v = self.folded_offcpu.entry(OffCpuKey { tid: 0, ..k }).or_default();
+            *v = v.saturating_add(ns);
+        }
+        let mut samples: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
+        let taken: Vec<(SampleKey, u64)> =
+            samples.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
+        for (k, n) in taken {
+            let _ = samples.remove(&k);
+            let v = self.folded_samples.entry(SampleKey { tid: 0, ..k }).or_default();
+            *v = v.saturating_add(n);
+        }
+        Ok(())
     }
 
     /// The per-thread breakdown up to `end_ns`; `syscalls` gives each
@@ -464,7 +500,25 @@ impl Collector for SchedCollector {
         let end = cx.now_or_end();
         let (threads, open) = self.threads(&mut cx.ebpf, end, &pids, &rec.syscalls)?;
         rec.threads = threads;
-        rec.stacks.extend(offcpu_stacks(cx, &pids, open)?);
+        let mut offcpu = open;
+        for (k, ns) in &self.folded_offcpu {
+            *offcpu.entry(*k).or_default() += ns;
+        }
+        rec.stacks.extend(offcpu_stacks(cx, &pids, offcpu)?);
+        // CPU samples of summed threads (the CPU-sample collector reads
+        // those still in the kernel map).
+        for (k, n) in self.folded_samples.iter().filter(|(k, _)| pids.contains(&k.pid)) {
+            rec.stacks.push(StackRecord {
+                kind: StackKind::Cpu,
+                reason: None,
+                pid: k.pid,
+                tid: 0,
+                samples: *n,
+                weight_ns: 0,
+                syscall: None,
+                frames: cx.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack)?,
+            });
+        }
         rec.runqueue_hist = runqueue_hist(&mut cx.ebpf, &pids)?;
         Ok(())
     }

@@ -122,7 +122,7 @@ impl ExitedThreads {
         }
         let processes = self.folded.len();
         Some(format!(
-            "{threads} exited thread{} of {processes} process{} summed into one row per process (tid 0, `aggregated_threads`) in the thread and syscall tables; the {} exited threads of each process with the most wall time keep their own rows",
+            "{threads} exited thread{} of {processes} process{} summed into one row per process (tid 0, `aggregated_threads`; their stacks too); the {} exited threads of each process with the most wall time (syscall time with --no-sched) keep their own rows",
             if threads == 1 { "" } else { "s" },
             if processes == 1 { "" } else { "es" },
             self.keep

@@ -94,6 +94,9 @@ pub struct SyscallCollector {
     kept: HashMap<u64, KeptRows>,
     /// (pid, nr) -> the rows of the exited threads folded together (tid 0).
     folded: BTreeMap<(u32, u32), Acc>,
+    /// Slow syscalls of the folded threads, moved out of the kernel map
+    /// (whose keys name threads), by stack, tid 0.
+    folded_slow: HashMap<SlowKey, SlowStats>,
     /// The threads of attached processes when the window opened: only
     /// they can have been blocked in one syscall for the whole window.
     initial_threads: HashSet<(u32, u32)>,
@@ -223,6 +226,7 @@ impl SyscallCollector {
             live_by_thread.entry((pid, tid)).or_default().push(nr);
         }
         let mut taken_live: Vec<(Key, Acc)> = Vec::new();
+        let summed: HashSet<(u32, u32)> = verdicts.iter().filter(|v| !v.keep).map(|v| (v.pid, v.tid)).collect();
         for v in verdicts {
             let rows: BTreeMap<u32, Acc> = match self.kept.remove(&v.id) {
                 // A kept thread pushed out of the top.
@@ -251,6 +255,17 @@ impl SyscallCollector {
         }
         if !taken_live.is_empty() {
             forget_kernel_rows(&mut cx.ebpf, &taken_live)?;
+        }
+        if !summed.is_empty() {
+            let mut slow: BpfHashMap<_, SlowKey, SlowStats> = crate::probe::hash_map(&mut cx.ebpf, "SLOW_SYSCALLS")?;
+            let taken: Vec<(SlowKey, SlowStats)> =
+                slow.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
+            for (k, v) in taken {
+                let _ = slow.remove(&k);
+                let sum = self.folded_slow.entry(SlowKey { tid: 0, ..k }).or_default();
+                sum.count = sum.count.saturating_add(v.count);
+                sum.total_ns = sum.total_ns.saturating_add(v.total_ns);
+            }
         }
         self.age_pending(cx);
         Ok(())
@@ -381,7 +396,7 @@ impl Collector for SyscallCollector {
         }
         rec.syscalls = syscalls;
         let pids = cx.targets.all_pids();
-        let stacks = slow_syscall_stacks(cx, &pids)?;
+        let stacks = slow_syscall_stacks(cx, &pids, &self.folded_slow)?;
         rec.stacks.extend(stacks);
         Ok(())
     }
@@ -396,11 +411,13 @@ impl Collector for SyscallCollector {
 }
 
 /// Syscalls slower than `--slow-syscall`, by thread, syscall and stack.
-fn slow_syscall_stacks(cx: &mut Context, target_pids: &[u32]) -> Result<Vec<StackRecord>, ProbeError> {
-    let rows: Vec<(SlowKey, SlowStats)> = {
+/// `folded`: those of summed exited threads (tid 0), out of the kernel map.
+fn slow_syscall_stacks(cx: &mut Context, target_pids: &[u32], folded: &HashMap<SlowKey, SlowStats>) -> Result<Vec<StackRecord>, ProbeError> {
+    let mut rows: Vec<(SlowKey, SlowStats)> = {
         let map: BpfHashMap<_, SlowKey, SlowStats> = crate::probe::hash_map(&mut cx.ebpf, "SLOW_SYSCALLS")?;
         map.iter().filter_map(Result::ok).collect()
     };
+    rows.extend(folded.iter().map(|(k, v)| (*k, *v)));
     let arch = std::env::consts::ARCH;
     let mut out = Vec::new();
     for (k, v) in rows.into_iter().filter(|(k, _)| target_pids.contains(&k.pid)) {
