@@ -110,8 +110,14 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     let tracer_pid = tracer.id();
     println!("{:>6}  {:>10}", "minute", "tracer RSS");
     let mut rss = Vec::new();
+    // The first reading 5 s in; the last 3 s before the window ends (at
+    // the end itself the final snapshot is being built: the peak says that).
     for minute in 0..=args.minutes {
-        let due = Duration::from_secs(u64::from(minute) * 60) + Duration::from_secs(if minute == 0 { 5 } else { 0 });
+        let due = match minute {
+            0 => Duration::from_secs(5),
+            m if m == args.minutes => Duration::from_secs(u64::from(m) * 60 - 3),
+            m => Duration::from_secs(u64::from(m) * 60),
+        };
         while t0.elapsed() < due {
             if !matches!(tracer.try_wait(), Ok(None)) {
                 break;
@@ -120,10 +126,19 @@ pub fn soak(args: SoakArgs) -> Result<()> {
         }
         let Some(kb) = status_kb(tracer_pid, "VmRSS:") else { break };
         rss.push(kb);
-        let label = if minute == 0 { "0 (+5s)".to_string() } else { minute.to_string() };
+        let label = match minute {
+            0 => "0 (+5s)".to_string(),
+            m if m == args.minutes => format!("{m} (-3s)"),
+            m => m.to_string(),
+        };
         println!("{label:>6}  {:>10}", mb(kb));
     }
-    let peak = status_kb(tracer_pid, "VmHWM:");
+    // The peak, final snapshot included: read until it exits.
+    let mut peak = None;
+    while matches!(tracer.try_wait(), Ok(None)) {
+        peak = status_kb(tracer_pid, "VmHWM:").or(peak);
+        thread::sleep(Duration::from_millis(50));
+    }
     let status = tracer.wait().context("waiting for infertrace")?;
     let finished = t0.elapsed();
     stop(&mut workload);
@@ -131,10 +146,14 @@ pub fn soak(args: SoakArgs) -> Result<()> {
         bail!("infertrace record failed ({status})");
     }
     if let Some(p) = peak {
-        println!("tracer peak RSS (VmHWM, while recording): {}", mb(p));
+        println!("tracer peak RSS (VmHWM, with the final snapshot): {}", mb(p));
     }
-    if let (Some(first), Some(last)) = (rss.get(1).or(rss.first()), rss.last()) {
-        println!("tracer RSS from minute 1 to the end: {} -> {} ({:+.0} MB)", mb(*first), mb(*last), (*last as f64 - *first as f64) / 1024.0);
+    let growth = |from: u64, to: u64| format!("{} -> {} ({:+.1} MB)", mb(from), mb(to), (to as f64 - from as f64) / 1024.0);
+    if let (Some(first), Some(last)) = (rss.first(), rss.last()) {
+        println!("tracer RSS from 5 s to the end: {}", growth(*first, *last));
+    }
+    if let (true, Some(one), Some(last)) = (rss.len() > 2, rss.get(1), rss.last()) {
+        println!("tracer RSS from minute 1 to the end: {}", growth(*one, *last));
     }
     println!("record took {:.1} s for a {} s window", finished.as_secs_f64(), window.as_secs());
     let size = fs::metadata(&recording).with_context(|| format!("{}", recording.display()))?.len();
