@@ -94,20 +94,7 @@ pub fn wait_for_tracer_progs(
 /// Ids of the programs attached through a BPF link (`bpftool link list`),
 /// or `None` when bpftool cannot list links.
 pub fn linked_prog_ids() -> Option<HashSet<u64>> {
-    let o = Command::new("bpftool")
-        .args(["link", "list", "-j"])
-        .output()
-        .ok()?;
-    if !o.status.success() {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&o.stdout).ok()?;
-    Some(
-        v.as_array()?
-            .iter()
-            .filter_map(|l| l["prog_id"].as_u64())
-            .collect(),
-    )
+    Some(bpf_links()?.into_iter().map(|(_, prog)| prog).collect())
 }
 
 /// The ids of the BPF maps process `pid` holds a file descriptor to (the

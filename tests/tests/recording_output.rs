@@ -107,6 +107,21 @@ impl TwoPhases {
     }
 }
 
+/// Root, the binary and a python3 on PATH (the two-phase workload's
+/// interpreter), or the test is skipped (failed under CI=true).
+fn python_for(test: &str) -> Option<PathBuf> {
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return None;
+    }
+    match system_python() {
+        Some((python, _)) => Some(python),
+        None => {
+            skip(test, "a python3 on PATH");
+            None
+        }
+    }
+}
+
 fn report_json(path: &Path) -> Run {
     run_infertrace([
         OsStr::new("report"),
@@ -173,10 +188,7 @@ fn failed_launch_keeps_an_existing_recording() {
 
 #[test]
 fn sighup_writes_the_whole_recording() {
-    require!("sighup_writes_the_whole_recording", Root, Binary);
-    let Some((python, _)) = system_python() else {
-        return skip("sighup_writes_the_whole_recording", "a python3 on PATH");
-    };
+    let Some(python) = python_for("sighup_writes_the_whole_recording") else { return };
     let dir = TempDir::new("out-sighup");
     let out = dir.join("rec.itr");
     let run = two_phases(&python, &out, &[]);
@@ -211,17 +223,7 @@ fn sighup_writes_the_whole_recording() {
 
 #[test]
 fn sigkill_leaves_the_last_checkpoint_marked_cut() {
-    require!(
-        "sigkill_leaves_the_last_checkpoint_marked_cut",
-        Root,
-        Binary
-    );
-    let Some((python, _)) = system_python() else {
-        return skip(
-            "sigkill_leaves_the_last_checkpoint_marked_cut",
-            "a python3 on PATH",
-        );
-    };
+    let Some(python) = python_for("sigkill_leaves_the_last_checkpoint_marked_cut") else { return };
     let dir = TempDir::new("out-sigkill");
     let out = dir.join("rec.itr");
     let run = two_phases(&python, &out, &["--checkpoint-every", "300ms"]);
@@ -332,17 +334,7 @@ fn dev_full_keeps_the_report_and_says_nothing_was_written() {
 
 #[test]
 fn vanished_directory_keeps_the_report_and_says_nothing_was_written() {
-    require!(
-        "vanished_directory_keeps_the_report_and_says_nothing_was_written",
-        Root,
-        Binary
-    );
-    let Some((python, _)) = system_python() else {
-        return skip(
-            "vanished_directory_keeps_the_report_and_says_nothing_was_written",
-            "a python3 on PATH",
-        );
-    };
+    let Some(python) = python_for("vanished_directory_keeps_the_report_and_says_nothing_was_written") else { return };
     let dir = TempDir::new("out-vanished");
     let sub = dir.join("sub");
     fs::create_dir(&sub).unwrap();

@@ -17,23 +17,19 @@ pub fn unix_ms() -> u64 {
 
 /// `YYYYmmdd-HHMMSS` in local time.
 pub fn local_timestamp() -> String {
-    let tm = local_tm(unix_ms());
-    format!(
-        "{:04}{:02}{:02}-{:02}{:02}{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
+    fmt_local(unix_ms(), "", "-", "")
 }
 
 /// `YYYY-mm-dd HH:MM:SS` in local time, of a Unix time in ms.
 pub fn local_time(unix_ms: u64) -> String {
+    fmt_local(unix_ms, "-", " ", ":")
+}
+
+/// Local date and time of `unix_ms`, the date's, middle and time's separators given.
+fn fmt_local(unix_ms: u64, date: &str, mid: &str, time: &str) -> String {
     let tm = local_tm(unix_ms);
     format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        "{:04}{date}{:02}{date}{:02}{mid}{:02}{time}{:02}{time}{:02}",
         tm.tm_year + 1900,
         tm.tm_mon + 1,
         tm.tm_mday,
