@@ -47,6 +47,11 @@ enum Format {
     Folded,
     /// A flame graph, rendered in-process.
     Svg,
+    /// speedscope JSON (speedscope.app): one profile per thread, for --profile cpu|off-cpu|wall.
+    Speedscope,
+    /// Gzipped pprof profile.proto (go tool pprof, Pyroscope, Grafana): samples/count, cpu/nanoseconds,
+    /// off_cpu/nanoseconds, a `thread` label per sample (binary; use -o FILE).
+    Pprof,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -141,7 +146,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
-        /// Which time the folded/svg output weighs: CPU samples, off-CPU time, or both (wall).
+        /// Which time the folded/svg/speedscope output weighs: CPU samples, off-CPU time, or both (wall).
         #[arg(long, value_enum, default_value = "cpu")]
         profile: Profile,
         /// Write the report here instead of stdout.
@@ -247,18 +252,21 @@ fn parse_max_inflated(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<String> {
+fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<Vec<u8>> {
     Ok(match format {
-        Format::Text => report::text::render(rec),
-        Format::Json => report::json::render(rec),
-        Format::Folded => report::folded::render(rec, profile),
+        Format::Text => report::text::render(rec).into_bytes(),
+        Format::Json => report::json::render(rec).into_bytes(),
+        Format::Folded => report::folded::render(rec, profile).into_bytes(),
+        Format::Speedscope => report::speedscope::render(rec, profile).into_bytes(),
+        Format::Pprof => report::pprof::render(rec).context("encoding the pprof profile (hint: retry; this is an in-memory step)")?,
         Format::Svg => report::svg::render(rec, profile).map_err(|e| match e {
             report::svg::SvgError::Empty => anyhow::anyhow!(
                 "no {} stacks in this recording (hint: record with sampling on (-F 99) and scheduler tracing (no --no-sched))",
                 profile.title()
             ),
             other => anyhow::anyhow!("rendering the flame graph failed: {other}"),
-        })?,
+        })?
+        .into_bytes(),
     })
 }
 
@@ -297,7 +305,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match output {
                 Some(out) => std::fs::write(&out, text)
                     .with_context(|| format!("cannot write {} (hint: choose a writable path)", out.display()))?,
-                None => print!("{text}"),
+                None => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&text).and_then(|()| out.flush()).context("cannot write the report to stdout (hint: use -o FILE)")?;
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -319,7 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = render(&outcome.recording, format, Profile::Cpu)?;
             let printed = {
                 let mut out = std::io::stdout().lock();
-                out.write_all(report.as_bytes()).and_then(|()| out.flush())
+                out.write_all(&report).and_then(|()| out.flush())
             };
             if let Err(e) = outcome.written {
                 bail!("{e} (hint: {})", if printed.is_ok() { "the report above is what was recorded; choose a writable path with -o FILE" } else { "choose a writable path with -o FILE" });
