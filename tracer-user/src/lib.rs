@@ -33,5 +33,6 @@ pub mod symbolize;
 pub mod system;
 pub mod syscalls;
 pub mod targets;
+pub mod timeline;
 pub mod tracefs;
 pub mod uprobe_multi;

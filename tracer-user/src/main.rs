@@ -52,6 +52,8 @@ enum Format {
     /// Gzipped pprof profile.proto (go tool pprof, Pyroscope, Grafana): samples/count, cpu/nanoseconds,
     /// off_cpu/nanoseconds, a `thread` label per sample (binary; use -o FILE).
     Pprof,
+    /// Perfetto protobuf trace of the timeline (ui.perfetto.dev; needs `record --timeline`; binary, use -o FILE).
+    Perfetto,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -123,6 +125,15 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// could not read, a CUDA argument that could not be read); off by default.
         #[arg(long)]
         debug_ebpf: bool,
+        /// Also keep a timeline: timestamped thread-state intervals, slow syscalls, CUDA calls, CPU samples,
+        /// thread and process starts and exits (for `report --format perfetto`); off by default (no cost when off).
+        #[arg(long)]
+        timeline: bool,
+        /// With --timeline: events kept per source (kernel events; CUDA calls), 1000 to 100000000; the rest are
+        /// counted as dropped and reported.
+        #[arg(long, value_name = "N", default_value_t = infertrace::recording::timeline::DEFAULT_LIMIT,
+              value_parser = clap::value_parser!(u64).range(1000..=100_000_000))]
+        timeline_limit: u64,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -258,6 +269,9 @@ fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<V
         Format::Json => report::json::render(rec).into_bytes(),
         Format::Folded => report::folded::render(rec, profile).into_bytes(),
         Format::Speedscope => report::speedscope::render(rec, profile).into_bytes(),
+        Format::Perfetto => report::perfetto::render(rec).map_err(|e| {
+            anyhow::anyhow!("{e}: no events to put in a Perfetto trace (hint: record with `infertrace record --timeline ...`)")
+        })?,
         Format::Pprof => report::pprof::render(rec).context("encoding the pprof profile (hint: retry; this is an in-memory step)")?,
         Format::Svg => report::svg::render(rec, profile).map_err(|e| match e {
             report::svg::SvgError::Empty => anyhow::anyhow!(
@@ -312,11 +326,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, command } => {
+        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command } => {
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
             let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit) };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

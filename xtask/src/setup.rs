@@ -25,6 +25,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "make",
     "util-linux",
     "debootstrap",
+    // go tool pprof: reads the pprof output in tests/tests/profile_formats.rs.
+    "golang-go",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:
@@ -48,6 +50,7 @@ pub fn setup() -> Result<()> {
         "Debian sid root with python3.14 and python3.15 (tests)",
         crate::pyroot::pyroot,
     )?;
+    step("7/7", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -9,7 +9,8 @@
 //! speedscope output), `pid` and `tid` number labels, and an off-CPU one an
 //! `off_cpu_reason` label. One location per distinct frame, with one line:
 //! its function (name, file: the Python source file, or a native frame's
-//! module) and line. `--profile` does not apply: all three types are in the file.
+//! module) and line. Stacks with Python frames start at their Python leaf
+//! (as in the speedscope output). `--profile` does not apply: all three types are in the file.
 
 use std::{
     collections::HashMap,

@@ -8,7 +8,11 @@
 //!   reason (`[off-cpu: io]`);
 //! - `wall`: both, on-CPU samples under `[on-cpu]`.
 //!
-//! Frames are shared by all profiles; a Python frame carries its `file`
+//! Frames are shared by all profiles. A stack with Python frames starts at
+//! its Python leaf: the interpreter's native (and kernel) frames above it
+//! are left out, as py-spy does without `--native`, so that self time is
+//! the Python function's; native frames below the Python root (`main`...)
+//! stay. A Python frame carries its `file`
 //! and `line`, a native frame its module as `file` when known, a kernel
 //! frame the suffix `_[k]`. Samples list frame indices root first, as the
 //! format wants. Threads are ordered by pid, tid; the summed row of exited
@@ -97,11 +101,18 @@ pub(crate) fn weighted(rec: &Recording, profile: Profile) -> Vec<Weighted<'_>> {
             (Profile::Cpu, false) | (Profile::OffCpu, true) => continue,
         };
         let Some(weight_ns) = weight_ns.filter(|w| *w > 0) else { continue };
+        // With Python frames, the interpreter's own frames above the Python
+        // leaf are left out (as py-spy shows them without --native): self time
+        // goes to the Python function.
+        let frames = match s.frames.iter().position(|f| f.kind == FrameKind::Python) {
+            Some(i) => &s.frames[i..],
+            None => &s.frames[..],
+        };
         out.push(Weighted {
             pid: s.pid,
             tid: s.tid,
             context,
-            frames: &s.frames,
+            frames,
             samples: if on_cpu { s.samples } else { 0 },
             weight_ns,
             reason,
