@@ -40,8 +40,12 @@ fn record_fib(test: &str, dir: &TempDir) -> Option<(PathBuf, Report)> {
     let python = python3_executable(test)?;
     let out = dir.join("rec.itr");
     let w = workspace_root().join("tests/workloads/bench_fib.py");
-    let (_, rep) = record_launch_with(&out, &["-F", "499"], &[python.as_os_str(), w.as_os_str(), "4000".as_ref()]);
-    Some((out, rep))
+    // The workload prints its own result on stdout: the report is read back from the recording.
+    let r = run_cmd(infertrace(["record", "-q", "-F", "499", "-o"]).arg(&out).arg("--").arg(&python).arg(&w).arg("4000"), RUN_TIMEOUT);
+    r.assert_ok();
+    let json = run_infertrace(["report".as_ref(), out.as_os_str(), "--format".as_ref(), "json".as_ref()]);
+    json.assert_ok();
+    Some((out, json.json()))
 }
 
 fn report_to(rec: &Path, format: &str, profile: &str, out: &Path) {
@@ -280,4 +284,40 @@ fn perfetto_timeline_of_the_cuda_simulator() {
     assert_eq!(sleeps.len(), 1, "off-cpu: sleep slices inside the 200 ms sleep: {sleeps:?}");
     let d = u(&sleeps[0]["end"]) - u(&sleeps[0]["begin"]);
     assert!((195_000_000..=dur).contains(&d), "sleep slice {d} ns, syscall {dur} ns");
+}
+
+/// `--timeline-limit`: the kernel events kept stop at the limit, the rest
+/// are counted as dropped, in the JSON (`timeline.dropped`, a note) and in
+/// the text report.
+#[test]
+fn timeline_limit_keeps_at_most_the_limit_and_counts_the_rest() {
+    let test = "timeline_limit_keeps_at_most_the_limit_and_counts_the_rest";
+    require!(test, Root, Binary);
+    let Some(python) = python3_executable(test) else { return };
+    let dir = TempDir::new("timeline-limit");
+    let out = dir.join("rec.itr");
+    // 3000 short sleeps: at least 6000 state intervals (off-CPU, then on-CPU).
+    let script = "import time\nfor _ in range(3000): time.sleep(0.0001)\n";
+    let (_, rep) = record_launch_with(&out, &["--timeline", "--timeline-limit", "1000"], &[python.as_os_str(), "-c".as_ref(), script.as_ref()]);
+    let tl = &rep.0["timeline"];
+    let kept = u(&tl["states"]) + u(&tl["samples"]) + u(&tl["syscalls"]);
+    let threads = tl["lifecycle"].as_u64().unwrap();
+    assert!(kept <= 1000 && kept + threads >= 900, "kept {kept} (+{threads} lifecycle) of limit 1000: {tl}");
+    let dropped = u(&tl["dropped"]);
+    assert!(dropped >= 5000, "dropped {dropped}: {tl}");
+    assert_eq!(u(&tl["limit"]), 1000);
+    // Not a lost event (the aggregates are exact): a note.
+    assert!(rep.0["lost_detail"].as_object().unwrap().is_empty(), "{}", rep.0["lost_detail"]);
+    assert!(
+        rep.0["notes"].as_array().unwrap().iter().any(|n| n.as_str().is_some_and(|n| n.contains(&format!("timeline: {dropped} events not kept")))),
+        "{}",
+        rep.0["notes"]
+    );
+    let text = run_infertrace(["report".as_ref(), out.as_os_str()]);
+    text.assert_ok();
+    assert!(text.stdout.contains(&format!("{dropped} dropped (limit 1000 per source")), "{}", text.stdout);
+    // Without --timeline: no timeline at all.
+    let plain = dir.join("plain.itr");
+    let (_, rep) = record_launch_with(&plain, &[], &["true".as_ref()]);
+    assert!(rep.0.get("timeline").is_none(), "{}", rep.0);
 }

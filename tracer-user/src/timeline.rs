@@ -230,7 +230,6 @@ impl Collector for TimelineCollector {
                     tl.dropped_in_kernel
                 ),
             );
-            cx.sink.set_lost("timeline_dropped", tl.dropped);
         }
         rec.timeline = Some(tl);
         Ok(())

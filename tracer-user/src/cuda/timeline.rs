@@ -39,9 +39,6 @@ impl CudaCollector {
                 site,
             });
         }
-        if dropped > 0 {
-            cx.sink.set_lost("timeline_cuda_dropped", dropped);
-        }
         Ok(())
     }
 }

@@ -196,7 +196,7 @@ pub fn profile(rec: &Recording) -> proto::Profile {
     let names = thread_names(rec);
     let vt = |s: &mut Strings, t: &str, u: &str| proto::ValueType { r#type: s.get(t), unit: s.get(u) };
     let sample_type = vec![vt(&mut strings, "samples", "count"), vt(&mut strings, "cpu", "nanoseconds"), vt(&mut strings, "off_cpu", "nanoseconds")];
-    let period = if rec.sample_hz > 0 { 1_000_000_000 / rec.sample_hz } else { 0 };
+    let period = 1_000_000_000u64.checked_div(rec.sample_hz).unwrap_or(0);
     let period_type = Some(vt(&mut strings, "cpu", "nanoseconds"));
     let default_sample_type = strings.get("cpu");
 

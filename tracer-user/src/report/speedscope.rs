@@ -85,7 +85,7 @@ pub(crate) struct Weighted<'a> {
 /// The stacks of `rec` that `profile` counts, with their weights in ns.
 /// CPU samples weigh one sampling period each (none when `sample_hz` is 0).
 pub(crate) fn weighted(rec: &Recording, profile: Profile) -> Vec<Weighted<'_>> {
-    let period = (rec.sample_hz > 0).then(|| 1_000_000_000 / rec.sample_hz);
+    let period = 1_000_000_000u64.checked_div(rec.sample_hz);
     let mut out = Vec::new();
     for s in &rec.stacks {
         let (on_cpu, reason) = match s.kind {
