@@ -256,6 +256,34 @@ fn perfetto_timeline_of_the_cuda_simulator() {
         assert!(u(&s["begin"]) <= u(&s["end"]), "{s}");
     }
 
+    // Each thread's state slices add up to the report's wall-time breakdown (the same
+    // intervals, summed in the kernel): within 1% + 1 ms per state.
+    let threads = rep.0["threads"].as_array().unwrap();
+    let mut checked = 0;
+    for th in threads.iter().filter(|t| t["pid"] == pid && u(&t["tid"]) != 0) {
+        let tid = u(&th["tid"]);
+        let Some(tt) = tracks.iter().find(|t| t.get("tid").is_some_and(|x| u(x) == tid)) else { continue };
+        let mut by: BTreeMap<&str, u64> = BTreeMap::new();
+        for s in slices.iter().filter(|s| s["track"] == tt["uuid"]) {
+            *by.entry(s["name"].as_str().unwrap()).or_default() += u(&s["end"]) - u(&s["begin"]);
+        }
+        let off = &th["off_cpu"];
+        for (name, want) in [
+            ("on-cpu", u(&th["on_cpu_ns"])),
+            ("runqueue", u(&th["runqueue_ns"])),
+            ("off-cpu: io", u(&off["io_ns"])),
+            ("off-cpu: sleep", u(&off["sleep_ns"])),
+            ("off-cpu: lock", u(&off["lock_ns"])),
+            ("off-cpu: poll", u(&off["poll_ns"])),
+            ("off-cpu: gil", u(&off["gil_ns"])),
+        ] {
+            let got = by.get(name).copied().unwrap_or(0);
+            assert!(got.abs_diff(want) <= want / 100 + 1_000_000, "tid {tid} {name}: slices {got} ns, report {want} ns");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 1, "no thread of pid {pid} compared");
+
     // time.sleep(0.2) at the end: one 200 ms clock_nanosleep at that line, and one
     // 200 ms `off-cpu: sleep` slice on the same thread (the main one) inside it.
     let text = std::fs::read_to_string(&source).unwrap();
