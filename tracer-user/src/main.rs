@@ -126,7 +126,7 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         #[arg(long)]
         debug_ebpf: bool,
         /// Also keep a timeline: timestamped thread-state intervals, slow syscalls, CUDA calls, CPU samples,
-        /// thread and process starts and exits (for `report --format perfetto`); off by default (no cost when off).
+        /// thread and process starts and exits (for `report --format perfetto`); off by default (the probes then skip it with one branch).
         #[arg(long)]
         timeline: bool,
         /// With --timeline: events kept per source (kernel events; CUDA calls), 1000 to 100000000; the rest are
