@@ -59,6 +59,8 @@ struct JsonReport<'a> {
     notes: &'a [String],
     /// Set when the recording ends at a checkpoint (the tracer did not finish); null otherwise.
     cut: Option<&'a crate::recording::Cut>,
+    /// The bottleneck verdict (docs/verdict.md).
+    verdict: super::verdict::Verdict,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -102,6 +104,7 @@ pub fn render(rec: &Recording) -> String {
         lost_detail: &rec.lost,
         notes: &rec.notes,
         cut: rec.cut.as_ref(),
+        verdict: super::verdict::verdict(rec),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

@@ -12,6 +12,7 @@ pub mod json;
 pub mod rows;
 pub mod svg;
 pub mod text;
+pub mod verdict;
 
 /// Version of the JSON report schema (docs/report-schema.md). Additive
 /// changes keep it; a breaking change bumps it.

@@ -49,6 +49,10 @@ pub fn render(rec: &Recording) -> String {
             fmt_duration(rec.duration_ns)
         );
     }
+    // The answer first: the bottleneck verdict (docs/verdict.md).
+    if !rec.threads.is_empty() {
+        super::verdict::render_text(&super::verdict::verdict(rec), &mut out);
+    }
     if let Some(c) = &rec.cuda {
         // Findings first: they name the bottleneck and the call site.
         cuda::render(&mut out, c);
