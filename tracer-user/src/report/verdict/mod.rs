@@ -26,6 +26,8 @@ use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, Sta
 pub const CLOSE_CALL_POINTS: f64 = 5.0;
 /// A thread matters when it lived at least this share of the window.
 pub const THREAD_MIN_WALL_SHARE: f64 = 0.10;
+/// The text shows processes with at least this share of the largest one's thread time.
+pub const PROCESS_MIN_SHARE: f64 = 0.01;
 /// At most this many threads per process, busiest (on CPU, GIL, run queue) first.
 pub const MAX_THREADS: usize = 8;
 /// Sites kept per class.
@@ -36,7 +38,7 @@ pub const MAX_FINDINGS: usize = 3;
 /// The verdict of a whole recording.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Verdict {
-    /// One per traced process with scheduler data, by pid.
+    /// One per traced process with scheduler data, most thread time first.
     pub processes: Vec<ProcessVerdict>,
     /// What the verdict could not see (no sampling, no scheduler data...).
     #[serde(default)]
@@ -409,7 +411,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
         by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
     }
     let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
-    let processes = by_pid
+    let mut processes: Vec<ProcessVerdict> = by_pid
         .into_iter()
         .map(|(pid, threads)| {
             let target = rec.targets.iter().find(|t| t.pid == pid);
@@ -443,6 +445,8 @@ pub fn verdict(rec: &Recording) -> Verdict {
             }
         })
         .collect();
+    // The process with the most thread time first (the service, not the shell that started it).
+    processes.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
     Verdict { processes, notes }
 }
 

@@ -93,8 +93,14 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
 /// advice, linked CUDA findings, class shares and threads.
 pub fn render_text(v: &Verdict, out: &mut String) {
     let _ = writeln!(out, "\n== verdict (docs/verdict.md)");
-    for p in &v.processes {
+    let top = v.processes.first().map(|p| p.wall_ns).unwrap_or(0);
+    let (shown, small): (Vec<&ProcessVerdict>, Vec<&ProcessVerdict>) =
+        v.processes.iter().partition(|p| p.wall_ns as f64 >= top as f64 * super::PROCESS_MIN_SHARE);
+    for p in shown {
         render_process(p, out);
+    }
+    if !small.is_empty() {
+        let _ = writeln!(out, "({} more process{} with under 1% of the thread time of the first: in the JSON report)", small.len(), if small.len() == 1 { "" } else { "es" });
     }
     for n in &v.notes {
         let _ = writeln!(out, "verdict note: {}", printable(n));
