@@ -13,7 +13,7 @@ CASE:
   cuda     copies then syncs through $CUDART (tests/cudasim's timing
            stand-in, NOT CUDA): a 32 MiB pageable host->device copy and a
            cudaStreamSynchronize per step      -> GPU synchronisation
-  paced    a loop paced at 20 ms a step: work_a() then work_b(), ARG (1.0)
+  paced    a loop paced at 50 ms a step: work_a() then work_b(), ARG (1.0)
            times work_b's usual amount                   -> for diff
 
 Each prints `cpu_ratio R` on stderr at the end: its CPU time (all threads) over
@@ -158,32 +158,40 @@ def case_cuda(seconds, _arg):
 
 def work_a():
     x = 0
-    for i in range(20000):
-        x += i * i  # @work_a
+    for i in range(30000): x += i * i  # @work_a
     return x
 
 
 def work_b(scale):
     x = 0
-    for i in range(int(40000 * scale)):
-        x += i * i  # @work_b
+    for i in range(int(60000 * scale)): x += i * i  # @work_b
     return x
 
 
 def case_paced(seconds, arg):
+    """Steps of PERIOD: work_a(), work_b(ARG), then sleep to the next step.
+    Prints `site_cpu_ms A B`: the CPU time spent in work_a and work_b."""
     scale = float(arg or 1.0)
+    period = 0.05
     start = time.monotonic()
+    in_a = in_b = 0.0
     step = 0
     while True:
         step += 1
-        tick = start + step * 0.02
+        tick = start + step * period
         if tick > start + seconds:
-            return
+            break
+        t0 = time.thread_time()
         work_a()
+        t1 = time.thread_time()
         work_b(scale)
+        t2 = time.thread_time()
+        in_a += t1 - t0
+        in_b += t2 - t1
         delay = tick - time.monotonic()
         if delay > 0:
             time.sleep(delay)  # @paced_sleep
+    sys.stderr.write("site_cpu_ms %.1f %.1f\n" % (in_a * 1e3, in_b * 1e3))
 
 
 CASES = {

@@ -5,6 +5,7 @@
 //! share (per-process syscall tables); [`fmt`] holds the formatting helpers
 //! (durations, bytes, rates, histograms).
 
+pub mod diff;
 pub mod dump;
 pub mod fmt;
 pub mod folded;

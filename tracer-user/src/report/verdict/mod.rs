@@ -392,6 +392,46 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<
     Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice: top.class.advice().to_owned(), findings })
 }
 
+/// One process's time per class and per user line (all classes), the
+/// figures `diff` compares.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTimes {
+    /// Thread-time (the threads' wall time, summed).
+    pub wall_ns: u64,
+    pub classes: BTreeMap<Class, u64>,
+    /// [`SiteRef::key`] (`file.py:12`) -> the site and its time: on CPU,
+    /// and blocked there (every class but `cpu_starvation`).
+    pub sites: BTreeMap<String, (SiteRef, u64)>,
+}
+
+/// [`ProcessTimes`] of every process with scheduler data, by pid: the
+/// same accounting as [`verdict`].
+pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
+    let cuda = cuda_sites(rec);
+    let mut stacks_of: HashMap<(u32, u32), Vec<&StackRecord>> = HashMap::new();
+    for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
+        stacks_of.entry((s.pid, s.tid)).or_default().push(s);
+    }
+    let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
+    for t in &rec.threads {
+        let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
+        let acc = thread_acc(t, stacks, cuda.get(&t.pid));
+        let p = out.entry(t.pid).or_default();
+        p.wall_ns = p.wall_ns.saturating_add(t.wall_ns);
+        for (c, ns) in &acc.time {
+            let e = p.classes.entry(*c).or_default();
+            *e = e.saturating_add(*ns);
+        }
+        // Run-queue delay is spread over the lines by CPU samples (a proxy):
+        // it stays in its class, out of the lines' own time.
+        for (charged, ns) in acc.sites.iter().filter(|(c, _)| **c != Class::CpuStarvation).flat_map(|(_, m)| m) {
+            let e = p.sites.entry(charged.site.key()).or_insert_with(|| (charged.site.clone(), 0));
+            e.1 = e.1.saturating_add(*ns);
+        }
+    }
+    out
+}
+
 /// The verdict of `rec` (docs/verdict.md).
 pub fn verdict(rec: &Recording) -> Verdict {
     let mut notes = Vec::new();
