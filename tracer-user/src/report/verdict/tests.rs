@@ -131,8 +131,8 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
     let of = |c: Class| p.classes.iter().find(|s| s.class == c).map(|s| s.time_ns).unwrap_or(0);
     assert_eq!((of(Class::PythonCompute), of(Class::NativeCompute)), (600 * MS, 400 * MS));
     assert_eq!((of(Class::GpuSync), of(Class::Sleeping)), (700 * MS, 300 * MS));
-    let native = p.classes.iter().find(|s| s.class == Class::NativeCompute).unwrap();
-    assert_eq!(native.libraries[0].library, "libonnxruntime.so");
+    let nc = p.classes.iter().find(|s| s.class == Class::NativeCompute).unwrap();
+    assert_eq!(nc.libraries[0].library, "libonnxruntime.so");
     let b = p.bottleneck.as_ref().unwrap();
     assert_eq!((b.class, b.site.as_ref().unwrap().site.line), (Class::GpuSync, Some(40)));
     assert_eq!(b.findings[0].kind, "tiny_dtoh_sync");
@@ -140,6 +140,12 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
     render_text(&v, &mut text);
     assert!(text.contains("CUDA finding tiny_dtoh_sync (high) at step (/srv/train.py:40): keep it on the GPU"), "{text}");
     assert!(text.contains("native compute 20.0% [libonnxruntime.so]"), "{text}");
+    // A pool thread's row names its library.
+    r.threads.push(thread(11, 990 * MS, OffCpuTimes { lock_ns: 10 * MS, ..Default::default() }, 0));
+    r.stacks.push(stack(StackKind::Cpu, None, 11, 100, 0, vec![native("[unknown]", "libonnxruntime_pybind11_state.so")]));
+    let mut text = String::new();
+    render_text(&verdict(&r), &mut text);
+    assert!(text.contains("thread 11 t11: native compute 99.0% [libonnxruntime_pybind11_state.so]"), "{text}");
 }
 
 #[test]

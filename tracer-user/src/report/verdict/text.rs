@@ -31,15 +31,30 @@ fn at(b: &Bottleneck) -> String {
     }
 }
 
+/// `native compute 99.7% [libonnxruntime.so]`: a class, its share, and
+/// for native compute the libraries it ran in.
+fn named(class: super::Class, share: f64, classes: &[ClassShare]) -> String {
+    let libs: Vec<String> = classes
+        .iter()
+        .find(|c| c.class == class)
+        .map(|c| c.libraries.iter().take(2).map(|l| printable(&l.library).into_owned()).collect())
+        .unwrap_or_default();
+    if libs.is_empty() {
+        format!("{} {}", class.label(), pct(share))
+    } else {
+        format!("{} {} [{}]", class.label(), pct(share), libs.join(", "))
+    }
+}
+
 /// `GPU synchronisation 62.3%` or `too close to call: A 48.0% / B 46.5%`.
 fn headline(b: &Bottleneck, classes: &[ClassShare]) -> String {
     if b.too_close_with.is_empty() {
-        return format!("{} {}", b.class.label(), pct(b.share));
+        return named(b.class, b.share, classes);
     }
-    let mut parts = vec![format!("{} {}", b.class.label(), pct(b.share))];
+    let mut parts = vec![named(b.class, b.share, classes)];
     for c in &b.too_close_with {
         if let Some(s) = classes.iter().find(|s| s.class == *c) {
-            parts.push(format!("{} {}", c.label(), pct(s.share)));
+            parts.push(named(*c, s.share, classes));
         }
     }
     format!("too close to call: {}", parts.join(" / "))
@@ -49,14 +64,7 @@ fn class_list(classes: &[ClassShare]) -> String {
     classes
         .iter()
         .filter(|c| c.share >= LIST_MIN_SHARE)
-        .map(|c| {
-            let libs: Vec<String> = c.libraries.iter().take(3).map(|l| printable(&l.library).into_owned()).collect();
-            if libs.is_empty() {
-                format!("{} {}", c.class.label(), pct(c.share))
-            } else {
-                format!("{} {} [{}]", c.class.label(), pct(c.share), libs.join(", "))
-            }
-        })
+        .map(|c| named(c.class, c.share, classes))
         .collect::<Vec<_>>()
         .join(" | ")
 }
