@@ -1,5 +1,6 @@
 //! The text report (`--format text`), assembled from one module per
-//! section, in this order: a header line; the CUDA section ([`cuda`]:
+//! section, in this order: a header line; the bottleneck verdict
+//! (`report::verdict`, when there is scheduler data); the CUDA section ([`cuda`]:
 //! findings first, then copies, the GPUs sampled by NVML ([`nvml`]), syncs,
 //! memory calls and launches); per process a `strace -c -S time` style
 //! table, then latency histograms of the top syscalls ([`syscalls`]); the
