@@ -44,7 +44,14 @@ pub mod counters {
     /// exits) could not be stored: map full. Its frames still resolve while
     /// the process lives.
     pub const PY_CODES_FULL: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// A target thread's sys_exit came without its sys_enter although the
+    /// thread had entered syscalls before in this window (the kernel skipped
+    /// the sys_enter program: it was already running on that CPU, preempted):
+    /// the call is not counted rather than timed from a stale or guessed start.
+    pub const SYSCALL_ENTER_MISSED: u32 = 12;
+    /// An exec event for the agent's selection was dropped (`AGENT_EXECS` full).
+    pub const AGENT_EXECS_FULL: u32 = 13;
+    pub const COUNT: u32 = 14;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -59,6 +66,8 @@ pub mod counters {
         "cuda_lost",
         "cuda_events_lost",
         "python_code_copies_map_full",
+        "syscall_enter_missed",
+        "agent_execs_full",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events

@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 8] {
+pub fn tables() -> [&'static FamilyTable; 9] {
     [
         &programs::CORE,
         &process::TABLE,
@@ -24,6 +24,7 @@ pub fn tables() -> [&'static FamilyTable; 8] {
         &pystacks::TABLE,
         &cuda::programs::TABLE,
         &nvml::TABLE,
+        &crate::agent::exec::TABLE,
     ]
 }
 

@@ -6,6 +6,7 @@
 //! recording model (`recording`), the report renderers (`report`) and the
 //! `doctor` checks. docs/architecture.md has the data flow.
 
+pub mod agent;
 pub mod btf_offsets;
 pub mod checkpoint;
 pub mod clock;

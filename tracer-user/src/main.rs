@@ -1,5 +1,7 @@
 //! The `infertrace` command line.
 
+mod agent_cli;
+
 use std::{
     io::Write as _,
     path::PathBuf,
@@ -153,6 +155,9 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
         max_inflated: Option<u64>,
     },
+    /// Trace selected processes continuously: rolling windows into a directory, Prometheus metrics over HTTP.
+    #[command(after_help = agent_cli::AFTER_HELP)]
+    Agent(agent_cli::AgentArgs),
 }
 
 /// `500ms`, `10s`, `2m`, `1h`, `1d`, or a bare number of seconds, from
@@ -264,6 +269,7 @@ fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<S
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Agent(args) => agent_cli::run(args),
         Command::Doctor => {
             let (text, ok) = doctor::render(&doctor::run_checks());
             print!("{text}");

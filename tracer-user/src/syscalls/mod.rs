@@ -61,6 +61,7 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec { name: "PT_REGS_NR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_nr_offset)) },
         GlobalSpec { name: "PT_REGS_ARG0_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg0_offset)) },
         GlobalSpec { name: "NR_MMAP", value: |i| Ok(GlobalValue::U32(i.arch.nr_mmap)) },
+        GlobalSpec { name: "TASK_START_TIME_OFFSET", value: |i| i.task_member("start_time").map(GlobalValue::U64) },
         GlobalSpec { name: "PT_REGS_ARG2_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg2_offset)) },
         GlobalSpec { name: "PT_REGS_ARG4_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg4_offset)) },
         GlobalSpec {
