@@ -53,9 +53,11 @@ pub fn delta(cur: &Recording, prev: Option<&Recording>) -> Recording {
     out
 }
 
-/// Signed per-row differences, with vanished rows' negatives taken from the
-/// group's summed row (tid 0). `fields` reads a row's counters, `group` its
-/// (pid, subkey), `key` its identity.
+/// Signed per-row differences. A row gone since (folded into its group's
+/// summed row, tid 0) gives its whole previous value as a debt of that
+/// summed row, where its counts went. `build` gets a row's signed
+/// differences (a field can also go down in a row that stays, like a call
+/// in flight whose histogram bucket moved) and makes the window's row.
 fn fold<R: Clone, K: std::hash::Hash + Eq + Clone, G: std::hash::Hash + Eq + Clone>(
     cur: &[R],
     prev: &[R],
@@ -63,54 +65,55 @@ fn fold<R: Clone, K: std::hash::Hash + Eq + Clone, G: std::hash::Hash + Eq + Clo
     group: impl Fn(&R) -> G,
     is_sum_row: impl Fn(&R) -> bool,
     fields: impl Fn(&R) -> Vec<i128>,
-    build: impl Fn(&R, &[i128]) -> R,
+    build: impl Fn(&R, &[i128]) -> Option<R>,
 ) -> Vec<R> {
     let prev_by: HashMap<K, &R> = prev.iter().map(|r| (key(r), r)).collect();
     let cur_keys: std::collections::HashSet<K> = cur.iter().map(&key).collect();
-    let mut rows: Vec<(R, Vec<i128>)> = Vec::with_capacity(cur.len());
-    for r in cur {
-        let mut f = fields(r);
-        if let Some(p) = prev_by.get(&key(r)) {
-            for (a, b) in f.iter_mut().zip(fields(p)) {
-                *a -= b;
-            }
-        }
-        rows.push((r.clone(), f));
-    }
-    // Rows gone since: their whole previous value is negative here.
-    for p in prev.iter().filter(|p| !cur_keys.contains(&key(p))) {
-        rows.push((p.clone(), fields(p).into_iter().map(|v| -v).collect()));
-    }
-    // Negatives go to the group's summed row.
     let mut debt: HashMap<G, Vec<i128>> = HashMap::new();
-    for (r, f) in rows.iter_mut() {
-        if is_sum_row(r) || f.iter().all(|v| *v >= 0) {
-            continue;
-        }
-        let d = debt.entry(group(r)).or_insert_with(|| vec![0; f.len()]);
-        for (i, v) in f.iter_mut().enumerate() {
-            if *v < 0 {
-                d[i] += *v;
-                *v = 0;
-            }
+    for p in prev.iter().filter(|p| !cur_keys.contains(&key(p)) && !is_sum_row(p)) {
+        let f = fields(p);
+        let d = debt.entry(group(p)).or_insert_with(|| vec![0; f.len()]);
+        for (a, b) in d.iter_mut().zip(f) {
+            *a -= b;
         }
     }
-    for (r, f) in rows.iter_mut() {
-        if is_sum_row(r) {
-            if let Some(d) = debt.get(&group(r)) {
-                for (a, b) in f.iter_mut().zip(d) {
-                    *a += b;
+    cur.iter()
+        .filter_map(|r| {
+            let mut f = fields(r);
+            if let Some(p) = prev_by.get(&key(r)) {
+                for (a, b) in f.iter_mut().zip(fields(p)) {
+                    *a -= b;
                 }
             }
-        }
-    }
-    rows.into_iter()
-        .filter(|(_, f)| f.iter().any(|v| *v > 0))
-        .map(|(r, f)| {
-            let f: Vec<i128> = f.into_iter().map(|v| v.max(0)).collect();
-            build(&r, &f)
+            if is_sum_row(r) {
+                if let Some(d) = debt.get(&group(r)) {
+                    for (a, b) in f.iter_mut().zip(d) {
+                        *a += b;
+                    }
+                }
+            }
+            build(r, &f)
         })
         .collect()
+}
+
+/// Histogram differences made non-negative without changing their sum: a
+/// call counted in flight at the last snapshot (in the bucket of its time
+/// so far) and finished since moved up, so a negative bucket borrows from
+/// the buckets above it.
+fn carry_up(h: &[i128]) -> Vec<u64> {
+    let mut out = vec![0u64; h.len()];
+    let mut carry: i128 = 0;
+    for (i, v) in h.iter().enumerate() {
+        let x = carry + v;
+        if x < 0 {
+            carry = x;
+        } else {
+            out[i] = x as u64;
+            carry = 0;
+        }
+    }
+    out
 }
 
 const SYSCALL_FIXED: usize = 4;
@@ -136,28 +139,42 @@ fn syscalls_delta(cur: &[ThreadSyscall], prev: &[ThreadSyscall]) -> Vec<ThreadSy
             f
         },
         |s, f| {
-            let total_ns = f[2] as u64;
-            // The longest call of the window is not kept per window: the
-            // cumulative maximum, bounded by the window's own total.
-            let max_ns = s.max_ns.min(total_ns);
-            ThreadSyscall {
+            let count = u64::try_from(f[0]).unwrap_or(0);
+            if count == 0 {
+                return None;
+            }
+            let total_ns = u64::try_from(f[2]).unwrap_or(0);
+            let mut hist = carry_up(&f[SYSCALL_FIXED..SYSCALL_FIXED + hist_len]);
+            // Each snapshot's histogram sums to its count; should rounding
+            // of a folded row leave a difference, the last bucket used takes it.
+            let hsum: u64 = hist.iter().sum();
+            if hsum != count {
+                if let Some(i) = hist.iter().rposition(|v| *v > 0).or(if hist.is_empty() { None } else { Some(0) }) {
+                    hist[i] = (hist[i] + count).saturating_sub(hsum);
+                }
+            }
+            let errnos: BTreeMap<u32, u64> = errnos
+                .iter()
+                .zip(&f[SYSCALL_FIXED + hist_len..])
+                .filter(|(_, n)| **n > 0)
+                .map(|(e, n)| (*e, *n as u64))
+                .collect();
+            Some(ThreadSyscall {
                 pid: s.pid,
                 tid: s.tid,
                 nr: s.nr,
-                count: f[0] as u64,
-                errors: f[1] as u64,
-                errnos: errnos
-                    .iter()
-                    .zip(&f[SYSCALL_FIXED + hist_len..])
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(e, n)| (*e, *n as u64))
-                    .collect(),
+                count,
+                errors: u64::try_from(f[1]).unwrap_or(0).min(count),
+                errnos,
                 total_ns,
-                max_ns,
-                hist_log2_ns: f[SYSCALL_FIXED..SYSCALL_FIXED + hist_len].iter().map(|v| *v as u64).collect(),
-                in_flight: f[3] as u64,
+                // Not kept per window: the cumulative maximum, bounded by
+                // the window's own total.
+                max_ns: s.max_ns.min(total_ns),
+                hist_log2_ns: hist,
+                // Still in flight at this window's end (counted in it or before).
+                in_flight: s.in_flight.min(count),
                 aggregated_threads: s.aggregated_threads,
-            }
+            })
         },
     )
 }
@@ -177,7 +194,10 @@ fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> 
                 .collect()
         },
         |t, f| {
-            let g = |i: usize| f[i] as u64;
+            if f.iter().all(|v| *v <= 0) {
+                return None;
+            }
+            let g = |i: usize| u64::try_from(f[i]).unwrap_or(0);
             let mut r = t.clone();
             r.wall_ns = g(0);
             r.on_cpu_ns = g(1);
@@ -189,7 +209,7 @@ fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> 
             r.off_cpu.other_ns = g(7);
             r.off_cpu.gil_ns = g(8);
             r.runqueue_ns = g(9);
-            r
+            Some(r)
         },
     )
 }
@@ -341,5 +361,35 @@ mod tests {
         assert_eq!(window_files(&dir).len(), 1);
         assert!(dir.join("other.itr").exists());
         fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod in_flight_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_in_flight_at_the_last_cut_moves_up_in_the_histogram() {
+        let row = |count, hist: Vec<u64>, in_flight| ThreadSyscall {
+            pid: 1,
+            tid: 1,
+            nr: 230,
+            count,
+            errors: 0,
+            errnos: BTreeMap::new(),
+            total_ns: count * 10,
+            max_ns: 10,
+            hist_log2_ns: hist,
+            in_flight,
+            aggregated_threads: 0,
+        };
+        // Cut 1: 4 finished calls in bucket 0, one in flight so far in bucket 1.
+        // Cut 2: that one finished in bucket 2, plus one more in bucket 2.
+        let d = syscalls_delta(&[row(6, vec![4, 0, 2], 0)], &[row(5, vec![4, 1, 0], 1)]);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].count, 1);
+        assert_eq!(d[0].hist_log2_ns, [0, 0, 1]);
+        assert_eq!(d[0].in_flight, 0);
+        assert_eq!(carry_up(&[2, -1, -1, 3]), [2, 0, 0, 1]);
     }
 }
