@@ -2,16 +2,22 @@
 //! seen in. The reported case: `record -p HOSTPID --duration 2s` of a
 //! `os.getppid(); time.sleep(0.001)` loop in a container, while other
 //! tracing and load ran, once gave 24 s of getppid time in a 2 s window.
-//! The cause: a sys_exit without its sys_enter (the kernel skips a
-//! tracepoint program that is already running on that CPU, preempted; a
-//! per-CPU target-verdict cache can also be stale for a moment) was taken
-//! for a call in flight at attach and timed from the window start, for
-//! every such exit. Now such an exit is counted as `syscall_enter_missed`
-//! and not timed; the in-flight-at-attach case applies once per thread and
-//! only to threads that existed before the window; a start is never before
-//! the window.
+//! The cause: a sys_exit without its sys_enter was taken for a call in
+//! flight at attach and timed from the window start, for every such exit.
+//! A container has a seccomp filter, and a syscall the filter refuses never
+//! reaches the sys_enter tracepoint (seccomp runs first) while sys_exit
+//! still fires (a skipped program does the same). Now such an exit is
+//! counted (number from the exit's registers, errno kept) with no time,
+//! and said in a note (`syscall_enter_unseen`); the in-flight-at-attach
+//! case applies once per thread and only to threads that existed before
+//! the window; a start is never before the window.
 //!
-//! This test repeats the conditions, several runs: the loop in its own PID
+//! `seccomp_refused_syscalls_are_counted_untimed` reproduces it exactly:
+//! `tests/workloads/seccomp_getppid.c` refuses its own getppid calls with
+//! EPERM through seccomp; before the fix, 1000 of them over 1 s gave
+//! 1578 s of getppid time in a 2.2 s window.
+//!
+//! The stress test repeats the reported conditions, several runs: the loop in its own PID
 //! namespace (`unshare --pid --fork`), six processes hammering syscalls on
 //! the two CPUs, and a second tracer recording one of them at the same
 //! time. Each run: getppid's total and longest call fit in the window, and
@@ -100,4 +106,53 @@ fn syscall_time_never_exceeds_the_window_under_load_in_a_pid_namespace() {
         let _ = ns.wait();
     }
     eprintln!("sys_enter missed over {RUNS} runs: {missed_total}");
+}
+
+#[test]
+fn seccomp_refused_syscalls_are_counted_untimed() {
+    const TEST: &str = "seccomp_refused_syscalls_are_counted_untimed";
+    require!(TEST, Root, Binary, Gcc);
+    const N: u64 = 800;
+    let dir = TempDir::new("seccomp-getppid");
+    let mut child = Command::new(workload("seccomp_getppid"))
+        .args([N.to_string(), "1500".into()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("seccomp_getppid");
+    let _guard = KillOnDrop::new(child.id());
+    let lines = line_channel(child.stdout.take().expect("stdout"));
+    let first = lines.recv_timeout(Duration::from_secs(30)).expect("pid line");
+    let pid: u32 = first.strip_prefix("pid ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{first:?}"));
+    let r = run_infertrace([
+        "record",
+        "-q",
+        "--format",
+        "json",
+        "--duration",
+        "30s",
+        "-p",
+        &pid.to_string(),
+        "-o",
+        dir.join("r.itr").to_str().unwrap(),
+    ]);
+    r.assert_ok();
+    let refused: u64 = lines
+        .recv_timeout(Duration::from_secs(30))
+        .ok()
+        .and_then(|l| l.strip_prefix("refused ").and_then(|v| v.trim().parse().ok()))
+        .expect("the workload's `refused N`");
+    assert_eq!(refused, N, "every getppid refused by the filter");
+    let rep = r.json();
+    rep.check_invariants();
+    let window = rep.0["duration_ns"].as_u64().expect("duration_ns");
+    let row = rep.row(pid, "getppid").unwrap_or_else(|| panic!("no getppid row: {}", rep.0));
+    assert_eq!(row["count"].as_u64(), Some(N), "{row}");
+    assert_eq!(row["errors"].as_u64(), Some(N), "{row}");
+    assert_eq!(row["errnos"]["EPERM"].as_u64(), Some(N), "EPERM: {row}");
+    let total = row["total_ns"].as_u64().unwrap();
+    assert!(total <= window, "{total} ns of refused getppid in a window of {window} ns: {row}");
+    assert_eq!(total, 0, "refused calls have no time: {row}");
+    let notes = rep.0["notes"].to_string();
+    assert!(notes.contains("without their entry being seen"), "the note: {notes}");
+    let _ = child.wait();
 }

@@ -162,12 +162,16 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         START_FOUND => (start_ns, nr, arg0),
         START_CONSUMED => {
             // The thread entered syscalls before, in this window: this
-            // exit's sys_enter was skipped by the kernel (the program was
-            // already running on this CPU, preempted). Timing it from the
-            // window start, as if in flight at attach, is what gave calls
-            // of seconds in a busy machine: it is counted as missed.
-            count_drop(counters::SYSCALL_ENTER_MISSED);
-            return 0;
+            // exit's sys_enter was not seen (a seccomp filter refused the
+            // call before the tracepoint, as in every container, or the
+            // kernel skipped the program). Timing it from the window start,
+            // as if in flight at attach, is what gave calls of seconds: it
+            // is counted with no time instead.
+            count_drop(counters::SYSCALL_ENTER_UNSEEN);
+            match exit_nr(&ctx, ret) {
+                Some(nr) => (now, nr, 0),
+                None => return 0,
+            }
         }
         _ => match in_flight_at_attach(&ctx, pid_tgid, ret) {
             // In flight at attach time: timed from the window start, once
@@ -286,6 +290,13 @@ fn in_flight_at_attach(ctx: &BtfTracePointContext, pid_tgid: u64, ret: i64) -> O
     if !started_before_window() {
         return None;
     }
+    exit_nr(ctx, ret)
+}
+
+/// The number of the syscall returning (`orig_ax`), none for a new
+/// thread's or child's return from the clone family (no call of its own).
+#[inline(never)]
+fn exit_nr(ctx: &BtfTracePointContext, ret: i64) -> Option<u32> {
     let regs: u64 = ctx.arg(0);
     let nr = unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_NR_OFFSET)) as *const i64) }.ok()?;
     if nr < 0 {

@@ -391,6 +391,13 @@ impl Collector for SyscallCollector {
         if let Some(note) = cx.exited.note() {
             cx.sink.state_note("exited_threads", note);
         }
+        let unseen = crate::probe::counter(&mut cx.ebpf, tracer_common::counters::SYSCALL_ENTER_UNSEEN)?;
+        if unseen > 0 {
+            cx.sink.state_note(
+                "syscall_enter_unseen",
+                format!("{unseen} syscalls returned without their entry being seen (refused by a seccomp filter, as in containers, or a skipped probe): counted, with no time"),
+            );
+        }
         // Processes seen only through their syscalls (a fork event lost).
         for s in &syscalls {
             cx.targets.entry(s.pid, Origin::Followed);
