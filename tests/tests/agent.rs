@@ -145,12 +145,13 @@ fn workload(seconds: &str, batch: &str, extra: &[&str]) -> (Child, u32, Option<C
     (child, pid, stdin, lines)
 }
 
-/// `calls N first_second M` of the workload.
+/// `calls N first_second M batch_ns T` of the workload: (N, M).
 fn workload_counts(lines: &Receiver<String>) -> (u64, u64) {
     let line = lines.recv_timeout(Duration::from_secs(60)).expect("the workload's count line");
     let f: Vec<&str> = line.split_whitespace().collect();
-    match f.as_slice() {
-        ["calls", n, "first_second", m] => (n.parse().expect("n"), m.parse().expect("m")),
+    let field = |k: &str| f.iter().position(|w| *w == k).and_then(|i| f.get(i + 1)).and_then(|v| v.parse().ok());
+    match (field("calls"), field("first_second")) {
+        (Some(n), Some(m)) => (n, m),
         _ => panic!("count line: {line:?}"),
     }
 }

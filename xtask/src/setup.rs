@@ -25,6 +25,11 @@ pub const APT_PACKAGES: &[&str] = &[
     "make",
     "util-linux",
     "debootstrap",
+    // infertrace agent: a real Prometheus scrapes it, and it traces a
+    // podman container (runc: crun refuses hybrid cgroups) in the tests.
+    "prometheus",
+    "podman",
+    "runc",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:
@@ -48,6 +53,8 @@ pub fn setup() -> Result<()> {
         "Debian sid root with python3.14 and python3.15 (tests)",
         crate::pyroot::pyroot,
     )?;
+    // After step 6: the image is imported from that root.
+    step("6b", "podman image for the agent's container test", crate::podman::agent_image)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
