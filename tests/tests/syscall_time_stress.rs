@@ -61,7 +61,7 @@ fn syscall_time_never_exceeds_the_window_under_load_in_a_pid_namespace() {
         assert_eq!(first.trim(), "pid 1", "the loop runs as pid 1 of its own namespace");
         let host_pid = poll(Duration::from_secs(10), || children_of(ns.id()).into_iter().next()).expect("the loop's host pid");
         // Other tracing at the same time.
-        let other = Command::new(bin())
+        let mut other = Command::new(bin())
             .args(["record", "-q", "--duration", "3s", "--format", "json", "-p", &loads[0].id().to_string(), "-o"])
             .arg(dir.join(format!("other{run}.itr")))
             .stdout(Stdio::null())
@@ -104,6 +104,11 @@ fn syscall_time_never_exceeds_the_window_under_load_in_a_pid_namespace() {
         }
         missed_total += rep.0["lost_detail"]["syscall_enter_missed"].as_u64().unwrap_or(0);
         let _ = ns.wait();
+        let _ = other.wait();
+        for mut l in loads {
+            kill(l.id(), libc::SIGKILL);
+            let _ = l.wait();
+        }
     }
     eprintln!("sys_enter missed over {RUNS} runs: {missed_total}");
 }
