@@ -111,6 +111,9 @@ struct Agent {
     prev: Option<Recording>,
     seq: u64,
     shared: SharedState,
+    /// Targets found dead at the last window: forgotten after the next
+    /// snapshot (by then every collector has drained their last events).
+    dead_pending: std::collections::HashSet<u32>,
 }
 
 impl Agent {
@@ -214,6 +217,20 @@ impl Agent {
             // A failed write (a full disk) does not stop the agent.
             Err(e) => say(false, &format!("window {} not written: {e}", self.seq)),
         }
+        // Processes found dead at the previous window are in `cur` with
+        // their final values: nothing of them is needed any more.
+        let forget = std::mem::take(&mut self.dead_pending);
+        if !forget.is_empty() {
+            for c in self.collectors.iter_mut() {
+                c.forget(&mut self.cx, &forget);
+            }
+            self.cx.exited.forget(&forget);
+            self.cx.stacks.symbolizer.forget(&forget);
+            self.cx.stacks.python.forget(&forget);
+            self.cx.targets.states.retain(|pid, _| !forget.contains(pid));
+        }
+        self.dead_pending =
+            self.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
         self.info.retain(|_, i| i.alive);
         self.prev = Some(cur);
         Ok(())
@@ -278,7 +295,16 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     tokio::spawn(http::serve(listener, shared.clone()));
     let quiet = opts.quiet;
     let window = opts.window;
-    let mut agent = Agent { opts, cx, collectors, info: BTreeMap::new(), prev: None, seq: 0, shared };
+    let mut agent = Agent {
+        opts,
+        cx,
+        collectors,
+        info: BTreeMap::new(),
+        prev: None,
+        seq: 0,
+        shared,
+        dead_pending: std::collections::HashSet::new(),
+    };
     agent.scan();
     session::dispatch(&mut agent.cx, &mut agent.collectors)?;
     agent.refresh_alive();

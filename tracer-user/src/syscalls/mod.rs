@@ -362,6 +362,15 @@ impl Collector for SyscallCollector {
         "syscalls"
     }
 
+    fn forget(&mut self, _cx: &mut Context, pids: &HashSet<u32>) {
+        self.live.retain(|k, _| !pids.contains(&k.0));
+        self.pending.retain(|k, _| !pids.contains(&k.0));
+        self.kept.retain(|_, v| !pids.contains(&v.0));
+        self.folded.retain(|k, _| !pids.contains(&k.0));
+        self.folded_slow.retain(|k, _| !pids.contains(&k.pid));
+        self.initial_threads.retain(|k| !pids.contains(&k.0));
+    }
+
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
             self.links.attach(cx, spec)?;
