@@ -24,7 +24,7 @@ pub fn tables() -> [&'static FamilyTable; 9] {
         &pystacks::TABLE,
         &cuda::programs::TABLE,
         &nvml::TABLE,
-        &crate::agent::exec::TABLE,
+        &crate::agent_exec::TABLE,
     ]
 }
 

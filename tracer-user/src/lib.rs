@@ -7,6 +7,7 @@
 //! `doctor` checks. docs/architecture.md has the data flow.
 
 pub mod agent;
+pub mod agent_exec;
 pub mod btf_offsets;
 pub mod checkpoint;
 pub mod clock;

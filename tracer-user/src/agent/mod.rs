@@ -1,6 +1,6 @@
 //! `infertrace agent`: a long-running tracer. It selects processes
 //! (`select`: already running ones by a scan of /proc, new ones at their
-//! exec through a kernel event, `exec`), traces them with the same
+//! exec through a kernel event, `crate::agent_exec`), traces them with the same
 //! collectors as `record` (`crate::session` drives them), cuts one
 //! recording per `--window` into `--out-dir` (`windows`: each the
 //! difference of two cumulative snapshots, so windows add up exactly), and
@@ -9,7 +9,6 @@
 //! window, write it, and exit 0; a target's exit never stops the agent.
 
 pub mod container;
-pub mod exec;
 pub mod http;
 pub mod metrics;
 pub mod select;
@@ -26,6 +25,7 @@ use std::{
 };
 
 use crate::{
+    agent_exec::ExecWatch,
     collect::{Collector, Context, RecordOptions, TargetEvent},
     families,
     recording::{Origin, Recording},
@@ -34,7 +34,6 @@ use crate::{
 };
 
 use self::{
-    exec::ExecWatch,
     http::{Shared, SharedState},
     metrics::Metrics,
     select::{Candidate, Selector},

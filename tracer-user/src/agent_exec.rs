@@ -1,4 +1,4 @@
-//! Exec events of every process for the agent's selection (`agent_exec` on
+//! A probe family of `infertrace agent` only (`crate::agent`): exec events of every process for the agent's selection (`agent_exec` on
 //! `sched_process_exec`, ring buffer `AGENT_EXECS`): a process that starts
 //! after the agent and matches is picked up at its exec, not by a scan.
 //! Attached by the agent only.
