@@ -45,7 +45,16 @@ pub mod counters {
     /// exits) could not be stored: map full. Its frames still resolve while
     /// the process lives.
     pub const PY_CODES_FULL: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// A target thread's sys_exit came without its sys_enter although the
+    /// thread had entered syscalls before in this window: a syscall a
+    /// seccomp filter refused (seccomp runs before the sys_enter tracepoint,
+    /// sys_exit still fires: every container has such a filter), or a
+    /// program the kernel skipped. The call is counted (from the exit's
+    /// registers), with no time; not a loss.
+    pub const SYSCALL_ENTER_UNSEEN: u32 = 12;
+    /// An exec event for the agent's selection was dropped (`AGENT_EXECS` full).
+    pub const AGENT_EXECS_FULL: u32 = 13;
+    pub const COUNT: u32 = 14;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -60,12 +69,14 @@ pub mod counters {
         "cuda_lost",
         "cuda_events_lost",
         "python_code_copies_map_full",
+        "syscall_enter_unseen",
+        "agent_execs_full",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events
     /// that were kept but reported, like truncated stacks).
     pub const fn is_loss(idx: u32) -> bool {
-        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL
+        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL && idx != SYSCALL_ENTER_UNSEEN
     }
 }
 

@@ -16,6 +16,7 @@
 // onto the 512-byte BPF stack.
 #![allow(clippy::needless_borrows_for_generic_args)]
 
+mod agent;
 mod cuda;
 mod process;
 mod python;

@@ -3,7 +3,7 @@
 //! event crosses to userspace.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
     programs::BtfTracePointContext,
@@ -157,14 +157,35 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let ret: i64 = ctx.arg(1);
-    let (start_ns, nr, arg0) = match take_start(tid) {
-        Some(v) => v,
-        None => match in_flight_at_attach(&ctx, pid_tgid, ret) {
-            // In flight at attach time: timed from the window start.
-            Some(nr) => (window_start_ns(), nr, 0),
+    let (state, start_ns, nr, arg0) = take_start(tid);
+    let (start_ns, nr, arg0) = match state {
+        START_FOUND => (start_ns, nr, arg0),
+        START_CONSUMED => {
+            // The thread entered syscalls before, in this window: this
+            // exit's sys_enter was not seen (a seccomp filter refused the
+            // call before the tracepoint, as in every container, or the
+            // kernel skipped the program). Timing it from the window start,
+            // as if in flight at attach, is what gave calls of seconds: it
+            // is counted with no time instead.
+            count_drop(counters::SYSCALL_ENTER_UNSEEN);
+            match exit_nr(&ctx, ret) {
+                Some(nr) => (now, nr, 0),
+                None => return 0,
+            }
+        }
+        _ => match in_flight_at_attach(&ctx, pid_tgid, ret) {
+            // In flight at attach time: timed from the window start, once
+            // per thread (the entry left behind marks it seen).
+            Some(nr) => {
+                mark_seen(tid);
+                (window_start_ns(), nr, 0)
+            }
             None => return 0,
         },
     };
+    // Never before the window: a call's time cannot exceed the window it
+    // was seen in.
+    let start_ns = if start_ns < window_start_ns() { window_start_ns() } else { start_ns };
     let tgid = (pid_tgid >> 32) as u32;
     let errno = if (-4095..0).contains(&ret) { (-ret) as u32 } else { 0 };
     if errno == 0 && arg0 == MMAP_EXEC_FILE && nr == global(&NR_MMAP) {
@@ -203,18 +224,55 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
     }
 }
 
-/// The (start, nr) of `tid`'s syscall in flight, consumed.
+/// `take_start` states: no entry for the thread (never seen entering a
+/// syscall in this window), an entry already consumed (the thread's last
+/// sys_enter was paired; this exit has none), a start found.
+const START_NONE: u8 = 0;
+const START_CONSUMED: u8 = 1;
+const START_FOUND: u8 = 2;
+
+/// The (state, start, nr, arg0) of `tid`'s syscall in flight, consumed. A
+/// tuple, not an `Option` (see `syscall_in_flight`).
 #[inline(always)]
-fn take_start(tid: u32) -> Option<(u64, u32, u64)> {
-    let p = SYSCALL_START.get_ptr_mut(&tid)?;
+fn take_start(tid: u32) -> (u8, u64, u32, u64) {
+    let Some(p) = SYSCALL_START.get_ptr_mut(&tid) else { return (START_NONE, 0, 0, 0) };
     // SAFETY: map value pointer, owned by this thread.
     unsafe {
         if (*p).ts == 0 {
-            return None;
+            return (START_CONSUMED, 0, 0, 0);
         }
-        let v = ((*p).ts, (*p).nr, (*p).arg0);
+        let v = (START_FOUND, (*p).ts, (*p).nr, (*p).arg0);
         (*p).ts = 0;
-        Some(v)
+        v
+    }
+}
+
+/// Leaves a consumed entry for `tid`: a later exit without its enter is
+/// then a missed sys_enter, never another call in flight at attach.
+#[inline(never)]
+fn mark_seen(tid: u32) {
+    let seen = SyscallStart { ts: 0, nr: 0, tid, arg0: 0 };
+    // BPF_NOEXIST: an entry the thread wrote meanwhile stays.
+    let _ = SYSCALL_START.insert(&tid, &seen, 1);
+}
+
+/// Offset of `start_time` (CLOCK_MONOTONIC ns at fork) in `struct task_struct`.
+#[unsafe(no_mangle)]
+static TASK_START_TIME_OFFSET: u64 = 0;
+
+/// Whether the current thread was started before the window opened (a
+/// thread born after cannot have had a call in flight at attach). True
+/// when it cannot be told (offset unknown, read failed).
+#[inline(never)]
+fn started_before_window() -> bool {
+    let off = global(&TASK_START_TIME_OFFSET);
+    if off == 0 {
+        return true;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    match unsafe { bpf_probe_read_kernel((task + off) as *const u64) } {
+        Ok(start) => start <= window_start_ns(),
+        Err(_) => true,
     }
 }
 
@@ -230,6 +288,16 @@ fn in_flight_at_attach(ctx: &BtfTracePointContext, pid_tgid: u64, ret: i64) -> O
     if flags != target_flags::EXPLICIT {
         return None;
     }
+    if !started_before_window() {
+        return None;
+    }
+    exit_nr(ctx, ret)
+}
+
+/// The number of the syscall returning (`orig_ax`), none for a new
+/// thread's or child's return from the clone family (no call of its own).
+#[inline(never)]
+fn exit_nr(ctx: &BtfTracePointContext, ret: i64) -> Option<u32> {
     let regs: u64 = ctx.arg(0);
     let nr = unsafe { bpf_probe_read_kernel((regs + global(&PT_REGS_NR_OFFSET)) as *const i64) }.ok()?;
     if nr < 0 {

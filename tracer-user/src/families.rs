@@ -26,6 +26,7 @@ pub fn tables() -> [&'static FamilyTable; 9] {
         &cuda::programs::TABLE,
         &nvml::TABLE,
         &timeline::TABLE,
+        &crate::agent_exec::TABLE,
     ]
 }
 

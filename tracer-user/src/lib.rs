@@ -6,6 +6,8 @@
 //! recording model (`recording`), the report renderers (`report`) and the
 //! `doctor` checks. docs/architecture.md has the data flow.
 
+pub mod agent;
+pub mod agent_exec;
 pub mod btf_offsets;
 pub mod checkpoint;
 pub mod clock;

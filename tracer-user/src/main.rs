@@ -1,5 +1,7 @@
 //! The `infertrace` command line.
 
+mod agent_cli;
+
 use std::{
     io::Write as _,
     path::PathBuf,
@@ -196,6 +198,9 @@ infertrace diff before.itr after.itr --fail-if-slower 5 --metric serve.py:42 --f
         #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
         max_inflated: Option<u64>,
     },
+    /// Trace selected processes continuously: rolling windows into a directory, Prometheus metrics over HTTP.
+    #[command(after_help = agent_cli::AFTER_HELP)]
+    Agent(agent_cli::AgentArgs),
 }
 
 /// `diff --fail-if-slower`: a percentage, 0 or more.
@@ -322,6 +327,7 @@ fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<V
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Agent(args) => agent_cli::run(args),
         Command::Doctor => {
             let (text, ok) = doctor::render(&doctor::run_checks());
             print!("{text}");

@@ -144,7 +144,10 @@ impl Collector for ProcessCollector {
                 }
             }
             TargetEvent::Appeared { pid, origin } => {
-                add_target(&mut cx.ebpf, *pid, target_flags::EXPLICIT)?;
+                // `Followed`: picked up at its exec by the agent's selection
+                // (born inside the window: no call of it was in flight at attach).
+                let flags = if *origin == Origin::Followed { target_flags::FOLLOWED } else { target_flags::EXPLICIT };
+                add_target(&mut cx.ebpf, *pid, flags)?;
                 cx.targets.insert(TargetState::observe(*pid, *origin));
                 cx.stacks.symbolizer.observe_process(*pid);
             }

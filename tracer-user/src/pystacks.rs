@@ -243,6 +243,12 @@ impl Collector for PythonCollector {
         "python"
     }
 
+    fn forget(&mut self, _cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+        self.examined.retain(|pid, _| !pids.contains(pid));
+        self.pending.retain(|pid, _| !pids.contains(pid));
+        self.published.retain(|pid, _| !pids.contains(pid));
+    }
+
     fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
     }

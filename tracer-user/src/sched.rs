@@ -461,6 +461,13 @@ impl Collector for SchedCollector {
         "sched"
     }
 
+    fn forget(&mut self, _cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+        self.kept.retain(|_, t| !pids.contains(&t.pid));
+        self.folded.retain(|pid, _| !pids.contains(pid));
+        self.folded_offcpu.retain(|k, _| !pids.contains(&k.pid));
+        self.folded_samples.retain(|k, _| !pids.contains(&k.pid));
+    }
+
     /// Fills the classification table and attaches the scheduler programs.
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         {

@@ -202,7 +202,7 @@ pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, R
 
 /// Mounts tracefs if needed, launches the command (held before its exec),
 /// loads the object with every family's globals and opens the window.
-fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Result<Context, RecordError> {
+pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Result<Context, RecordError> {
     let arch = system::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
     let mut notes = Vec::new();
     let tracefs = match tracefs::ensure_mounted() {
@@ -236,7 +236,7 @@ fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Resul
 }
 
 /// Delivers the queued target events to every collector.
-fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
+pub(crate) fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
     while let Some(ev) = cx.next_event() {
         for c in collectors.iter_mut() {
             c.target(cx, &ev)?;
@@ -248,7 +248,7 @@ fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(
 /// Runs every collector's poll that is due, then delivers the events. A
 /// poll due within half a tick is run now: the ticks are `tick` apart, and
 /// a poll that waited for the next one would run at twice its period.
-fn poll_due(cx: &mut Context, collectors: &mut [Box<dyn Collector>], due: &mut [Instant], tick: Duration) -> Result<(), RecordError> {
+pub(crate) fn poll_due(cx: &mut Context, collectors: &mut [Box<dyn Collector>], due: &mut [Instant], tick: Duration) -> Result<(), RecordError> {
     let now = Instant::now();
     for (c, at) in collectors.iter_mut().zip(due.iter_mut()) {
         if now + tick / 2 >= *at {
@@ -301,7 +301,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
 
 /// Closes the window: detaches every program, takes the last events, and
 /// returns the final recording.
-fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
+pub(crate) fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
     // First tell the kernel programs: detaching takes time, and what
     // happens meanwhile (threads started after the end) is not in the
     // window. The end is read after the kernel has it: a busy machine can
@@ -451,10 +451,10 @@ fn warn(line: &str) {
 /// runtime (a duplicate of each descriptor, so no borrow of the collector
 /// is held across the loop): the session wakes as soon as the kernel writes
 /// to one of those ring buffers, rather than at the next tick.
-struct Wakers(Vec<(usize, tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>)>);
+pub(crate) struct Wakers(Vec<(usize, tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>)>);
 
 impl Wakers {
-    fn new(collectors: &[Box<dyn Collector>], cx: &mut Context) -> Wakers {
+    pub(crate) fn new(collectors: &[Box<dyn Collector>], cx: &mut Context) -> Wakers {
         let mut v = Vec::new();
         for (i, c) in collectors.iter().enumerate() {
             let Some(fd) = c.wake_fd() else { continue };
@@ -475,7 +475,7 @@ impl Wakers {
     /// The indexes of the collectors whose descriptor is readable, once at
     /// least one is (never, with none). Readiness is cleared before the
     /// collector reads, so a record written meanwhile wakes again.
-    async fn ready(&self) -> Vec<usize> {
+    pub(crate) async fn ready(&self) -> Vec<usize> {
         if self.0.is_empty() {
             return std::future::pending().await;
         }
@@ -531,7 +531,7 @@ fn set_window(ebpf: &mut Ebpf, slot: u32, ns: u64) -> Result<(), RecordError> {
     Ok(())
 }
 
-fn host_info() -> HostInfo {
+pub(crate) fn host_info() -> HostInfo {
     let read = |name: &str| procfs::sysctl(name).unwrap_or_default();
     HostInfo {
         hostname: read("kernel/hostname"),

@@ -105,6 +105,13 @@ impl Default for Symbolizer {
 }
 
 impl Symbolizer {
+    /// Drops the mappings kept of these processes (the agent, once they
+    /// exited and a window covered their end); files they shared with
+    /// others stay open.
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.processes.retain(|pid, _| !pids.contains(pid));
+    }
+
     pub fn new() -> Self {
         let inner = blazesym::symbolize::Symbolizer::builder()
             .enable_demangling(true)

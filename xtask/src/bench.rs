@@ -153,6 +153,11 @@ const fn workload(name: &'static str, script: &'static str, modes: &'static [Mod
 /// programs' early exit: the floor of any syscall tracepoint tracer.
 const ELSEWHERE: &[&str] = &["<elsewhere>"];
 
+/// Pseudo flags of `Kind::Infertrace`: `infertrace agent --pid` (its
+/// defaults, one 60 s window, HTTP on a free loopback port) instead of
+/// `record -p`: the same probes, plus the agent's exec program.
+const AGENT: &[&str] = &["<agent>"];
+
 /// `infertrace record -p` with its defaults and a goal.
 const fn infertrace_default(iterations: u64, goal: Option<f64>) -> Mode {
     Mode {
@@ -181,6 +186,7 @@ const BENCHES: &[Bench] = &[
                 None,
                 500_000,
             ),
+            mode(Kind::Infertrace(AGENT), "infertrace agent --pid", None, 500_000),
             mode(
                 Kind::Infertrace(ELSEWHERE),
                 "infertrace on an idle pid (floor)",
@@ -235,6 +241,7 @@ const BENCHES: &[Bench] = &[
                 None,
                 16_000,
             ),
+            mode(Kind::Infertrace(AGENT), "infertrace agent --pid", None, 16_000),
             mode(Kind::PySpy, PY_SPY, Some("py-spy"), 16_000),
         ],
     ),
@@ -1146,18 +1153,26 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
             let recording = ctx.out_dir.join(format!("{name}.itr"));
             let _ = fs::remove_file(&recording);
             let mut cmd = boosted(&bin);
-            cmd.args(["record", "-q"]);
-            if flags == ELSEWHERE {
-                let idle = Command::new("sleep").arg("3600").spawn().context("starting an idle process")?;
-                cmd.args(["-p", &idle.id().to_string()]);
-                bystander = Some(idle);
-            } else {
-                cmd.args(flags);
+            if flags == AGENT {
+                cmd.args(["agent", "-q", "--window", "60s", "--listen", "127.0.0.1:0", "--out-dir"]);
+                cmd.arg(ctx.out_dir.join(format!("{name}.agent")));
                 for p in &pids {
-                    cmd.args(["-p", &p.to_string()]);
+                    cmd.args(["--pid", &p.to_string()]);
                 }
+            } else {
+                cmd.args(["record", "-q"]);
+                if flags == ELSEWHERE {
+                    let idle = Command::new("sleep").arg("3600").spawn().context("starting an idle process")?;
+                    cmd.args(["-p", &idle.id().to_string()]);
+                    bystander = Some(idle);
+                } else {
+                    cmd.args(flags);
+                    for p in &pids {
+                        cmd.args(["-p", &p.to_string()]);
+                    }
+                }
+                cmd.arg("-o").arg(&recording);
             }
-            cmd.arg("-o").arg(&recording);
             let mut t = Tracer::spawn(cmd, log)?;
             t.wait_for_probes()?;
             t

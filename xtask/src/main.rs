@@ -1,5 +1,6 @@
 //! Developer tasks for infertrace: `cargo xtask <command>`.
 mod bench;
+mod podman;
 mod pyroot;
 mod readers;
 mod setup;

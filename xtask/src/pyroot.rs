@@ -112,7 +112,7 @@ fn debootstrap(root: &Path) -> Result<()> {
     let partial = sibling(root, ".partial");
     remove_tree(&partial)?;
     println!(
-        "setup [6/6] debootstrap {SUITE} into {} (about 30 s with a fast mirror)",
+        "setup [6/8] debootstrap {SUITE} into {} (about 30 s with a fast mirror)",
         partial.display()
     );
     let out = Command::new("debootstrap")

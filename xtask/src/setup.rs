@@ -27,6 +27,11 @@ pub const APT_PACKAGES: &[&str] = &[
     "debootstrap",
     // go tool pprof: reads the pprof output in tests/tests/profile_formats.rs.
     "golang-go",
+    // infertrace agent: a real Prometheus scrapes it, and it traces a
+    // podman container (runc: crun refuses hybrid cgroups) in the tests.
+    "prometheus",
+    "podman",
+    "runc",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:
@@ -35,22 +40,24 @@ const PREFIX_DIR: &str = ".local/share/infertrace";
 
 pub fn setup() -> Result<()> {
     let started = Instant::now();
-    step("1/6", "nightly toolchain with rust-src", rust_src)?;
+    step("1/8", "nightly toolchain with rust-src", rust_src)?;
     step(
-        "2/6",
+        "2/8",
         "bpf-linker (built against the nightly's LLVM)",
         bpf_linker,
     )?;
-    step("3/6", "Debian packages", apt_packages)?;
-    step("4/6", "py-spy (Python fixtures)", py_spy)?;
-    step("5/6", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
+    step("3/8", "Debian packages", apt_packages)?;
+    step("4/8", "py-spy (Python fixtures)", py_spy)?;
+    step("5/8", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
     // After step 5: the root gets a copy of that libcudart.
     step(
-        "6/6",
+        "6/8",
         "Debian sid root with python3.14 and python3.15 (tests)",
         crate::pyroot::pyroot,
     )?;
-    step("7/7", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
+    // After step 6: the image is imported from that root.
+    step("7/8", "podman image for the agent's container test", crate::podman::agent_image)?;
+    step("8/8", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -212,7 +219,7 @@ fn bpf_linker() -> Result<String> {
         })?;
     }
     println!(
-        "setup [2/6] bpf-linker: {reason}; building it against {} (about 2 minutes)",
+        "setup [2/8] bpf-linker: {reason}; building it against {} (about 2 minutes)",
         llvm.lib_path.display()
     );
     run(util::cargo()
@@ -328,7 +335,7 @@ fn py_spy() -> Result<String> {
     };
     if run(&mut pip()).is_err() {
         // Debian's system Python is "externally managed" (PEP 668).
-        println!("setup [4/6] pip refused; retrying with --break-system-packages");
+        println!("setup [4/8] pip refused; retrying with --break-system-packages");
         run(pip().arg("--break-system-packages"))?;
     }
     if util::which("pyenv").is_some() {

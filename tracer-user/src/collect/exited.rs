@@ -63,6 +63,12 @@ impl Default for ExitedThreads {
 }
 
 impl ExitedThreads {
+    /// Drops the decisions about these processes (`Collector::forget`).
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.kept.retain(|pid, _| !pids.contains(pid));
+        self.folded.retain(|pid, _| !pids.contains(pid));
+    }
+
     pub fn new(keep: usize) -> Self {
         ExitedThreads { keep, kept: HashMap::new(), verdicts: Vec::new(), folded: BTreeMap::new(), next_id: 1 }
     }

@@ -186,4 +186,10 @@ pub trait Collector {
     fn status(&self) -> Option<String> {
         None
     }
+
+    /// The long-running agent (`crate::agent`) no longer needs anything of
+    /// these processes: they exited and a window has covered their end.
+    /// Drops what is kept of them, so that memory stays flat under process
+    /// churn. Their rows leave the following snapshots.
+    fn forget(&mut self, _cx: &mut Context, _pids: &std::collections::HashSet<u32>) {}
 }

@@ -21,6 +21,11 @@ pub struct PyFrames {
 }
 
 impl PyFrames {
+    /// Drops the interpreters of these processes (see `Symbolizer::forget`).
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.interpreters.retain(|pid, _| !pids.contains(pid));
+    }
+
     pub fn add(&mut self, pid: u32, interp: Interpreter) {
         self.interpreters.insert(pid, interp);
     }

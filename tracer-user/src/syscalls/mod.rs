@@ -61,6 +61,7 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec { name: "PT_REGS_NR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_nr_offset)) },
         GlobalSpec { name: "PT_REGS_ARG0_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg0_offset)) },
         GlobalSpec { name: "NR_MMAP", value: |i| Ok(GlobalValue::U32(i.arch.nr_mmap)) },
+        GlobalSpec { name: "TASK_START_TIME_OFFSET", value: |i| i.task_member("start_time").map(GlobalValue::U64) },
         GlobalSpec { name: "PT_REGS_ARG2_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg2_offset)) },
         GlobalSpec { name: "PT_REGS_ARG4_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg4_offset)) },
         GlobalSpec {
@@ -361,6 +362,15 @@ impl Collector for SyscallCollector {
         "syscalls"
     }
 
+    fn forget(&mut self, _cx: &mut Context, pids: &HashSet<u32>) {
+        self.live.retain(|k, _| !pids.contains(&k.0));
+        self.pending.retain(|k, _| !pids.contains(&k.0));
+        self.kept.retain(|_, v| !pids.contains(&v.0));
+        self.folded.retain(|k, _| !pids.contains(&k.0));
+        self.folded_slow.retain(|k, _| !pids.contains(&k.pid));
+        self.initial_threads.retain(|k| !pids.contains(&k.0));
+    }
+
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
             self.links.attach(cx, spec)?;
@@ -389,6 +399,13 @@ impl Collector for SyscallCollector {
         let syscalls = self.table(cx, window)?;
         if let Some(note) = cx.exited.note() {
             cx.sink.state_note("exited_threads", note);
+        }
+        let unseen = crate::probe::counter(&mut cx.ebpf, tracer_common::counters::SYSCALL_ENTER_UNSEEN)?;
+        if unseen > 0 {
+            cx.sink.state_note(
+                "syscall_enter_unseen",
+                format!("{unseen} syscalls returned without their entry being seen (refused by a seccomp filter, as in containers, or a skipped probe): counted, with no time"),
+            );
         }
         // Processes seen only through their syscalls (a fork event lost).
         for s in &syscalls {

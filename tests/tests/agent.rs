@@ -1,0 +1,283 @@
+//! `infertrace agent`: selection, rolling windows, the HTTP endpoints.
+//! Ground truth: `tests/workloads/agent_getppid.py`, which makes getppid
+//! calls spread over seconds and prints its own count.
+//!
+//! - windows: with `--window 2s` over ~9 s, every window file is a complete
+//!   recording `report` reads, and their getppid counts add up to the
+//!   workload's own count exactly; /metrics (parsed as exposition text)
+//!   holds the same count; SIGTERM mid-window writes a last, shorter window
+//!   and exits 0.
+//! - selection: a process matching `--cmdline`, started after the agent, is
+//!   picked up at its exec (traced from its first second); one that does
+//!   not match never appears in /targets or /metrics.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use infertrace_e2e::serde_json::Value;
+use infertrace_e2e::*;
+
+/// A running agent: its process, HTTP address and stderr lines.
+struct Agent {
+    child: Child,
+    addr: String,
+    stderr: Receiver<String>,
+    _guard: KillOnDrop,
+}
+
+fn start_agent(args: &[&str]) -> Agent {
+    let mut child = Command::new(bin())
+        .arg("agent")
+        .args(["--listen", "127.0.0.1:0", "--no-cuda"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn infertrace agent");
+    let guard = KillOnDrop::new(child.id());
+    let stderr = line_channel(child.stderr.take().expect("stderr"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addr = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = stderr.recv_timeout(left).unwrap_or_else(|_| panic!("the agent did not say where it listens ({args:?})"));
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().expect("address").to_owned();
+        }
+    };
+    Agent { child, addr, stderr, _guard: guard }
+}
+
+/// GET `path`: (status, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in {raw:?}"));
+    let status = head.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    (status, body.to_owned())
+}
+
+/// One sample of the exposition text: (name, labels, value).
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Parses Prometheus / OpenMetrics exposition text, strictly: every line is
+/// a comment (`# HELP`, `# TYPE`, `# UNIT`, `# EOF`) or `name{labels} value`.
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    assert!(text.trim_end().ends_with("# EOF"), "no `# EOF` at the end:\n{text}");
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not a sample: {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => {
+                let inner = rest.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels: {line:?}"));
+                let mut labels = Vec::new();
+                let mut rest = inner;
+                while !rest.is_empty() {
+                    let (k, v) = rest.split_once("=\"").unwrap_or_else(|| panic!("bad label in {line:?}"));
+                    let end = v.find('"').unwrap_or_else(|| panic!("unterminated label in {line:?}"));
+                    labels.push((k.to_owned(), v[..end].to_owned()));
+                    rest = v[end + 1..].trim_start_matches(',');
+                }
+                (n.to_owned(), labels)
+            }
+            None => (series.to_owned(), Vec::new()),
+        };
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        out.push((name, labels, value));
+    }
+    out
+}
+
+fn label<'a>(s: &'a Sample, k: &str) -> Option<&'a str> {
+    s.1.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+}
+
+/// The `infertrace_syscalls_total` value of (pid, syscall), None if absent.
+fn syscall_counter(samples: &[Sample], pid: u32, syscall: &str) -> Option<f64> {
+    let pid = pid.to_string();
+    samples
+        .iter()
+        .find(|s| s.0 == "infertrace_syscalls_total" && label(s, "pid") == Some(&pid) && label(s, "syscall") == Some(syscall))
+        .map(|s| s.2)
+}
+
+fn windows_written(addr: &str) -> u64 {
+    let (_, body) = get(addr, "/healthz");
+    body.lines().find_map(|l| l.strip_prefix("windows_written ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Waits until the agent has written `n` windows.
+fn wait_windows(addr: &str, n: u64, timeout: Duration) {
+    let ok = poll(timeout, || (windows_written(addr) >= n).then_some(()));
+    assert!(ok.is_some(), "the agent wrote {} windows, not {n}, in {timeout:?}", windows_written(addr));
+}
+
+/// Starts the workload: (child, pid, stdin, stdout lines).
+fn workload(seconds: &str, batch: &str, extra: &[&str]) -> (Child, u32, Option<ChildStdin>, Receiver<String>) {
+    let (python, _) = system_python().expect("python3");
+    let mut child = Command::new(python)
+        .arg(workspace_root().join("tests/workloads/agent_getppid.py"))
+        .args([seconds, batch])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the workload");
+    let stdin = child.stdin.take();
+    let lines = line_channel(child.stdout.take().expect("stdout"));
+    let first = lines.recv_timeout(Duration::from_secs(30)).expect("the workload's pid line");
+    let pid = first.strip_prefix("pid ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("pid line: {first:?}"));
+    (child, pid, stdin, lines)
+}
+
+/// `calls N first_second M batch_ns T` of the workload: (N, M).
+fn workload_counts(lines: &Receiver<String>) -> (u64, u64) {
+    let line = lines.recv_timeout(Duration::from_secs(60)).expect("the workload's count line");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let field = |k: &str| f.iter().position(|w| *w == k).and_then(|i| f.get(i + 1)).and_then(|v| v.parse().ok());
+    match (field("calls"), field("first_second")) {
+        (Some(n), Some(m)) => (n, m),
+        _ => panic!("count line: {line:?}"),
+    }
+}
+
+fn window_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("out dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("infertrace-agent-") && n.ends_with(".itr")))
+        .collect();
+    v.sort();
+    v
+}
+
+fn targets_json(addr: &str) -> Value {
+    let (status, body) = get(addr, "/targets");
+    assert_eq!(status, 200, "{body}");
+    infertrace_e2e::serde_json::from_str(&body).unwrap_or_else(|e| panic!("/targets is not JSON: {e}\n{body}"))
+}
+
+fn target_pids(t: &Value) -> Vec<u64> {
+    t["targets"].as_array().map(|a| a.iter().filter_map(|t| t["pid"].as_u64()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn agent_windows_add_up_exactly_and_sigterm_writes_the_last_one() {
+    const TEST: &str = "agent_windows_add_up_exactly_and_sigterm_writes_the_last_one";
+    require!(TEST, Root, Binary);
+    if system_python().is_none() {
+        return skip(TEST, "a python3 on PATH");
+    }
+    let dir = TempDir::new("agent-windows");
+    let out = dir.join("windows");
+    let (mut wl, pid, stdin, lines) = workload("8", "20", &["wait"]);
+    let _wl_guard = KillOnDrop::new(wl.id());
+    let pid_s = pid.to_string();
+    let mut agent = start_agent(&["--pid", &pid_s, "--window", "2s", "--out-dir", out.to_str().unwrap()]);
+    let t = targets_json(&agent.addr);
+    assert_eq!(target_pids(&t), [u64::from(pid)], "/targets: {t}");
+    assert_eq!(t["targets"][0]["ns_pid"].as_u64(), Some(u64::from(pid)), "a host process's own pid: {t}");
+    stdin.expect("stdin").write_all(b"go\n").expect("release the workload");
+    let (calls, _) = workload_counts(&lines);
+    let _ = wl.wait();
+    // A window that closed after the workload's last call.
+    let after = windows_written(&agent.addr) + 1;
+    wait_windows(&agent.addr, after, Duration::from_secs(30));
+    let (status, text) = get(&agent.addr, "/metrics");
+    assert_eq!(status, 200);
+    let samples = parse_exposition(&text);
+    assert_eq!(syscall_counter(&samples, pid, "getppid"), Some(calls as f64), "getppid counter of pid {pid}:\n{text}");
+    for s in samples.iter().filter(|s| s.0 == "infertrace_syscalls_total") {
+        for l in ["pid", "comm", "container_id", "pod_uid", "container_name", "syscall"] {
+            assert!(label(s, l).is_some(), "label {l} missing on {s:?}");
+        }
+    }
+    let (status, latest) = get(&agent.addr, "/report/latest");
+    assert_eq!(status, 200);
+    Report::parse(&latest).unwrap_or_else(|e| panic!("/report/latest: {e}")).check_invariants();
+
+    // Mid-window: 0.5 s after a window closed.
+    let n = windows_written(&agent.addr);
+    wait_windows(&agent.addr, n + 1, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    kill(agent.child.id(), libc::SIGTERM);
+    let status = poll(Duration::from_secs(60), || agent.child.try_wait().ok().flatten()).expect("the agent exits after SIGTERM");
+    let err: Vec<String> = agent.stderr.try_iter().collect();
+    assert!(status.success(), "agent exit {status:?}: {err:?}");
+
+    let files = window_files(&out);
+    assert!(files.len() >= 5, "windows of 2s over >9s: {files:?}");
+    let mut sum = 0;
+    for f in &files {
+        let r = run_infertrace(["report".as_ref(), "--format".as_ref(), "json".as_ref(), f.as_os_str()]);
+        r.assert_ok();
+        let rep = r.json();
+        rep.check_invariants();
+        sum += rep.count(pid, "getppid");
+    }
+    assert_eq!(sum, calls, "getppid over {} windows vs the workload's own count", files.len());
+    let last = Report::parse(&run_infertrace(["report".as_ref(), "--format".as_ref(), "json".as_ref(), files.last().unwrap().as_os_str()]).stdout)
+        .expect("last window");
+    let dur = last.0["duration_ns"].as_u64().unwrap_or(0);
+    assert!(dur > 0 && dur < 2_000_000_000, "the last window was cut by SIGTERM mid-window: {dur} ns");
+    assert!(!out.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-")), "temporary files left");
+}
+
+#[test]
+fn agent_selects_new_processes_at_exec_and_nothing_else() {
+    const TEST: &str = "agent_selects_new_processes_at_exec_and_nothing_else";
+    require!(TEST, Root, Binary);
+    if system_python().is_none() {
+        return skip(TEST, "a python3 on PATH");
+    }
+    let dir = TempDir::new("agent-select");
+    let token = format!("agent_sel_{}", std::process::id());
+    let re = format!("{token} match$");
+    let agent = start_agent(&["--cmdline", &re, "--window", "1s", "--out-dir", dir.join("w").to_str().unwrap()]);
+    let (mut m, mpid, _, mlines) = workload("4", "20", &["-", &token, "match"]);
+    let _mg = KillOnDrop::new(m.id());
+    let (mut o, opid, _, olines) = workload("4", "20", &["-", &token, "other"]);
+    let _og = KillOnDrop::new(o.id());
+    // Picked up at its exec, quickly; the other never.
+    let seen = poll(Duration::from_secs(3), || {
+        let t = targets_json(&agent.addr);
+        let pids = target_pids(&t);
+        assert!(!pids.contains(&u64::from(opid)), "non-matching pid {opid} in /targets: {t}");
+        pids.contains(&u64::from(mpid)).then_some(t)
+    })
+    .unwrap_or_else(|| panic!("pid {mpid} not in /targets within 3 s"));
+    let entry = seen["targets"].as_array().unwrap().iter().find(|t| t["pid"] == mpid).unwrap();
+    assert_eq!(entry["found_by"], "exec", "{entry}");
+    assert!(entry["why"].to_string().contains("cmdline"), "{entry}");
+    let (calls, first_second) = workload_counts(&mlines);
+    let _ = workload_counts(&olines);
+    let _ = (m.wait(), o.wait());
+    let after = windows_written(&agent.addr) + 1;
+    wait_windows(&agent.addr, after, Duration::from_secs(30));
+    let (_, text) = get(&agent.addr, "/metrics");
+    let samples = parse_exposition(&text);
+    let got = syscall_counter(&samples, mpid, "getppid").unwrap_or_else(|| panic!("no getppid counter for pid {mpid}:\n{text}")) as u64;
+    assert!(got <= calls && got >= calls - first_second, "getppid of pid {mpid}: {got}, the workload made {calls} ({first_second} in its first second)");
+    let opid_s = opid.to_string();
+    assert!(!samples.iter().any(|s| label(s, "pid") == Some(&opid_s)), "non-matching pid {opid} in /metrics");
+    let t = targets_json(&agent.addr);
+    assert!(!target_pids(&t).contains(&u64::from(mpid)), "an exited target stays in /targets: {t}");
+    // The agent is still running.
+    let (status, _) = get(&agent.addr, "/healthz");
+    assert_eq!(status, 200);
+}
