@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 9] {
+pub fn tables() -> [&'static FamilyTable; 10] {
     [
         &programs::CORE,
         &process::TABLE,
