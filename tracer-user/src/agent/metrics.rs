@@ -71,6 +71,8 @@ pub struct Metrics {
     agent_cpu: FCounter,
     agent_rss: Gauge,
     last_cpu_s: f64,
+    /// CUDA calls, sync time, findings, GPU gauges.
+    cuda: super::cuda_metrics::CudaMetrics,
     /// The label sets each pid has series under (removed when it is gone).
     series: HashMap<u32, (TargetLabels, Vec<String>, Vec<String>)>,
     /// Windows since each dead pid was last seen alive, and since when.
@@ -98,6 +100,7 @@ impl Metrics {
             agent_cpu: FCounter::default(),
             agent_rss: Gauge::default(),
             last_cpu_s: 0.0,
+            cuda: Default::default(),
             series: HashMap::new(),
             gone_for: HashMap::new(),
         };
@@ -114,6 +117,7 @@ impl Metrics {
         registry.register("targets", "Processes traced now", m.targets.clone());
         registry.register("agent_cpu_seconds", "CPU time of the agent itself (user + system)", m.agent_cpu.clone());
         registry.register("agent_resident_memory_bytes", "Resident memory of the agent itself", m.agent_rss.clone());
+        m.cuda.register(&mut registry);
         Metrics { registry, ..m }
     }
 
@@ -190,6 +194,10 @@ impl Metrics {
                 }
             }
         }
+        if let Some(c) = &win.cuda {
+            let mut target = |pid: u32| labels_of(pid, &mut own);
+            self.cuda.add_window(c, &mut target);
+        }
         for (cause, n) in &win.lost {
             self.lost.get_or_create(&CauseLabels { cause: cause.clone() }).inc_by(*n);
         }
@@ -210,6 +218,7 @@ impl Metrics {
                 continue;
             }
             self.gone_for.remove(&pid);
+            self.cuda.forget(pid);
             if let Some((labels, syscalls, cats)) = self.series.remove(&pid) {
                 for s in syscalls {
                     let l = SyscallLabels { target: labels.clone(), syscall: s };

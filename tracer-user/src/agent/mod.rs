@@ -9,6 +9,8 @@
 //! window, write it, and exit 0; a target's exit never stops the agent.
 
 pub mod container;
+pub mod cuda_delta;
+pub mod cuda_metrics;
 pub mod http;
 pub mod metrics;
 pub mod select;

@@ -42,9 +42,7 @@ pub fn delta(cur: &Recording, prev: Option<&Recording>) -> Recording {
         .map(|(k, v)| (k.clone(), v.saturating_sub(prev.lost.get(k).copied().unwrap_or(0))))
         .filter(|(_, v)| *v > 0)
         .collect();
-    if out.cuda.is_some() {
-        out.notes.push("agent window: the CUDA section is cumulative since the agent started (not per window)".into());
-    }
+    out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev.cuda.as_ref(), prev.duration_ns));
     // The targets active in this window, and those that appeared in it.
     let active: std::collections::HashSet<u32> =
         out.syscalls.iter().map(|s| s.pid).chain(out.threads.iter().map(|t| t.pid)).collect();

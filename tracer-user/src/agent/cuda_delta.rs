@@ -1,0 +1,134 @@
+//! The CUDA section of one agent window: the difference of two cumulative
+//! CUDA sections (calls, launches and findings by their keys; GPU samples
+//! taken after the previous cut, their times made relative to the
+//! window's start). Counters only grow in the kernel's aggregates, so a
+//! row's difference is what it did in the window; a row that did nothing
+//! is left out.
+
+use std::collections::HashMap;
+
+use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, Finding, Site};
+
+type CallKey<'a> = (u32, &'a str, Option<&'a str>, &'a Site);
+
+fn call_key(c: &CudaCall) -> CallKey<'_> {
+    (c.pid, c.api.as_str(), c.kind.as_deref(), &c.site)
+}
+
+/// `cur` minus `prev`; `prev_end_ns` is where the previous window ended
+/// (ns since the agent's start, the clock of `GpuSample::ts_ns`).
+pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64) -> CudaReport {
+    let Some(prev) = prev else { return cur.clone() };
+    let mut out = cur.clone();
+    let prev_calls: HashMap<CallKey, &CudaCall> = prev.calls.iter().map(|c| (call_key(c), c)).collect();
+    out.calls = cur
+        .calls
+        .iter()
+        .filter_map(|c| {
+            let Some(p) = prev_calls.get(&call_key(c)) else { return Some(c.clone()) };
+            let mut d = c.clone();
+            d.count = c.count.saturating_sub(p.count);
+            d.bytes = c.bytes.saturating_sub(p.bytes);
+            d.total_ns = c.total_ns.saturating_sub(p.total_ns);
+            d.errors = c.errors.saturating_sub(p.errors);
+            d.events_lost = c.events_lost.saturating_sub(p.events_lost);
+            d.pinned = c.pinned.map(|v| v.saturating_sub(p.pinned.unwrap_or(0)));
+            d.pageable = c.pageable.map(|v| v.saturating_sub(p.pageable.unwrap_or(0)));
+            d.return_codes = c
+                .return_codes
+                .iter()
+                .map(|(rc, n)| (*rc, n.saturating_sub(p.return_codes.get(rc).copied().unwrap_or(0))))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            (d.count > 0).then_some(d)
+        })
+        .collect();
+    let launch_key = |l: &CudaLaunch| (l.pid, l.kernel.clone(), l.site.clone(), l.api.clone());
+    let prev_launches: HashMap<_, u64> = prev.launches.iter().map(|l| (launch_key(l), l.count)).collect();
+    out.launches = cur
+        .launches
+        .iter()
+        .filter_map(|l| {
+            let mut d = l.clone();
+            d.count = l.count.saturating_sub(prev_launches.get(&launch_key(l)).copied().unwrap_or(0));
+            (d.count > 0).then_some(d)
+        })
+        .collect();
+    let finding_key = |f: &Finding| (f.kind.clone(), f.pid, f.site.clone());
+    let prev_findings: HashMap<_, &Finding> = prev.findings.iter().map(|f| (finding_key(f), f)).collect();
+    out.findings = cur
+        .findings
+        .iter()
+        .filter_map(|f| {
+            let Some(p) = prev_findings.get(&finding_key(f)) else { return Some(f.clone()) };
+            let mut d = f.clone();
+            d.count = f.count.saturating_sub(p.count);
+            d.bytes = f.bytes.saturating_sub(p.bytes);
+            d.time_ns = f.time_ns.saturating_sub(p.time_ns);
+            d.events_lost = f.events_lost.saturating_sub(p.events_lost);
+            (d.count > 0).then_some(d)
+        })
+        .collect();
+    out.gpu_samples = cur
+        .gpu_samples
+        .iter()
+        .filter(|s| s.ts_ns >= prev_end_ns)
+        .map(|s| {
+            let mut s = s.clone();
+            s.ts_ns -= prev_end_ns;
+            s
+        })
+        .collect();
+    out.window_ns = cur.window_ns.saturating_sub(prev.window_ns);
+    out.events_lost = cur.events_lost.saturating_sub(prev.events_lost);
+    out.calls_lost = cur.calls_lost.saturating_sub(prev.calls_lost);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::cuda::GpuSample;
+
+    fn call(api: &str, count: u64, bytes: u64, ns: u64) -> CudaCall {
+        CudaCall {
+            pid: 7,
+            api: api.into(),
+            kind: Some("HtoD".into()),
+            count,
+            bytes,
+            total_ns: ns,
+            errors: 0,
+            site: Site { function: "step".into(), file: Some("m.py".into()), line: Some(3) },
+            return_codes: [(0, count)].into(),
+            pinned: None,
+            pageable: Some(count),
+            events_lost: 0,
+        }
+    }
+
+    #[test]
+    fn rows_are_differences_and_idle_rows_go() {
+        let prev = CudaReport {
+            calls: vec![call("cudaMemcpy", 10, 100, 1000), call("cudaFree", 2, 0, 20)],
+            gpu_samples: vec![GpuSample { ts_ns: 5, ..Default::default() }],
+            window_ns: 1_000,
+            ..Default::default()
+        };
+        let cur = CudaReport {
+            calls: vec![call("cudaMemcpy", 25, 250, 2500), call("cudaFree", 2, 0, 20), call("cudaMalloc", 1, 8, 9)],
+            gpu_samples: vec![GpuSample { ts_ns: 5, ..Default::default() }, GpuSample { ts_ns: 1_500, ..Default::default() }],
+            window_ns: 2_000,
+            ..Default::default()
+        };
+        let d = cuda_delta(&cur, Some(&prev), 1_000);
+        assert_eq!(d.calls.len(), 2, "{:?}", d.calls);
+        let m = d.calls.iter().find(|c| c.api == "cudaMemcpy").unwrap();
+        assert_eq!((m.count, m.bytes, m.total_ns, m.pageable), (15, 150, 1500, Some(15)));
+        assert_eq!(m.return_codes.get(&0), Some(&15));
+        assert!(d.calls.iter().any(|c| c.api == "cudaMalloc" && c.count == 1));
+        assert_eq!(d.gpu_samples.len(), 1);
+        assert_eq!(d.gpu_samples[0].ts_ns, 500);
+        assert_eq!(d.window_ns, 1_000);
+    }
+}

@@ -1,0 +1,250 @@
+//! The CUDA and GPU part of `/metrics`: per target, CUDA calls, bytes and
+//! seconds by API and copy kind, seconds blocked in synchronize calls,
+//! findings by kind and call site; per GPU, NVML's utilisation, memory and
+//! PCIe throughput (gauges: the last sample of the window). Counters grow
+//! by each window's differences (`cuda_delta`). Sites are bounded: at most
+//! [`MAX_SITES`] finding sites per target have series of their own, the
+//! rest are counted under `site="other"`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::AtomicU64,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::metrics::TargetLabels;
+use crate::recording::cuda::CudaReport;
+
+/// Finding sites per target with series of their own.
+pub const MAX_SITES: usize = 20;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    #[prometheus(flatten)]
+    pub target: TargetLabels,
+    pub api: String,
+    /// `HtoD`, `DtoH`, `DtoD`, `HtoH`, `Default` for copies; empty otherwise.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FindingLabels {
+    #[prometheus(flatten)]
+    pub target: TargetLabels,
+    pub kind: String,
+    /// `file.py:LINE function`, or `other` past [`MAX_SITES`].
+    pub site: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub gpu: String,
+    pub name: String,
+}
+
+type FCounter = Counter<f64, AtomicU64>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Default)]
+pub struct CudaMetrics {
+    calls: Family<ApiLabels, Counter>,
+    bytes: Family<ApiLabels, Counter>,
+    seconds: Family<ApiLabels, FCounter>,
+    errors: Family<ApiLabels, Counter>,
+    sync_seconds: Family<TargetLabels, FCounter>,
+    findings: Family<FindingLabels, Counter>,
+    gpu_util: Family<GpuLabels, FGauge>,
+    gpu_mem_used: Family<GpuLabels, Gauge>,
+    gpu_pcie_tx: Family<GpuLabels, Gauge>,
+    gpu_pcie_rx: Family<GpuLabels, Gauge>,
+    /// GPU index -> name (NVML gives it on the first sample only).
+    gpu_names: HashMap<u32, String>,
+    /// Per pid: the API and finding label sets it has series under.
+    series: HashMap<u32, (Vec<ApiLabels>, Vec<FindingLabels>, Option<TargetLabels>)>,
+    /// Per pid: the finding sites that have series of their own.
+    sites: HashMap<u32, HashSet<String>>,
+}
+
+impl CudaMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register("cuda_calls", "CUDA runtime/driver calls by API and copy kind (exact, counted in the kernel)", self.calls.clone());
+        r.register("cuda_bytes", "Bytes copied (copies) or allocated (memory calls) by CUDA calls, by API and kind", self.bytes.clone());
+        r.register("cuda_seconds", "Time inside CUDA calls, by API and kind", self.seconds.clone());
+        r.register("cuda_errors", "CUDA calls that did not return success, by API and kind", self.errors.clone());
+        r.register("cuda_sync_seconds", "Time the target's threads were blocked in CUDA synchronize calls", self.sync_seconds.clone());
+        r.register("cuda_findings", "Occurrences of each CUDA finding (docs/cuda.md) by kind and call site", self.findings.clone());
+        r.register("gpu_utilization_ratio", "NVML GPU utilisation, last sample of the window (0 to 1)", self.gpu_util.clone());
+        r.register("gpu_memory_used_bytes", "NVML device memory in use, last sample of the window", self.gpu_mem_used.clone());
+        r.register("gpu_pcie_tx_bytes_per_second", "NVML PCIe throughput device to host, last sample", self.gpu_pcie_tx.clone());
+        r.register("gpu_pcie_rx_bytes_per_second", "NVML PCIe throughput host to device, last sample", self.gpu_pcie_rx.clone());
+    }
+
+    /// Adds one window's CUDA differences; `labels` gives a target's labels.
+    pub fn add_window(&mut self, c: &CudaReport, labels: &mut dyn FnMut(u32) -> TargetLabels) {
+        for call in &c.calls {
+            let target = labels(call.pid);
+            let l = ApiLabels { target: target.clone(), api: call.api.clone(), kind: call.kind.clone().unwrap_or_default() };
+            self.calls.get_or_create(&l).inc_by(call.count);
+            self.bytes.get_or_create(&l).inc_by(call.bytes);
+            self.seconds.get_or_create(&l).inc_by(call.total_ns as f64 / 1e9);
+            self.errors.get_or_create(&l).inc_by(call.errors);
+            if is_sync_api(&call.api) {
+                self.sync_seconds.get_or_create(&target).inc_by(call.total_ns as f64 / 1e9);
+            }
+            if target.pid != "other" {
+                let e = self.series.entry(call.pid).or_default();
+                if !e.0.contains(&l) {
+                    e.0.push(l);
+                }
+                e.2 = Some(target);
+            }
+        }
+        for f in &c.findings {
+            let target = labels(f.pid);
+            let site = site_name(&f.site);
+            let own = self.sites.entry(f.pid).or_default();
+            let site = if own.contains(&site) || own.len() < MAX_SITES {
+                own.insert(site.clone());
+                site
+            } else {
+                "other".to_owned()
+            };
+            let l = FindingLabels { target: target.clone(), kind: f.kind.clone(), site };
+            self.findings.get_or_create(&l).inc_by(f.count);
+            if target.pid != "other" {
+                let e = self.series.entry(f.pid).or_default();
+                if !e.1.contains(&l) {
+                    e.1.push(l);
+                }
+                e.2 = Some(target);
+            }
+        }
+        for s in &c.gpu_samples {
+            if let Some(n) = &s.name {
+                self.gpu_names.insert(s.gpu, n.clone());
+            }
+        }
+        // The last sample of each GPU in the window.
+        let mut last: HashMap<u32, &crate::recording::cuda::GpuSample> = HashMap::new();
+        for s in &c.gpu_samples {
+            if last.get(&s.gpu).is_none_or(|l| l.ts_ns <= s.ts_ns) {
+                last.insert(s.gpu, s);
+            }
+        }
+        for (gpu, s) in last {
+            let l = GpuLabels { gpu: gpu.to_string(), name: self.gpu_names.get(&gpu).cloned().unwrap_or_default() };
+            self.gpu_util.get_or_create(&l).set(s.util_percent / 100.0);
+            self.gpu_mem_used.get_or_create(&l).set(i64::try_from(s.mem_used_bytes).unwrap_or(i64::MAX));
+            if let Some(v) = s.pcie_tx_bytes_per_s {
+                self.gpu_pcie_tx.get_or_create(&l).set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+            if let Some(v) = s.pcie_rx_bytes_per_s {
+                self.gpu_pcie_rx.get_or_create(&l).set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    /// Removes the series of a target that is gone.
+    pub fn forget(&mut self, pid: u32) {
+        self.sites.remove(&pid);
+        if let Some((apis, findings, target)) = self.series.remove(&pid) {
+            for l in apis {
+                self.calls.remove(&l);
+                self.bytes.remove(&l);
+                self.seconds.remove(&l);
+                self.errors.remove(&l);
+            }
+            for l in findings {
+                self.findings.remove(&l);
+            }
+            if let Some(t) = target {
+                self.sync_seconds.remove(&t);
+            }
+        }
+    }
+}
+
+fn is_sync_api(name: &str) -> bool {
+    (name.starts_with("cuda") || name.starts_with("cu")) && name.contains("Synchronize")
+}
+
+/// `file:LINE function` (the file's base name), or the function alone.
+fn site_name(s: &crate::recording::cuda::Site) -> String {
+    match (&s.file, s.line) {
+        (Some(f), Some(l)) => format!("{}:{} {}", f.rsplit('/').next().unwrap_or(f), l, s.function),
+        _ => s.function.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::cuda::{CudaCall, Finding, Site};
+
+    fn labels(pid: u32) -> TargetLabels {
+        TargetLabels {
+            pid: pid.to_string(),
+            comm: "python3".into(),
+            container_id: String::new(),
+            pod_uid: String::new(),
+            container_name: String::new(),
+        }
+    }
+
+    #[test]
+    fn counts_sync_time_and_bounds_sites() {
+        let mut m = CudaMetrics::default();
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let site = |line| Site { function: "step".into(), file: Some("/app/m.py".into()), line: Some(line) };
+        let call = |api: &str, count, ns| CudaCall {
+            pid: 9,
+            api: api.into(),
+            kind: None,
+            count,
+            bytes: 0,
+            total_ns: ns,
+            errors: 0,
+            site: site(1),
+            return_codes: Default::default(),
+            pinned: None,
+            pageable: None,
+            events_lost: 0,
+        };
+        let finding = |line| Finding {
+            kind: "sync_after_copy".into(),
+            severity: "high".into(),
+            pid: 9,
+            site: site(line),
+            count: 2,
+            bytes: 0,
+            time_ns: 0,
+            message: String::new(),
+            advice: String::new(),
+            events_lost: 0,
+        };
+        let c = CudaReport {
+            calls: vec![call("cudaStreamSynchronize", 3, 2_000_000_000), call("cudaMemcpy", 4, 1_000_000_000)],
+            findings: (0..MAX_SITES as u32 + 5).map(finding).collect(),
+            ..Default::default()
+        };
+        m.add_window(&c, &mut labels);
+        m.add_window(&c, &mut labels);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(text.contains(r#"cuda_calls_total{pid="9",comm="python3",container_id="",pod_uid="",container_name="",api="cudaStreamSynchronize",kind=""} 6"#), "{text}");
+        assert!(text.contains(r#"cuda_sync_seconds_total{pid="9",comm="python3",container_id="",pod_uid="",container_name=""} 4.0"#), "{text}");
+        assert!(text.contains(r#"site="other"} 20"#), "{text}");
+        let sites = text.lines().filter(|l| l.starts_with("cuda_findings_total{")).count();
+        assert_eq!(sites, MAX_SITES + 1, "{text}");
+        m.forget(9);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(!text.contains(r#"api="cudaMemcpy""#), "{text}");
+    }
+}
