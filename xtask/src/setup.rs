@@ -25,6 +25,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "make",
     "util-linux",
     "debootstrap",
+    // `infertrace top` runs in a tmux pane in its end-to-end test (tests/tests/top.rs).
+    "tmux",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:

@@ -19,9 +19,11 @@ const TOP_STACKS: usize = 5;
 const STACK_DEPTH_SHOWN: usize = 12;
 
 /// One-letter legend used in the bars.
-const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
+pub const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
 
-fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
+/// The parts of a thread's wall time in bar order, each with its letter of
+/// [`LEGEND`] (also `infertrace top`'s bars).
+pub fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
     [
         ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
         ('s', t.syscall_ns.min(t.on_cpu_ns)),
@@ -64,7 +66,8 @@ fn bar(t: &ThreadTimes) -> String {
     s
 }
 
-fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
+/// The times of `threads` added up (saturating), as one row.
+pub fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
     let mut s = ThreadTimes::default();
     for t in threads {
         let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
