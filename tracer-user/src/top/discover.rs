@@ -53,7 +53,13 @@ mod tests {
     fn finds_a_running_python_and_not_itself() {
         // python3 is installed by `cargo xtask setup`.
         let mut child = std::process::Command::new("python3").args(["-c", "import time; time.sleep(30)"]).spawn().expect("python3 on PATH (cargo xtask setup installs it)");
-        let found = python_pids();
+        // Found once it has exec'd python3 (until then it is a copy of this test).
+        let t0 = std::time::Instant::now();
+        let mut found = python_pids();
+        while !found.contains(&child.id()) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            found = python_pids();
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert!(found.contains(&child.id()), "{found:?}");

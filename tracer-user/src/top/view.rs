@@ -357,26 +357,26 @@ pub fn draw(f: &mut Frame, m: &Model, ui: &Ui) {
     let width = body.width;
     match ui.view {
         View::Overview => {
-            let v = verdict(m);
-            let t = threads(m, sort, width);
-            let verdict_h = (v.len() as u16).clamp(1, 4) + 2;
-            let threads_h = (t.len() as u16).clamp(1, 8) + 2;
+            let rows = |n: usize, most: u16| (n as u16).clamp(1, most) + 2;
+            let (v, t) = (verdict(m), threads(m, sort, width));
+            let (pc, pw) = (python_cpu(m, sort), python_wait(m, sort));
+            let (sc, cu) = (syscalls(m, sort), cuda(m, sort));
             let [va, ta, pa, sa, fa] = Layout::vertical([
-                Constraint::Length(verdict_h),
-                Constraint::Length(threads_h),
-                Constraint::Min(4),
-                Constraint::Min(4),
-                Constraint::Length(4),
+                Constraint::Length(rows(v.len(), 4)),
+                Constraint::Length(rows(t.len(), 8)),
+                Constraint::Length(rows(pc.len().max(pw.len()), 10)),
+                Constraint::Length(rows(sc.len().max(cu.len()), 8)),
+                Constraint::Min(3),
             ])
             .areas(body);
             section(f, va, "verdict so far".into(), v);
             section(f, ta, "threads: wall time".into(), t);
-            let [pc, pw] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(pa);
-            section(f, pc, cpu_title(m, sort), python_cpu(m, sort));
-            section(f, pw, wait_title(sort), python_wait(m, sort));
-            let [sc, cu] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sa);
-            section(f, sc, "top syscalls by time".into(), syscalls(m, sort));
-            section(f, cu, "CUDA copies".into(), cuda(m, sort));
+            let [pca, pwa] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(pa);
+            section(f, pca, cpu_title(m, sort), pc);
+            section(f, pwa, wait_title(sort), pw);
+            let [sca, cua] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sa);
+            section(f, sca, "top syscalls by time".into(), sc);
+            section(f, cua, "CUDA copies".into(), cu);
             section(f, fa, "findings".into(), findings(m));
         }
         View::Threads => section(f, body, "threads: wall time".into(), threads(m, sort, width)),
