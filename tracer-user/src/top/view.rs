@@ -164,7 +164,7 @@ fn verdict(m: &Model) -> Vec<Line<'static>> {
     m.verdict.iter().map(|l| Line::from(l.clone())).collect()
 }
 
-fn sorted_threads<'a>(m: &'a Model, sort: Sort) -> Vec<&'a ThreadRow> {
+fn sorted_threads(m: &Model, sort: Sort) -> Vec<&ThreadRow> {
     let mut v: Vec<&ThreadRow> = m.threads.iter().collect();
     match sort {
         Sort::Recent => v.sort_by_key(|t| (std::cmp::Reverse(t.recent.on_cpu_ns), t.pid, t.tid)),
