@@ -147,8 +147,11 @@ fn header(m: &Model, ui: &Ui) -> Line<'static> {
         ui.view.name(),
         ui.sort.name()
     );
+    if m.alive == 0 && !m.processes.is_empty() {
+        text.push_str(" | every target exited (q quits)");
+    }
     if m.lost_events > 0 {
-        text.push_str(&format!(" | {} lost events", m.lost_events));
+        text.push_str(&format!(" | {} lost events (counts incomplete)", m.lost_events));
     }
     Line::from(Span::styled(text, Style::default().add_modifier(Modifier::REVERSED)))
 }
@@ -446,6 +449,34 @@ mod tests {
         assert_eq!(Sort::Name.next(), Sort::Recent);
         let all = screen(&m, &Ui { view: View::Cuda, sort: Sort::Recent }, 100, 20).join("\n");
         assert!(all.contains("(no CUDA library probed in the targets)"), "{all}");
+        let gone = Model { alive: 0, lost_events: 3, ..m };
+        let head = screen(&gone, &Ui::default(), 160, 20).swap_remove(0);
+        assert!(head.contains("every target exited (q quits) | 3 lost events (counts incomplete)"), "{head}");
+    }
+
+    #[test]
+    fn cuda_copies_per_second_and_findings() {
+        use crate::top::state::{Amount, CopyRow, FindingRow};
+        let mut m = model();
+        m.copies = Some(vec![CopyRow {
+            kind: "HtoD".into(),
+            copies: Amount { recent: 90, total: 900 },
+            bytes: Amount { recent: 90 << 20, total: 900 << 20 },
+            time_ns: Amount { recent: 60_000_000, total: 600_000_000 },
+        }]);
+        m.findings = vec![FindingRow {
+            first_seen_s: 3.0,
+            severity: "medium".into(),
+            kind: "pageable_copy".into(),
+            pid: 10,
+            site: "step (app.py:12)".into(),
+            message: "copies from pageable memory".into(),
+        }];
+        let all = screen(&m, &Ui::default(), 160, 40).join("\n");
+        // 90 copies of 1 MiB in the last second (the interval is 1 s).
+        assert!(all.contains("HtoD           90 copies/s   94.37 MB/s 60.00 ms/s in copies"), "{all}");
+        assert!(all.contains("all copies since start: 900, 900.0 MiB"), "{all}");
+        assert!(all.contains("+3s [medium] pageable_copy at step (app.py:12) (pid 10): copies from pageable memory"), "{all}");
     }
 
     /// A hostile comm reaches the screen escaped, and a tiny terminal
