@@ -48,7 +48,19 @@ fn python3(test: &str) -> Option<std::path::PathBuf> {
 
 #[test]
 fn top_in_tmux_shows_the_hot_function_and_detaches_on_q() {
-    let test = "top_in_tmux_shows_the_hot_function_and_detaches_on_q";
+    watch_fib("top_in_tmux_shows_the_hot_function_and_detaches_on_q", |wpid| format!("-p {wpid}"));
+}
+
+/// `--python` finds the workload by itself (and maybe other Pythons of
+/// the machine: the screen must show this one).
+#[test]
+fn top_python_finds_the_running_interpreter() {
+    watch_fib("top_python_finds_the_running_interpreter", |_| "--python".to_owned());
+}
+
+/// Runs `top ARGS` in a tmux pane on `pyattr_cpu.py fib`, checks the
+/// screen after 3 s, quits with `q`.
+fn watch_fib(test: &str, args: impl Fn(u32) -> String) {
     if !require(test, &[Need::Root, Need::Binary, Need::Bpftool]) {
         return;
     }
@@ -68,14 +80,21 @@ fn top_in_tmux_shows_the_hot_function_and_detaches_on_q() {
         .expect("starting the fib workload");
     let wpid = workload.id();
     let _wguard = KillOnDrop::new(wpid);
+    // Until its exec, the child is a copy of this test: `--python` would not see it.
+    let exec_done = poll(Duration::from_secs(10), || {
+        let exe = fs::read_link(format!("/proc/{wpid}/exe")).ok()?;
+        exe.file_name()?.to_str()?.starts_with("python").then_some(())
+    });
+    assert!(exec_done.is_some(), "{test}: the workload never exec'd {}", py.display());
 
     let before = bpf_prog_ids();
-    let tmux = Tmux { socket: format!("infertrace-test-{}", std::process::id()) };
+    let tmux = Tmux { socket: format!("infertrace-test-{}-{wpid}", std::process::id()) };
     let code_file = dir.join("code");
     let err_file = dir.join("stderr");
     let shell = format!(
-        "{} top -p {wpid} 2>{}; echo $? >{}",
+        "{} top {} 2>{}; echo $? >{}",
         bin().display(),
+        args(wpid),
         err_file.display(),
         code_file.display()
     );

@@ -153,7 +153,9 @@ pub async fn run(mut opts: TopOptions, argv: Vec<String>) -> Result<TopOutcome, 
         return Err(TopError::NotATerminal);
     }
     if opts.python {
-        let found = discover::python_pids();
+        // One that exited since the scan is not an error, as a `-p` pid is.
+        let mut found = discover::python_pids();
+        found.retain(|&pid| crate::targets::validate_pid(pid).is_ok());
         if found.is_empty() && opts.record.pids.is_empty() {
             return Err(TopError::NoPython);
         }
