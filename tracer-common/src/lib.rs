@@ -9,6 +9,7 @@ pub mod proc_events;
 pub mod python;
 pub mod sched;
 pub mod syscalls;
+pub mod timeline;
 
 /// Indices into the `COUNTERS` per-CPU array: events the kernel side had to drop.
 pub mod counters {

@@ -21,6 +21,7 @@ mod process;
 mod python;
 mod sched;
 mod syscalls;
+mod timeline;
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},

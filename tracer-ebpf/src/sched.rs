@@ -180,6 +180,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns(), 0) else { return };
     let t = unsafe { &mut *t };
+    crate::timeline::state_ended(t, now);
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
         STATE_RUNNING => t.on_cpu_ns += elapsed,
@@ -206,6 +207,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
     t.in_syscall = (nr != NO_SYSCALL) as u32;
     t.since_ns = now;
     if prev_state & TASK_DEAD != 0 {
+        crate::timeline::lifecycle(tracer_common::timeline::KIND_THREAD_EXIT, tgid, tid, now);
         t.state = STATE_DEAD;
         t.end_ns = now;
     } else if prev_state == TASK_RUNNING {
@@ -234,6 +236,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
 fn switch_in(tgid: u32, tid: u32, now: u64, task: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
+    crate::timeline::state_ended(t, now);
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
         // Woken to take the GIL, then waiting for a CPU: still waiting in
@@ -263,6 +266,9 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
     }
     let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
+    if new {
+        crate::timeline::lifecycle(tracer_common::timeline::KIND_THREAD_START, tgid, tid, now);
+    }
     if new && t.first_ns != now {
         // A new thread whose id has an entry: the id was reused, that entry
         // belongs to a thread that exited. Close it (a thread whose exit we
@@ -289,6 +295,7 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         return;
     }
     if t.state == STATE_OFF_CPU {
+        crate::timeline::state_ended(t, now);
         add_off_cpu(t, now.saturating_sub(t.since_ns));
         t.state = STATE_RUNNABLE;
         t.since_ns = now;
@@ -325,6 +332,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
         py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
     };
+    crate::timeline::sample(&key);
     match CPU_SAMPLES.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += 1 },
         None => {

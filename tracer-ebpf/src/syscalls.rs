@@ -189,6 +189,7 @@ fn record_slow(ctx: &BtfTracePointContext, tgid: u32, tid: u32, nr: u32, ns: u64
         user_stack: user_stack_id(ctx),
         py_stack: python::capture(tgid, tid, python::SCRATCH_SYSCALL),
     };
+    crate::timeline::syscall(&key, ns);
     match SLOW_SYSCALLS.get_ptr_mut(&key) {
         Some(p) => unsafe {
             (*p).count += 1;

@@ -11,10 +11,11 @@ use crate::{
     pystacks::{self, PythonCollector},
     sched::{self, SchedCollector},
     syscalls::{self, SyscallCollector},
+    timeline::{self, TimelineCollector},
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 8] {
+pub fn tables() -> [&'static FamilyTable; 9] {
     [
         &programs::CORE,
         &process::TABLE,
@@ -24,6 +25,7 @@ pub fn tables() -> [&'static FamilyTable; 8] {
         &pystacks::TABLE,
         &cuda::programs::TABLE,
         &nvml::TABLE,
+        &timeline::TABLE,
     ]
 }
 
@@ -49,6 +51,10 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     }
     if opts.python {
         list.push(Box::new(PythonCollector::default()));
+    }
+    // After CUDA: its snapshot puts the CUDA calls into the timeline first.
+    if opts.timeline_limit.is_some() {
+        list.push(Box::new(TimelineCollector::default()));
     }
     list.push(Box::new(ProcessCollector::default()));
     list

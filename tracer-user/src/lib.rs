@@ -33,6 +33,7 @@ pub mod symbolize;
 pub mod system;
 pub mod syscalls;
 pub mod targets;
+pub mod timeline;
 pub mod top;
 pub mod tracefs;
 pub mod uprobe_multi;

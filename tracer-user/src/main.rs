@@ -47,6 +47,13 @@ enum Format {
     Folded,
     /// A flame graph, rendered in-process.
     Svg,
+    /// speedscope JSON (speedscope.app): one profile per thread, for --profile cpu|off-cpu|wall.
+    Speedscope,
+    /// Gzipped pprof profile.proto (go tool pprof, Pyroscope, Grafana): samples/count, cpu/nanoseconds,
+    /// off_cpu/nanoseconds, a `thread` label per sample (binary; use -o FILE).
+    Pprof,
+    /// Perfetto protobuf trace of the timeline (ui.perfetto.dev; needs `record --timeline`; binary, use -o FILE).
+    Perfetto,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -118,6 +125,15 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// could not read, a CUDA argument that could not be read); off by default.
         #[arg(long)]
         debug_ebpf: bool,
+        /// Also keep a timeline: timestamped thread-state intervals, slow syscalls, CUDA calls, CPU samples,
+        /// thread and process starts and exits (for `report --format perfetto`); off by default (the probes then skip it with one branch).
+        #[arg(long)]
+        timeline: bool,
+        /// With --timeline: events kept per source (kernel events; CUDA calls), 1000 to 100000000; the rest are
+        /// counted as dropped and reported.
+        #[arg(long, value_name = "N", default_value_t = infertrace::recording::timeline::DEFAULT_LIMIT,
+              value_parser = clap::value_parser!(u64).range(1000..=100_000_000))]
+        timeline_limit: u64,
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -169,7 +185,7 @@ Examples:\n  infertrace top -p 1234\n  infertrace top --python")]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
-        /// Which time the folded/svg output weighs: CPU samples, off-CPU time, or both (wall).
+        /// Which time the folded/svg/speedscope output weighs: CPU samples, off-CPU time, or both (wall).
         #[arg(long, value_enum, default_value = "cpu")]
         profile: Profile,
         /// Write the report here instead of stdout.
@@ -280,18 +296,24 @@ fn parse_max_inflated(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
-fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<String> {
+fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<Vec<u8>> {
     Ok(match format {
-        Format::Text => report::text::render(rec),
-        Format::Json => report::json::render(rec),
-        Format::Folded => report::folded::render(rec, profile),
+        Format::Text => report::text::render(rec).into_bytes(),
+        Format::Json => report::json::render(rec).into_bytes(),
+        Format::Folded => report::folded::render(rec, profile).into_bytes(),
+        Format::Speedscope => report::speedscope::render(rec, profile).into_bytes(),
+        Format::Perfetto => report::perfetto::render(rec).map_err(|e| {
+            anyhow::anyhow!("{e}: no events to put in a Perfetto trace (hint: record with `infertrace record --timeline ...`)")
+        })?,
+        Format::Pprof => report::pprof::render(rec).context("encoding the pprof profile (hint: retry; this is an in-memory step)")?,
         Format::Svg => report::svg::render(rec, profile).map_err(|e| match e {
             report::svg::SvgError::Empty => anyhow::anyhow!(
                 "no {} stacks in this recording (hint: record with sampling on (-F 99) and scheduler tracing (no --no-sched))",
                 profile.title()
             ),
             other => anyhow::anyhow!("rendering the flame graph failed: {other}"),
-        })?,
+        })?
+        .into_bytes(),
     })
 }
 
@@ -330,7 +352,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match output {
                 Some(out) => std::fs::write(&out, text)
                     .with_context(|| format!("cannot write {} (hint: choose a writable path)", out.display()))?,
-                None => print!("{text}"),
+                None => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&text).and_then(|()| out.flush()).context("cannot write the report to stdout (hint: use -o FILE)")?;
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -351,11 +376,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _ = writeln!(std::io::stderr(), "infertrace top: watched {} process{} for {secs:.1}s; every probe detached", outcome.pids.len(), if outcome.pids.len() == 1 { "" } else { "es" });
             Ok(ExitCode::SUCCESS)
         }
-        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, command } => {
+        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command } => {
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
             let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit) };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -369,7 +394,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = render(&outcome.recording, format, Profile::Cpu)?;
             let printed = {
                 let mut out = std::io::stdout().lock();
-                out.write_all(report.as_bytes()).and_then(|()| out.flush())
+                out.write_all(&report).and_then(|()| out.flush())
             };
             if let Err(e) = outcome.written {
                 bail!("{e} (hint: {})", if printed.is_ok() { "the report above is what was recorded; choose a writable path with -o FILE" } else { "choose a writable path with -o FILE" });
@@ -521,7 +546,7 @@ mod tests {
         assert!(l.contains("(hint: a similar argument exists: '--format')"), "{l}");
         let l = line(&["infertrace", "report", "x.itr", "--format", "\x1b]0;PWNED\x07"]);
         assert!(!l.chars().any(char::is_control), "{l:?}");
-        assert!(l.ends_with("(hint: possible values: text, json, folded, svg)"), "{l}");
+        assert!(l.ends_with("(hint: possible values: text, json, folded, svg, speedscope, pprof, perfetto)"), "{l}");
     }
 
     #[test]

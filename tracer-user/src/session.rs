@@ -280,6 +280,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
         lost: BTreeMap::new(),
         notes: Vec::new(),
         cut: None,
+        timeline: None,
     };
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;

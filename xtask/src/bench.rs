@@ -174,6 +174,13 @@ const BENCHES: &[Bench] = &[
                 None,
                 500_000,
             ),
+            // `record --timeline`: every scheduler interval and slow syscall submitted to a ring buffer.
+            mode(
+                Kind::Infertrace(&["--timeline"]),
+                "infertrace --timeline -p",
+                None,
+                500_000,
+            ),
             mode(
                 Kind::Infertrace(ELSEWHERE),
                 "infertrace on an idle pid (floor)",
@@ -248,6 +255,12 @@ const BENCHES: &[Bench] = &[
             mode(
                 Kind::Infertrace(&["--no-sched"]),
                 "infertrace --no-sched -p",
+                None,
+                100_000,
+            ),
+            mode(
+                Kind::Infertrace(&["--timeline"]),
+                "infertrace --timeline -p",
                 None,
                 100_000,
             ),

@@ -1,6 +1,7 @@
 //! Developer tasks for infertrace: `cargo xtask <command>`.
 mod bench;
 mod pyroot;
+mod readers;
 mod setup;
 mod soak;
 mod tasks;

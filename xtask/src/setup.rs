@@ -27,6 +27,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "debootstrap",
     // `infertrace top` runs in a tmux pane in its end-to-end test (tests/tests/top.rs).
     "tmux",
+    // go tool pprof: reads the pprof output in tests/tests/profile_formats.rs.
+    "golang-go",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:
@@ -50,6 +52,7 @@ pub fn setup() -> Result<()> {
         "Debian sid root with python3.14 and python3.15 (tests)",
         crate::pyroot::pyroot,
     )?;
+    step("7/7", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -51,6 +51,8 @@ pub struct RecordOptions {
     /// (crate::checkpoint; None: no checkpoints).
     pub checkpoint_every: Option<Duration>,
     pub quiet: bool,
+    /// `--timeline`: keep timestamped events, at most this many per source (None: off).
+    pub timeline_limit: Option<u64>,
 }
 
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
@@ -76,6 +78,7 @@ impl Default for RecordOptions {
             output: None,
             checkpoint_every: Some(Duration::from_secs(10)),
             quiet: false,
+            timeline_limit: None,
         }
     }
 }

@@ -143,6 +143,10 @@ pub fn load_object(tables: &[&FamilyTable], inputs: &LoadInputs<'_>) -> Result<E
     if let Some(n) = cuda_ring_bytes()? {
         loader.map_max_entries("CUDA_EVENTS", n);
     }
+    if inputs.opts.timeline_limit.is_none() {
+        // `record --timeline` off: the ring stays empty; one page, not 8 MiB.
+        loader.map_max_entries("TIMELINE_EVENTS", 4096);
+    }
     for (name, v) in &values {
         match v {
             GlobalValue::U32(x) => loader.override_global(name, x, true),

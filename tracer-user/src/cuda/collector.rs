@@ -385,6 +385,9 @@ impl CudaCollector {
             let map = cx.ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
             let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?;
             self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
+            if let (Some(ev), Some(limit)) = (&self.events, cx.opts.timeline_limit) {
+                ev.keep_timeline(limit);
+            }
         }
         self.loaded = Some(true);
         Ok(true)
@@ -547,6 +550,9 @@ impl Collector for CudaCollector {
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
         if self.used(&mut cx.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
+            if cx.opts.timeline_limit.is_some() {
+                self.timeline_calls(cx, rec)?;
+            }
         }
         Ok(())
     }

@@ -28,6 +28,8 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(10);
 struct Shared {
     ring: RingBuf<MapData>,
     replay: Replay,
+    /// `record --timeline`: a copy of every event, bounded (None: off).
+    timeline: Option<crate::timeline::Bounded<CudaEvent>>,
 }
 
 impl Shared {
@@ -41,6 +43,9 @@ impl Shared {
             // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
             let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             self.replay.apply(&ev);
+            if let Some(t) = self.timeline.as_mut() {
+                t.push(ev);
+            }
             n += 1;
         }
         n
@@ -63,7 +68,7 @@ fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 impl EventDrain {
     /// Starts draining `ring` every [`DRAIN_EVERY`].
     pub fn start(ring: RingBuf<MapData>) -> std::io::Result<Self> {
-        let shared = Arc::new(Mutex::new(Shared { ring, replay: Replay::default() }));
+        let shared = Arc::new(Mutex::new(Shared { ring, replay: Replay::default(), timeline: None }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
@@ -75,6 +80,18 @@ impl EventDrain {
             })?
         };
         Ok(EventDrain { shared, stop, thread: Some(thread) })
+    }
+
+    /// Keeps a copy of every event from now on, at most `limit` (`record --timeline`).
+    pub fn keep_timeline(&self, limit: u64) {
+        lock(&self.shared).timeline = Some(crate::timeline::Bounded::new(limit));
+    }
+
+    /// The events kept for the timeline and how many did not fit (after draining the ring).
+    pub fn timeline(&self) -> Option<(Vec<CudaEvent>, u64)> {
+        let mut s = lock(&self.shared);
+        s.drain();
+        s.timeline.as_ref().map(|t| (t.items.clone(), t.dropped))
     }
 
     /// Drains what is in the ring now, then runs `f` on the replay.

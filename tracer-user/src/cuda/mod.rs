@@ -14,6 +14,7 @@ pub mod programs;
 pub mod replay;
 mod report;
 pub mod search;
+mod timeline;
 
 pub use collector::CudaCollector;
 pub use findings::Thresholds;

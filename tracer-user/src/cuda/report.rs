@@ -229,12 +229,12 @@ fn is_cudart_module(f: &Frame) -> bool {
     f.module.as_deref().is_some_and(discovery::is_cudart_name)
 }
 
-struct SiteCache {
-    sites: HashMap<RawSite, Site>,
+pub(super) struct SiteCache {
+    pub(super) sites: HashMap<RawSite, Site>,
 }
 
 impl SiteCache {
-    fn resolve(&mut self, raw: RawSite, cx: &mut Context) -> Result<Site, ProbeError> {
+    pub(super) fn resolve(&mut self, raw: RawSite, cx: &mut Context) -> Result<Site, ProbeError> {
         if let Some(s) = self.sites.get(&raw) {
             return Ok(s.clone());
         }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub mod cuda;
 pub mod limits;
 pub mod output;
+pub mod timeline;
 
 pub use limits::ReadLimits;
 use limits::{fmt_size, Guard, LimitHit};
@@ -286,6 +287,9 @@ pub struct Recording {
     /// not finished when it was written. Absent from a finished recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<Cut>,
+    /// Timestamped events (`record --timeline`); absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<timeline::Timeline>,
 }
 
 /// Why a recording ends before its window did.
@@ -497,6 +501,7 @@ pub(crate) mod tests {
             lost: BTreeMap::new(),
             notes: vec![],
             cut: None,
+            timeline: None,
         }
     }
 

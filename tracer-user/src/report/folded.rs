@@ -104,7 +104,7 @@ fn process_names(rec: &Recording) -> HashMap<u32, String> {
     names
 }
 
-fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
+pub(crate) fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
     let reason = match reason {
         None => return "[off-cpu]".to_owned(),
         Some(OffCpuReason::Io) => "io",

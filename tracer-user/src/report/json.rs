@@ -59,6 +59,10 @@ struct JsonReport<'a> {
     notes: &'a [String],
     /// Set when the recording ends at a checkpoint (the tracer did not finish); null otherwise.
     cut: Option<&'a crate::recording::Cut>,
+    /// `record --timeline`: how many events the recording's timeline holds
+    /// and how many it dropped; absent without a timeline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<crate::report::timeline_summary::TimelineSummary>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -102,6 +106,7 @@ pub fn render(rec: &Recording) -> String {
         lost_detail: &rec.lost,
         notes: &rec.notes,
         cut: rec.cut.as_ref(),
+        timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

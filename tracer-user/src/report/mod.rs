@@ -3,15 +3,20 @@
 //! input), [`svg`] (the flame graph itself) and [`dump`] (the `infertrace
 //! dump` command's text and JSON). [`rows`] shapes the data the formats
 //! share (per-process syscall tables); [`fmt`] holds the formatting helpers
-//! (durations, bytes, rates, histograms).
+//! (durations, bytes, rates, histograms). [`speedscope`] and [`pprof`] write
+//! the profile formats of those tools, [`perfetto`] the timeline as a Perfetto trace.
 
 pub mod dump;
 pub mod fmt;
 pub mod folded;
 pub mod json;
+pub mod perfetto;
+pub mod pprof;
 pub mod rows;
+pub mod speedscope;
 pub mod svg;
 pub mod text;
+pub mod timeline_summary;
 
 /// Version of the JSON report schema (docs/report-schema.md). Additive
 /// changes keep it; a breaking change bumps it.

@@ -49,6 +49,9 @@ pub fn render(rec: &Recording) -> String {
             fmt_duration(rec.duration_ns)
         );
     }
+    if let Some(t) = &rec.timeline {
+        out.push_str(&crate::report::timeline_summary::TimelineSummary::of(t).line());
+    }
     if let Some(c) = &rec.cuda {
         // Findings first: they name the bottleneck and the call site.
         cuda::render(&mut out, c);
