@@ -101,7 +101,8 @@ pub struct Model {
     /// Newest first.
     pub findings: Vec<FindingRow>,
     pub lost_events: u64,
-    pub notes: usize,
+    /// The session's notes (what could not be traced or resolved), escaped.
+    pub notes: Vec<String>,
 }
 
 impl Model {
@@ -205,7 +206,7 @@ impl State {
             verdict: super::verdict_lines(rec),
             sample_hz: rec.sample_hz,
             lost_events: rec.lost_events(),
-            notes: rec.notes.len(),
+            notes: rec.notes.iter().map(|n| printable(n).into_owned()).collect(),
             ..Model::default()
         };
         m.processes.sort();

@@ -324,9 +324,11 @@ fn cuda(m: &Model, sort: Sort) -> Vec<Line<'static>> {
     out
 }
 
+/// The CUDA findings, newest first, then the session's notes.
 fn findings(m: &Model) -> Vec<Line<'static>> {
+    let notes = m.notes.iter().map(|n| Line::from(Span::styled(format!("note: {n}"), Style::default().fg(Color::DarkGray))));
     if m.findings.is_empty() {
-        return vec![Line::from("(no findings yet)")];
+        return std::iter::once(Line::from("(no findings yet)")).chain(notes).collect();
     }
     m.findings
         .iter()
@@ -336,6 +338,7 @@ fn findings(m: &Model) -> Vec<Line<'static>> {
                 Span::raw(format!(" at {} (pid {}): {}", f.site, f.pid, f.message)),
             ])
         })
+        .chain(notes)
         .collect()
 }
 
@@ -472,7 +475,9 @@ mod tests {
             site: "step (app.py:12)".into(),
             message: "copies from pageable memory".into(),
         }];
+        m.notes = vec!["pid 10: 2 Python frames could not be resolved".into()];
         let all = screen(&m, &Ui::default(), 160, 40).join("\n");
+        assert!(all.contains("note: pid 10: 2 Python frames could not be resolved"), "{all}");
         // 90 copies of 1 MiB in the last second (the interval is 1 s).
         assert!(all.contains("HtoD           90 copies/s   94.37 MB/s 60.00 ms/s in copies"), "{all}");
         assert!(all.contains("all copies since start: 900, 900.0 MiB"), "{all}");
