@@ -113,11 +113,11 @@ fn watch_fib(test: &str, args: impl Fn(u32) -> String) {
     let mut screen = tmux.capture();
     let shown = poll(Duration::from_secs(15), || {
         screen = tmux.capture();
-        // The workload never waits: its time is compute, or run-queue on a
-        // machine busy with other work.
-        let verdict = screen
-            .lines()
-            .any(|l| l.contains(&format!("pid {wpid} (python3")) && (l.contains("compute") || l.contains("starvation")));
+        // The workload never waits: its bottleneck is Python compute (at
+        // fib), or CPU starvation on a machine busy with other work.
+        let verdict = screen.lines().any(|l| {
+            l.contains(&format!("pid {wpid} ")) && (l.contains("bottleneck Python compute") || l.contains("bottleneck CPU starvation") || l.contains("too close to call"))
+        });
         (screen.contains(&format!("pid {wpid}")) && screen.contains(hot) && screen.contains("verdict so far") && verdict).then_some(())
     });
     assert!(shown.is_some(), "{test}: the pid, `{hot}` and the verdict are not all on screen:\n{screen}");

@@ -197,6 +197,42 @@ Examples:\n  infertrace top -p 1234\n  infertrace top --python")]
         #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
         max_inflated: Option<u64>,
     },
+    /// Compare two recordings (the verify step): per process, per bottleneck class, per Python line and per CUDA site.
+    #[command(after_help = "Processes are matched by command line. Figures are milliseconds of thread time per second of \
+window, so recordings of different lengths compare; `total` is the window length in seconds.\n\
+--fail-if-slower PCT --metric METRIC, for CI: METRIC is `total`, a class (python_compute, native_compute, gil, io, \
+waiting_on_threads, polling, sleeping, other_wait, cpu_starvation, gpu_sync, copy_work), a Python line `file.py:LINE` \
+or a CUDA site `cuda:file.py:LINE` (the names the report prints).\n\
+Exit codes: 0 compared (and not slower beyond PCT); 3 METRIC regressed by more than PCT percent; \
+1 an error (unreadable recording, a METRIC in neither recording); 2 a bad command line.\n\n\
+Examples:\n  infertrace diff before.itr after.itr\n  infertrace diff before.itr after.itr --fail-if-slower 10 --metric gpu_sync\n  \
+infertrace diff before.itr after.itr --fail-if-slower 5 --metric serve.py:42 --format json")]
+    Diff {
+        /// The recording before the change.
+        before: PathBuf,
+        /// The recording after it.
+        after: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: DumpFormat,
+        /// Exit with code 3 when --metric grew by more than PCT percent (e.g. 10).
+        #[arg(long, value_name = "PCT", value_parser = parse_pct, allow_negative_numbers = true)]
+        fail_if_slower: Option<f64>,
+        /// What --fail-if-slower checks: total, a class, file.py:LINE or cuda:file.py:LINE.
+        #[arg(long, value_name = "METRIC", default_value = "total")]
+        metric: String,
+        /// Read at most this much inflated data per recording (as for `report`).
+        #[arg(long, value_name = "SIZE", value_parser = parse_max_inflated, allow_hyphen_values = true)]
+        max_inflated: Option<u64>,
+    },
+}
+
+/// `diff --fail-if-slower`: a percentage, 0 or more.
+fn parse_pct(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(p),
+        Ok(_) => Err(format!("`{s}` is not a percentage of 0 or more (e.g. 10)")),
+        Err(_) => Err(format!("`{s}` is not a number (a percentage, e.g. 10)")),
+    }
 }
 
 /// `500ms`, `10s`, `2m`, `1h`, `1d`, or a bare number of seconds, from
@@ -375,6 +411,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let secs = outcome.recording.duration_ns as f64 / 1e9;
             let _ = writeln!(std::io::stderr(), "infertrace top: watched {} process{} for {secs:.1}s; every probe detached", outcome.pids.len(), if outcome.pids.len() == 1 { "" } else { "es" });
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Diff { before, after, format, fail_if_slower, metric, max_inflated } => {
+            let limits = max_inflated.map(ReadLimits::plain).unwrap_or_default();
+            let read = |p: &PathBuf| Recording::read_limited(p, limits).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()));
+            let d = report::diff::diff(&read(&before)?, &read(&after)?);
+            // The metric is checked before anything is printed: a wrong name is an error, not a pass.
+            let checked = match fail_if_slower {
+                Some(pct) => Some((
+                    pct,
+                    report::diff::metric(&d, &metric).map_err(|e| {
+                        anyhow::anyhow!("{e} (hint: `total`, a class such as `gpu_sync`, or a line as the diff prints it, e.g. `serve.py:42` or `cuda:serve.py:40`)")
+                    })?,
+                )),
+                None => None,
+            };
+            match format {
+                DumpFormat::Text => print!("{}", report::diff::render_text(&d)),
+                DumpFormat::Json => print!("{}", report::diff::render_json(&d)),
+            }
+            let Some((pct, c)) = checked else { return Ok(ExitCode::SUCCESS) };
+            let change = c.change_pct.map(|p| format!("{p:+.1}%")).unwrap_or_else(|| "no time before".into());
+            let regressed = match c.change_pct {
+                Some(p) => p > pct,
+                None => c.after > 0.0,
+            };
+            let verdict = if regressed { format!("REGRESSED beyond {pct}%") } else { format!("within {pct}%") };
+            let _ = writeln!(std::io::stderr(), "infertrace diff: {} {:.3} -> {:.3} ({change}): {verdict}", printable(&c.metric), c.before, c.after);
+            Ok(if regressed { ExitCode::from(3) } else { ExitCode::SUCCESS })
         }
         Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command } => {
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };

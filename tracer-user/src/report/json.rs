@@ -63,6 +63,8 @@ struct JsonReport<'a> {
     /// and how many it dropped; absent without a timeline.
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline: Option<crate::report::timeline_summary::TimelineSummary>,
+    /// The bottleneck verdict (docs/verdict.md).
+    verdict: super::verdict::Verdict,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -107,6 +109,7 @@ pub fn render(rec: &Recording) -> String {
         notes: &rec.notes,
         cut: rec.cut.as_ref(),
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
+        verdict: super::verdict::verdict(rec),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

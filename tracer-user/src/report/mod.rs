@@ -6,6 +6,7 @@
 //! (durations, bytes, rates, histograms). [`speedscope`] and [`pprof`] write
 //! the profile formats of those tools, [`perfetto`] the timeline as a Perfetto trace.
 
+pub mod diff;
 pub mod dump;
 pub mod fmt;
 pub mod folded;
@@ -17,6 +18,7 @@ pub mod speedscope;
 pub mod svg;
 pub mod text;
 pub mod timeline_summary;
+pub mod verdict;
 
 /// Version of the JSON report schema (docs/report-schema.md). Additive
 /// changes keep it; a breaking change bumps it.

@@ -18,10 +18,7 @@ use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModif
 
 use crate::{
     recording::Recording,
-    report::{
-        fmt::{fmt_share, printable},
-        text::walltime,
-    },
+    report::{fmt::printable, verdict},
     session::{Live, RecordError, RecordOptions},
 };
 
@@ -70,45 +67,13 @@ pub struct TopOutcome {
     pub pids: Vec<u32>,
 }
 
-/// THE VERDICT, for now: the dominant wall-time category of each process
-/// so far, from the existing partition (docs/wall-time.md). This is the one
-/// place the coordinator wires to `report::verdict` (issue 12 part 1) at
-/// merge: the view shows whatever lines this returns, under "verdict so
-/// far".
+/// The verdict so far (issue 12's bottleneck verdict, docs/verdict.md):
+/// the text report's verdict section of the snapshot, without its title
+/// and blank lines. The view shows these lines under "verdict so far".
 pub fn verdict_lines(rec: &Recording) -> Vec<String> {
-    const NAMES: [(char, &str); 9] = [
-        ('#', "on-CPU compute"),
-        ('s', "on-CPU in syscalls"),
-        ('r', "CPU starvation (run-queue)"),
-        ('g', "GIL contention"),
-        ('i', "I/O"),
-        ('l', "waiting on locks"),
-        ('p', "polling/network waits"),
-        ('z', "sleeping"),
-        ('o', "other off-CPU waits"),
-    ];
-    let mut pids: Vec<u32> = rec.threads.iter().map(|t| t.pid).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    let mut out = Vec::new();
-    for pid in pids {
-        let threads: Vec<_> = rec.threads.iter().filter(|t| t.pid == pid).collect();
-        let sum = walltime::sum(&threads);
-        if sum.wall_ns == 0 {
-            continue;
-        }
-        let mut parts: Vec<(char, u64)> = walltime::parts(&sum).to_vec();
-        parts.sort_by_key(|(c, ns)| (std::cmp::Reverse(*ns), *c));
-        let name = |c: char| NAMES.iter().find(|(l, _)| *l == c).map(|(_, n)| *n).unwrap_or("?");
-        let comm = rec.targets.iter().find(|t| t.pid == pid).map(|t| printable(&t.comm).into_owned()).unwrap_or_else(|| "?".into());
-        let (top, top_ns) = parts[0];
-        let mut line = format!("pid {pid} ({comm}): {} {} of wall time", name(top), fmt_share(top_ns, sum.wall_ns).trim());
-        if let Some(&(next, next_ns)) = parts.get(1).filter(|(_, ns)| *ns > 0) {
-            line.push_str(&format!(", then {} {}", name(next), fmt_share(next_ns, sum.wall_ns).trim()));
-        }
-        out.push(line);
-    }
-    out
+    let mut text = String::new();
+    verdict::render_text(&verdict::verdict(rec), &mut text);
+    text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("== ")).map(|l| printable(l).into_owned()).collect()
 }
 
 /// What a key asks for.
@@ -253,8 +218,10 @@ mod tests {
     }
 
     #[test]
-    fn verdict_names_the_dominant_category_per_process() {
+    fn verdict_names_the_bottleneck_and_the_line() {
         let rec = state::tests::snapshot(2, 10);
-        assert_eq!(verdict_lines(&rec), ["pid 10 (python3): on-CPU compute 90.0% of wall time, then sleeping 10.0%"]);
+        let lines = verdict_lines(&rec);
+        assert!(lines[0].starts_with("pid 10 demo: bottleneck Python compute 90.0% at fib (app.py:7)"), "{lines:?}");
+        assert!(lines.iter().any(|l| l.trim_start().starts_with("advice: ")), "{lines:?}");
     }
 }

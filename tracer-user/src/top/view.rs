@@ -426,7 +426,7 @@ mod tests {
         let all = rows.join("\n");
         assert!(rows[0].contains("pid 10 (python3)") && rows[0].contains("2.0s, 1 alive"), "{all}");
         assert!(all.contains("verdict so far"), "{all}");
-        assert!(all.contains("pid 10 (python3): on-CPU compute 90.0% of wall time"), "{all}");
+        assert!(all.contains("pid 10 demo: bottleneck Python compute 90.0% at fib (app.py:7)"), "{all}");
         // 99 samples in the last second, all in fib.
         assert!(all.contains("100.0%     99 /s  fib (app.py:7)"), "{all}");
         // The main thread's bar: 90% on-CPU, 10% sleep.

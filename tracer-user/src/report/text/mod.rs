@@ -1,5 +1,6 @@
 //! The text report (`--format text`), assembled from one module per
-//! section, in this order: a header line; the CUDA section ([`cuda`]:
+//! section, in this order: a header line; the bottleneck verdict
+//! (`report::verdict`, when there is scheduler data); the CUDA section ([`cuda`]:
 //! findings first, then copies, the GPUs sampled by NVML ([`nvml`]), syncs,
 //! memory calls and launches); per process a `strace -c -S time` style
 //! table, then latency histograms of the top syscalls ([`syscalls`]); the
@@ -48,6 +49,10 @@ pub fn render(rec: &Recording) -> String {
             clock::local_time(cut.at_unix_ms),
             fmt_duration(rec.duration_ns)
         );
+    }
+    // The answer first: the bottleneck verdict (docs/verdict.md).
+    if !rec.threads.is_empty() {
+        super::verdict::render_text(&super::verdict::verdict(rec), &mut out);
     }
     if let Some(t) = &rec.timeline {
         out.push_str(&crate::report::timeline_summary::TimelineSummary::of(t).line());

@@ -1,0 +1,494 @@
+//! The bottleneck verdict: per process, and per thread that matters, the
+//! share of wall time in each bottleneck [`Class`], the dominant class
+//! named with the user-code Python line most responsible ([`sites`]), one
+//! line of advice, and the CUDA findings that go with it.
+//!
+//! A pure function of a [`Recording`] ([`verdict`]), rendered at the top
+//! of the text report ([`text::render_text`]) and as `verdict` in the JSON
+//! report; the rules and thresholds are in docs/verdict.md.
+
+pub mod class;
+pub mod sites;
+pub mod text;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+pub use class::Class;
+pub use sites::{Charged, SiteRef};
+pub use text::render_text;
+
+use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
+
+/// Two classes whose shares differ by less than this many percentage
+/// points are too close to call.
+pub const CLOSE_CALL_POINTS: f64 = 5.0;
+/// A thread matters when it lived at least this share of the window.
+pub const THREAD_MIN_WALL_SHARE: f64 = 0.10;
+/// The text shows processes with at least this share of the largest one's thread time.
+pub const PROCESS_MIN_SHARE: f64 = 0.01;
+/// At most this many threads per process, busiest (on CPU, GIL, run queue) first.
+pub const MAX_THREADS: usize = 8;
+/// Sites kept per class.
+pub const TOP_SITES: usize = 3;
+/// CUDA findings linked to a GPU class.
+pub const MAX_FINDINGS: usize = 3;
+
+/// The verdict of a whole recording.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Verdict {
+    /// One per traced process with scheduler data, most thread time first.
+    pub processes: Vec<ProcessVerdict>,
+    /// What the verdict could not see (no sampling, no scheduler data...).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProcessVerdict {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// Thread-time: the wall time of its threads, summed (the 100% of the shares).
+    pub wall_ns: u64,
+    /// Every class with time, largest first.
+    pub classes: Vec<ClassShare>,
+    /// The dominant class; None when no thread time was recorded.
+    pub bottleneck: Option<Bottleneck>,
+    /// The threads that matter (docs/verdict.md), busiest first.
+    pub threads: Vec<ThreadVerdict>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ThreadVerdict {
+    /// 0: the process's exited threads, summed.
+    pub tid: u32,
+    pub comm: String,
+    pub wall_ns: u64,
+    pub classes: Vec<ClassShare>,
+    pub bottleneck: Option<Bottleneck>,
+}
+
+/// Time in one class.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClassShare {
+    pub class: Class,
+    pub time_ns: u64,
+    /// Of the process's (or thread's) wall time, 0 to 1.
+    pub share: f64,
+    /// The lines this time is charged to, largest first (at most [`TOP_SITES`]).
+    pub sites: Vec<SiteShare>,
+    /// On-CPU time per native library (`native_compute` only), largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub libraries: Vec<LibraryShare>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SiteShare {
+    pub site: SiteRef,
+    /// The innermost Python frame beneath the user line (stdlib, packages), when different.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beneath: Option<SiteRef>,
+    pub time_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LibraryShare {
+    pub library: String,
+    pub time_ns: u64,
+}
+
+/// The class named as the bottleneck.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Bottleneck {
+    pub class: Class,
+    pub share: f64,
+    /// Classes within [`CLOSE_CALL_POINTS`] of it: non-empty means "too close to call".
+    pub too_close_with: Vec<Class>,
+    /// The line most responsible.
+    pub site: Option<SiteShare>,
+    pub advice: String,
+    /// CUDA findings of the process that go with a GPU class (`gpu_sync`, `copy_work`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<FindingRef>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FindingRef {
+    pub kind: String,
+    pub severity: String,
+    /// `function (file:line)`.
+    pub site: String,
+    pub advice: String,
+}
+
+/// Time of one thread (or one process) per class, and where it is charged.
+#[derive(Default)]
+struct Acc {
+    time: BTreeMap<Class, u64>,
+    sites: BTreeMap<Class, HashMap<Charged, u64>>,
+    libs: HashMap<String, u64>,
+}
+
+impl Acc {
+    fn add(&mut self, class: Class, ns: u64, at: Option<&Charged>) {
+        if ns == 0 {
+            return;
+        }
+        let t = self.time.entry(class).or_default();
+        *t = t.saturating_add(ns);
+        if let Some(c) = at {
+            let s = self.sites.entry(class).or_default().entry(c.clone()).or_default();
+            *s = s.saturating_add(ns);
+        }
+    }
+
+    fn merge(&mut self, other: &Acc) {
+        for (c, t) in &other.time {
+            let e = self.time.entry(*c).or_default();
+            *e = e.saturating_add(*t);
+        }
+        for (c, sites) in &other.sites {
+            let m = self.sites.entry(*c).or_default();
+            for (k, v) in sites {
+                let e = m.entry(k.clone()).or_default();
+                *e = e.saturating_add(*v);
+            }
+        }
+        for (l, t) in &other.libs {
+            let e = self.libs.entry(l.clone()).or_default();
+            *e = e.saturating_add(*t);
+        }
+    }
+
+    fn shares(&self, wall_ns: u64) -> Vec<ClassShare> {
+        let mut v: Vec<ClassShare> = self
+            .time
+            .iter()
+            .filter(|(_, t)| **t > 0)
+            .map(|(class, t)| {
+                let mut sites: Vec<SiteShare> = self
+                    .sites
+                    .get(class)
+                    .map(|m| m.iter().map(|(c, ns)| SiteShare { site: c.site.clone(), beneath: c.beneath.clone(), time_ns: *ns }).collect())
+                    .unwrap_or_default();
+                sites.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then_with(|| a.site.cmp(&b.site)));
+                sites.truncate(TOP_SITES);
+                let mut libraries: Vec<LibraryShare> = if *class == Class::NativeCompute {
+                    self.libs.iter().map(|(l, t)| LibraryShare { library: l.clone(), time_ns: *t }).collect()
+                } else {
+                    Vec::new()
+                };
+                libraries.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then_with(|| a.library.cmp(&b.library)));
+                ClassShare { class: *class, time_ns: *t, share: ratio(*t, wall_ns), sites, libraries }
+            })
+            .collect();
+        v.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(a.class.cmp(&b.class)));
+        v
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (part as f64 / whole as f64).min(1.0)
+    }
+}
+
+/// `part * num / den` without overflow (0 when `den` is 0).
+fn scale(part: u64, num: u64, den: u64) -> u64 {
+    if den == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(part) * u128::from(num) / u128::from(den)).unwrap_or(u64::MAX)
+}
+
+/// Lines of a process that issue CUDA synchronizes or copies (from the
+/// CUDA call table), keyed by (file basename, line).
+#[derive(Default)]
+struct CudaSites {
+    sync: BTreeSet<(String, u32)>,
+    copy: BTreeSet<(String, u32)>,
+}
+
+fn base(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+fn frame_key(f: &Frame) -> Option<(String, u32)> {
+    Some((base(f.file.as_deref()?).to_owned(), f.line?))
+}
+
+fn is_sync_api(name: &str) -> bool {
+    (name.starts_with("cuda") || name.starts_with("cu")) && name.contains("Synchronize")
+}
+
+fn is_copy_api(name: &str) -> bool {
+    name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy")
+}
+
+fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
+    let mut m: HashMap<u32, CudaSites> = HashMap::new();
+    for c in rec.cuda.iter().flat_map(|c| c.calls.iter()) {
+        let (Some(file), Some(line)) = (c.site.file.as_deref(), c.site.line) else { continue };
+        let key = (base(file).to_owned(), line);
+        let e = m.entry(c.pid).or_default();
+        if is_sync_api(&c.api) {
+            e.sync.insert(key);
+        } else if is_copy_api(&c.api) {
+            e.copy.insert(key);
+        }
+    }
+    m
+}
+
+/// The GPU class of a stack, if it is inside a CUDA sync or copy: by its
+/// native frames (`cudaStreamSynchronize`, `cuMemcpy...`), else by its
+/// Python leaf being a line that issues such calls.
+fn gpu_class(frames: &[Frame], cuda: Option<&CudaSites>, on_cpu: bool) -> Option<Class> {
+    let copy = if on_cpu { Class::CopyWork } else { Class::GpuSync };
+    for f in frames.iter().filter(|f| f.kind == FrameKind::Native) {
+        if is_sync_api(&f.function) {
+            return Some(Class::GpuSync);
+        }
+        if is_copy_api(&f.function) {
+            return Some(copy);
+        }
+    }
+    let cuda = cuda?;
+    let key = frames.iter().find(|f| f.kind == FrameKind::Python).and_then(frame_key)?;
+    if cuda.copy.contains(&key) {
+        Some(copy)
+    } else if cuda.sync.contains(&key) {
+        Some(Class::GpuSync)
+    } else {
+        None
+    }
+}
+
+/// Whether a native module is the interpreter (libpython, the python executable).
+fn is_interpreter(module: &str) -> bool {
+    module.starts_with("libpython") || module.starts_with("python")
+}
+
+/// The compute class of a CPU sample, and the native library it ran in.
+fn compute_class(frames: &[Frame]) -> (Class, Option<String>) {
+    match frames.iter().find(|f| f.kind != FrameKind::Kernel) {
+        Some(f) if f.kind == FrameKind::Python => (Class::PythonCompute, None),
+        Some(f) => match f.module.as_deref() {
+            Some(m) if is_interpreter(m) => (Class::PythonCompute, None),
+            Some(m) => (Class::NativeCompute, Some(m.to_owned())),
+            None => (Class::NativeCompute, Some(crate::recording::UNKNOWN.to_owned())),
+        },
+        None => (Class::NativeCompute, Some("[kernel]".to_owned())),
+    }
+}
+
+fn reason_class(r: OffCpuReason) -> Class {
+    match r {
+        OffCpuReason::Io => Class::Io,
+        OffCpuReason::Lock => Class::WaitingOnThreads,
+        OffCpuReason::Poll => Class::Polling,
+        OffCpuReason::Sleep => Class::Sleeping,
+        OffCpuReason::Other => Class::OtherWait,
+        OffCpuReason::Gil => Class::Gil,
+    }
+}
+
+/// Spreads `total` ns over `stacks` in proportion to their weight, each
+/// part to the class `class_of` gives it; what no stack carries (no stack,
+/// or rounding) goes to `fallback`.
+fn spread<'a>(
+    acc: &mut Acc,
+    total: u64,
+    stacks: &[&'a StackRecord],
+    weight: impl Fn(&StackRecord) -> u64,
+    mut class_of: impl FnMut(&'a StackRecord, &mut Acc, u64) -> Class,
+    fallback: Class,
+) {
+    let w_total = stacks.iter().fold(0u64, |a, s| a.saturating_add(weight(s)));
+    let mut given = 0u64;
+    for s in stacks {
+        let ns = scale(total, weight(s), w_total);
+        if ns == 0 {
+            continue;
+        }
+        let class = class_of(s, acc, ns);
+        acc.add(class, ns, sites::charge(&s.frames).as_ref());
+        given = given.saturating_add(ns);
+    }
+    acc.add(fallback, total.saturating_sub(given), None);
+}
+
+/// One thread's time per class.
+fn thread_acc(t: &ThreadTimes, stacks: &[&StackRecord], cuda: Option<&CudaSites>) -> Acc {
+    let mut acc = Acc::default();
+    let of = |kind: StackKind, reason: Option<OffCpuReason>| -> Vec<&StackRecord> {
+        stacks.iter().copied().filter(|s| s.kind == kind && (reason.is_none() || s.reason == reason)).collect()
+    };
+    let cpu = of(StackKind::Cpu, None);
+    let has_python = stacks.iter().any(|s| s.frames.iter().any(|f| f.kind == FrameKind::Python));
+    let default_compute = if has_python { Class::PythonCompute } else { Class::NativeCompute };
+    // On CPU: split by the samples.
+    spread(
+        &mut acc,
+        t.on_cpu_ns,
+        &cpu,
+        |s| s.samples,
+        |s, acc, ns| {
+            if let Some(g) = gpu_class(&s.frames, cuda, true) {
+                return g;
+            }
+            let (class, lib) = compute_class(&s.frames);
+            if let Some(lib) = lib {
+                let e = acc.libs.entry(lib).or_default();
+                *e = e.saturating_add(ns);
+            }
+            class
+        },
+        default_compute,
+    );
+    // Off CPU, by reason; a CUDA sync or copy inside becomes GPU synchronisation.
+    let o = &t.off_cpu;
+    for (reason, ns) in [
+        (OffCpuReason::Io, o.io_ns),
+        (OffCpuReason::Lock, o.lock_ns),
+        (OffCpuReason::Poll, o.poll_ns),
+        (OffCpuReason::Sleep, o.sleep_ns),
+        (OffCpuReason::Other, o.other_ns),
+    ] {
+        let class = reason_class(reason);
+        spread(&mut acc, ns, &of(StackKind::OffCpu, Some(reason)), |s| s.weight_ns, |s, _, _| gpu_class(&s.frames, cuda, false).unwrap_or(class), class);
+    }
+    spread(&mut acc, o.gil_ns, &of(StackKind::Gil, None), |s| s.weight_ns, |_, _, _| Class::Gil, Class::Gil);
+    // Run-queue delay has no stack of its own: charged where the thread runs.
+    spread(&mut acc, t.runqueue_ns, &cpu, |s| s.samples, |_, _, _| Class::CpuStarvation, Class::CpuStarvation);
+    acc
+}
+
+/// The dominant class of `classes` (sorted largest first).
+fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<Bottleneck> {
+    let top = classes.first()?;
+    let too_close_with = classes[1..]
+        .iter()
+        .filter(|c| (top.share - c.share) * 100.0 < CLOSE_CALL_POINTS)
+        .map(|c| c.class)
+        .collect();
+    let site = top.sites.first().cloned();
+    let mut findings = Vec::new();
+    if matches!(top.class, Class::GpuSync | Class::CopyWork) {
+        let line = site.as_ref().and_then(|s| s.site.line);
+        let mut fs: Vec<_> = rec.cuda.iter().flat_map(|c| c.findings.iter()).filter(|f| f.pid == pid).collect();
+        // Those at the bottleneck's line first, then by time.
+        fs.sort_by_key(|f| (line.is_none() || f.site.line != line, std::cmp::Reverse(f.time_ns)));
+        findings = fs
+            .into_iter()
+            .take(MAX_FINDINGS)
+            .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: f.advice.clone() })
+            .collect();
+    }
+    Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice: top.class.advice().to_owned(), findings })
+}
+
+/// One process's time per class and per user line (all classes), the
+/// figures `diff` compares.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTimes {
+    /// Thread-time (the threads' wall time, summed).
+    pub wall_ns: u64,
+    pub classes: BTreeMap<Class, u64>,
+    /// [`SiteRef::key`] (`file.py:12`) -> the site and its time: on CPU,
+    /// and blocked there (every class but `cpu_starvation`).
+    pub sites: BTreeMap<String, (SiteRef, u64)>,
+}
+
+/// [`ProcessTimes`] of every process with scheduler data, by pid: the
+/// same accounting as [`verdict`].
+pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
+    let cuda = cuda_sites(rec);
+    let mut stacks_of: HashMap<(u32, u32), Vec<&StackRecord>> = HashMap::new();
+    for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
+        stacks_of.entry((s.pid, s.tid)).or_default().push(s);
+    }
+    let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
+    for t in &rec.threads {
+        let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
+        let acc = thread_acc(t, stacks, cuda.get(&t.pid));
+        let p = out.entry(t.pid).or_default();
+        p.wall_ns = p.wall_ns.saturating_add(t.wall_ns);
+        for (c, ns) in &acc.time {
+            let e = p.classes.entry(*c).or_default();
+            *e = e.saturating_add(*ns);
+        }
+        // Run-queue delay is spread over the lines by CPU samples (a proxy):
+        // it stays in its class, out of the lines' own time.
+        for (charged, ns) in acc.sites.iter().filter(|(c, _)| **c != Class::CpuStarvation).flat_map(|(_, m)| m) {
+            let e = p.sites.entry(charged.site.key()).or_insert_with(|| (charged.site.clone(), 0));
+            e.1 = e.1.saturating_add(*ns);
+        }
+    }
+    out
+}
+
+/// The verdict of `rec` (docs/verdict.md).
+pub fn verdict(rec: &Recording) -> Verdict {
+    let mut notes = Vec::new();
+    if rec.threads.is_empty() {
+        notes.push("no scheduler data (recorded with --no-sched): no wall-time verdict".to_owned());
+    } else if rec.sample_hz == 0 {
+        notes.push("CPU sampling was off (-F 0): on-CPU time is not split between Python and native code, and has no line".to_owned());
+    }
+    let cuda = cuda_sites(rec);
+    let mut stacks_of: HashMap<(u32, u32), Vec<&StackRecord>> = HashMap::new();
+    for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
+        stacks_of.entry((s.pid, s.tid)).or_default().push(s);
+    }
+    let mut by_pid: BTreeMap<u32, Vec<(&ThreadTimes, Acc)>> = BTreeMap::new();
+    for t in &rec.threads {
+        let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
+        by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
+    }
+    let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
+    let mut processes: Vec<ProcessVerdict> = by_pid
+        .into_iter()
+        .map(|(pid, threads)| {
+            let target = rec.targets.iter().find(|t| t.pid == pid);
+            let mut acc = Acc::default();
+            let mut wall_ns = 0u64;
+            for (t, a) in &threads {
+                acc.merge(a);
+                wall_ns = wall_ns.saturating_add(t.wall_ns);
+            }
+            let classes = acc.shares(wall_ns);
+            let bottleneck = pick_bottleneck(&classes, rec, pid);
+            let busy = |t: &ThreadTimes| t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
+            let mut kept: Vec<&(&ThreadTimes, Acc)> = threads.iter().filter(|(t, _)| t.wall_ns >= min_wall && t.wall_ns > 0).collect();
+            kept.sort_by(|a, b| busy(b.0).cmp(&busy(a.0)).then(a.0.tid.cmp(&b.0.tid)));
+            kept.truncate(MAX_THREADS);
+            let threads = kept
+                .into_iter()
+                .map(|(t, a)| {
+                    let classes = a.shares(t.wall_ns);
+                    ThreadVerdict { tid: t.tid, comm: t.comm.clone(), wall_ns: t.wall_ns, bottleneck: pick_bottleneck(&classes, rec, pid), classes }
+                })
+                .collect();
+            ProcessVerdict {
+                pid,
+                comm: target.map(|t| t.comm.clone()).unwrap_or_default(),
+                cmdline: target.map(|t| t.cmdline.clone()).unwrap_or_default(),
+                wall_ns,
+                classes,
+                bottleneck,
+                threads,
+            }
+        })
+        .collect();
+    // The process with the most thread time first (the service, not the shell that started it).
+    processes.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
+    Verdict { processes, notes }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! The verdict as text: a few lines per process, the first thing the text
+//! report shows. No terminal assumption (plain lines, names escaped), so
+//! `top` can draw it too.
+
+use std::fmt::Write as _;
+
+use super::{Bottleneck, ClassShare, ProcessVerdict, Verdict};
+use crate::report::fmt::{fmt_duration, printable};
+
+/// Classes below this share are left out of the one-line class list.
+const LIST_MIN_SHARE: f64 = 0.01;
+
+fn pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// `at consume (app.py:20) <- Condition.wait (threading.py:327)`.
+fn at(b: &Bottleneck) -> String {
+    match &b.site {
+        Some(s) => {
+            let mut t = format!(" at {}", printable(&s.site.short()));
+            if let Some(under) = &s.beneath {
+                let _ = write!(t, " <- {}", printable(&under.short()));
+            }
+            if s.site.kind == "python" && !s.site.user_code {
+                t.push_str(" (no user-code frame)");
+            }
+            t
+        }
+        None => String::new(),
+    }
+}
+
+/// `native compute 99.7% [libonnxruntime.so]`: a class, its share, and
+/// for native compute the libraries it ran in.
+fn named(class: super::Class, share: f64, classes: &[ClassShare]) -> String {
+    let libs: Vec<String> = classes
+        .iter()
+        .find(|c| c.class == class)
+        .map(|c| c.libraries.iter().take(2).map(|l| printable(&l.library).into_owned()).collect())
+        .unwrap_or_default();
+    if libs.is_empty() {
+        format!("{} {}", class.label(), pct(share))
+    } else {
+        format!("{} {} [{}]", class.label(), pct(share), libs.join(", "))
+    }
+}
+
+/// `GPU synchronisation 62.3%` or `too close to call: A 48.0% / B 46.5%`.
+fn headline(b: &Bottleneck, classes: &[ClassShare]) -> String {
+    if b.too_close_with.is_empty() {
+        return named(b.class, b.share, classes);
+    }
+    let mut parts = vec![named(b.class, b.share, classes)];
+    for c in &b.too_close_with {
+        if let Some(s) = classes.iter().find(|s| s.class == *c) {
+            parts.push(named(*c, s.share, classes));
+        }
+    }
+    format!("too close to call: {}", parts.join(" / "))
+}
+
+fn class_list(classes: &[ClassShare]) -> String {
+    classes
+        .iter()
+        .filter(|c| c.share >= LIST_MIN_SHARE)
+        .map(|c| named(c.class, c.share, classes))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+fn render_process(p: &ProcessVerdict, out: &mut String) {
+    let cmd = if p.cmdline.is_empty() { p.comm.clone() } else { p.cmdline.join(" ") };
+    let Some(b) = &p.bottleneck else {
+        let _ = writeln!(out, "pid {} {}: no thread time recorded", p.pid, printable(&cmd));
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "pid {} {}: bottleneck {}{} (of {} thread time)",
+        p.pid,
+        printable(&cmd),
+        headline(b, &p.classes),
+        at(b),
+        fmt_duration(p.wall_ns)
+    );
+    let _ = writeln!(out, "  advice: {}", b.advice);
+    for f in &b.findings {
+        let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
+    }
+    let _ = writeln!(out, "  classes: {}", class_list(&p.classes));
+    if p.threads.len() > 1 || p.threads.first().is_some_and(|t| t.tid != p.pid) {
+        for t in &p.threads {
+            let Some(tb) = &t.bottleneck else { continue };
+            let _ = writeln!(out, "  thread {} {}: {}{}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb));
+        }
+    }
+}
+
+/// Appends the verdict: `== verdict`, then per process its bottleneck,
+/// advice, linked CUDA findings, class shares and threads.
+pub fn render_text(v: &Verdict, out: &mut String) {
+    let _ = writeln!(out, "\n== verdict (docs/verdict.md)");
+    let top = v.processes.first().map(|p| p.wall_ns).unwrap_or(0);
+    let (shown, small): (Vec<&ProcessVerdict>, Vec<&ProcessVerdict>) =
+        v.processes.iter().partition(|p| p.wall_ns as f64 >= top as f64 * super::PROCESS_MIN_SHARE);
+    for p in shown {
+        render_process(p, out);
+    }
+    if !small.is_empty() {
+        let _ = writeln!(out, "({} more process{} with under 1% of the thread time of the first: in the JSON report)", small.len(), if small.len() == 1 { "" } else { "es" });
+    }
+    for n in &v.notes {
+        let _ = writeln!(out, "verdict note: {}", printable(n));
+    }
+}
