@@ -66,8 +66,7 @@ fn bar(t: &ThreadTimes) -> String {
     s
 }
 
-/// The times of `threads` added up (saturating), as one row.
-pub fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
+fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
     let mut s = ThreadTimes::default();
     for t in threads {
         let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
