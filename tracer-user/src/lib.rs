@@ -3,8 +3,8 @@
 //! parsing: the collector lifecycle (`collect`), the probe families
 //! (`process`, `syscalls`, `sched`, `cpu_samples`, `pystacks`, `cuda`,
 //! `nvml`; listed in `families`), the recording session (`session`), the
-//! recording model (`recording`), the report renderers (`report`) and the
-//! `doctor` checks. docs/architecture.md has the data flow.
+//! recording model (`recording`), the report renderers (`report`), the
+//! `doctor` checks and the live view (`top`). docs/architecture.md has the data flow.
 
 pub mod agent;
 pub mod agent_exec;
@@ -36,5 +36,6 @@ pub mod system;
 pub mod syscalls;
 pub mod targets;
 pub mod timeline;
+pub mod top;
 pub mod tracefs;
 pub mod uprobe_multi;

@@ -152,6 +152,34 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         #[arg(long)]
         native: bool,
     },
+    /// A live view of running processes, redrawn every second (like `top`): wall-time bars, verdict, hot code.
+    #[command(after_help = "Shows, per thread, a bar of the wall-time split (on-CPU, syscalls, run-queue, GIL, io, lock, \
+poll, sleep, other; the letters of the text report's legend); the verdict so far; the top Python functions by on-CPU \
+samples and by off-CPU wait; the top syscalls by time; CUDA copies per second and bytes; the CUDA findings as they \
+appear. Rates are the difference of two consecutive snapshots, per second.\n\
+Keys: q (or Esc, Ctrl-C) quits; Tab / Shift-Tab / 1-6 switch views (overview, threads, python, syscalls, cuda, \
+findings); s cycles the order: last interval (rates, busiest first), since start (totals), name.\n\
+Needs a terminal (stdout a TTY). Quitting (q, SIGTERM, SIGHUP) restores the terminal and detaches every probe, \
+as `record` does at its end.\n\n\
+Examples:\n  infertrace top -p 1234\n  infertrace top --python")]
+    Top {
+        /// Trace a running process (all its threads, and processes it starts). Repeatable.
+        #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid, allow_negative_numbers = true)]
+        pids: Vec<u32>,
+        /// Also every running CPython process (an executable named python*, or one that maps libpython*).
+        #[arg(long)]
+        python: bool,
+        /// How often the screen is redrawn, 100ms to 1m.
+        #[arg(long, value_parser = parse_refresh, default_value = "1s", value_name = "DURATION", allow_hyphen_values = true)]
+        refresh: Duration,
+        /// CPU sampling frequency in Hz, on every CPU, 0 to 10000 (0 turns sampling off).
+        #[arg(short = 'F', long, default_value_t = collect::DEFAULT_FREQUENCY, value_name = "HZ",
+              value_parser = parse_frequency, allow_negative_numbers = true)]
+        frequency: u64,
+        /// Do not probe CUDA (libcudart, libcuda), and do not sample the GPUs.
+        #[arg(long)]
+        no_cuda: bool,
+    },
     /// Render a recording (needs no privileges).
     #[command(after_help = "Examples:\n  infertrace report rec.itr\n  infertrace report rec.itr --format svg --profile off-cpu -o offcpu.svg\n  infertrace report rec.itr --format folded | flamegraph.pl > cpu.svg")]
     Report {
@@ -275,6 +303,11 @@ fn parse_checkpoint_every(s: &str) -> Result<Duration, String> {
     parse_span(s, Duration::from_millis(10), Duration::from_secs(24 * 3600)).map_err(|e| format!("{e}, or 0 to turn it off"))
 }
 
+/// `top --refresh`: 100 ms to 1 min.
+fn parse_refresh(s: &str) -> Result<Duration, String> {
+    parse_span(s, Duration::from_millis(100), Duration::from_secs(60))
+}
+
 /// `record -F`: 0 (off) to [`collect::MAX_FREQUENCY`] Hz.
 fn parse_frequency(s: &str) -> Result<u64, String> {
     let max = collect::MAX_FREQUENCY;
@@ -366,6 +399,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     out.write_all(&text).and_then(|()| out.flush()).context("cannot write the report to stdout (hint: use -o FILE)")?;
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Top { pids, python, refresh, frequency, no_cuda } => {
+            if pids.is_empty() && !python {
+                bail!("nothing to watch (hint: give -p PID (repeatable) or --python)");
+            }
+            let sched = SchedOptions { frequency, ..SchedOptions::default() };
+            let record = session::RecordOptions { pids, sched, cuda: !no_cuda, ..session::RecordOptions::default() };
+            let opts = infertrace::top::TopOptions { record, python, refresh };
+            let argv: Vec<String> = std::env::args().collect();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let outcome = rt.block_on(infertrace::top::run(opts, argv)).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
+            let secs = outcome.recording.duration_ns as f64 / 1e9;
+            let _ = writeln!(std::io::stderr(), "infertrace top: watched {} process{} for {secs:.1}s; every probe detached", outcome.pids.len(), if outcome.pids.len() == 1 { "" } else { "es" });
             Ok(ExitCode::SUCCESS)
         }
         Command::Diff { before, after, format, fail_if_slower, metric, max_inflated } => {

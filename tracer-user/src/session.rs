@@ -333,21 +333,7 @@ async fn record_inner(
     // A closed terminal (or `kill -HUP`) ends the window like SIGTERM.
     let mut sighup = signal(SignalKind::hangup()).map_err(RecordError::Signals)?;
     let mut sigusr1 = signal(SignalKind::user_defined1()).map_err(RecordError::Signals)?;
-    let mut cx = open_context(opts, btf, argv)?;
-    let mut collectors = families::collectors(&cx.opts);
-    for c in collectors.iter_mut() {
-        c.attach(&mut cx)?;
-    }
-    for pid in cx.opts.pids.clone() {
-        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
-    }
-    if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
-        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
-    }
-    dispatch(&mut cx, &mut collectors)?;
-    if let Some(l) = cx.targets.launched.as_mut() {
-        l.release()?;
-    }
+    let (mut cx, mut collectors) = start(opts, argv, btf)?;
     let wakers = Wakers::new(&collectors, &mut cx);
     let status = StatusLine::new(cx.opts.quiet);
     let t0 = Instant::now();
@@ -416,6 +402,98 @@ async fn record_inner(
         cps.last().map(|w| w.duration_ns)
     });
     Ok((recording, reason, checkpoint_ns))
+}
+
+/// Opens the window: loads the object, attaches every collector, delivers
+/// the targets, then lets a launched command run.
+fn start(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf) -> Result<(Context, Vec<Box<dyn Collector>>), RecordError> {
+    let mut cx = open_context(opts, btf, argv)?;
+    let mut collectors = families::collectors(&cx.opts);
+    for c in collectors.iter_mut() {
+        c.attach(&mut cx)?;
+    }
+    for pid in cx.opts.pids.clone() {
+        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
+    }
+    if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
+        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
+    }
+    dispatch(&mut cx, &mut collectors)?;
+    if let Some(l) = cx.targets.launched.as_mut() {
+        l.release()?;
+    }
+    Ok((cx, collectors))
+}
+
+/// The same window as `record`'s, driven by another loop (`infertrace
+/// top`): [`Live::open`] attaches, [`Live::step`] waits for the next
+/// wake-up or tick and runs what is due, [`Live::snapshot`] takes the
+/// recording so far, and [`Live::close`] detaches every probe through the
+/// path `record` takes. Dropping it without `close` still releases the
+/// probes (their descriptors are ours).
+pub struct Live {
+    cx: Context,
+    collectors: Vec<Box<dyn Collector>>,
+    wakers: Wakers,
+    due: Vec<Instant>,
+    tick: tokio::time::Interval,
+    tick_every: Duration,
+}
+
+impl Live {
+    /// Checks the targets and privileges, and opens the window (no output
+    /// file, no checkpoints: `opts.output` and `opts.checkpoint_every` are
+    /// ignored). Call inside a tokio runtime.
+    pub fn open(opts: RecordOptions, argv: Vec<String>) -> Result<Live, RecordError> {
+        if opts.pids.is_empty() && opts.command.is_empty() {
+            return Err(RecordError::NoTarget);
+        }
+        for &pid in &opts.pids {
+            targets::validate_pid(pid)?;
+        }
+        if !has_tracing_privileges() {
+            return Err(RecordError::NotPermitted);
+        }
+        let btf = load_btf()?;
+        let (mut cx, collectors) = start(opts, argv, btf)?;
+        let wakers = Wakers::new(&collectors, &mut cx);
+        let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
+        let due = vec![Instant::now(); collectors.len()];
+        Ok(Live { cx, collectors, wakers, due, tick: tokio::time::interval(tick_every), tick_every })
+    }
+
+    /// Waits for a collector's wake-up or the next tick and runs what is due.
+    pub async fn step(&mut self) -> Result<(), RecordError> {
+        tokio::select! {
+            woken = self.wakers.ready() => {
+                for i in woken {
+                    self.collectors[i].wake(&mut self.cx)?;
+                }
+                dispatch(&mut self.cx, &mut self.collectors)
+            }
+            _ = self.tick.tick() => poll_due(&mut self.cx, &mut self.collectors, &mut self.due, self.tick_every),
+        }
+    }
+
+    /// The recording so far (the window goes on).
+    pub fn snapshot(&mut self) -> Result<Recording, RecordError> {
+        snapshot(&mut self.cx, &mut self.collectors)
+    }
+
+    /// Targets still alive.
+    pub fn alive(&self) -> usize {
+        self.cx.targets.alive_count()
+    }
+
+    /// Closes the window as `record` does (every probe detached) and
+    /// returns the final recording.
+    pub async fn close(mut self) -> Result<Recording, RecordError> {
+        let rec = close(&mut self.cx, &mut self.collectors)?;
+        if let Some(log) = self.cx.ebpf_log.take() {
+            log.finish().await;
+        }
+        Ok(rec)
+    }
 }
 
 /// Starts writing a checkpoint unless the last one is still being written

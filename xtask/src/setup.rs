@@ -25,6 +25,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "make",
     "util-linux",
     "debootstrap",
+    // `infertrace top` runs in a tmux pane in its end-to-end test (tests/tests/top.rs).
+    "tmux",
     // go tool pprof: reads the pprof output in tests/tests/profile_formats.rs.
     "golang-go",
     // infertrace agent: a real Prometheus scrapes it, and it traces a

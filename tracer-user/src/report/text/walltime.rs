@@ -19,9 +19,11 @@ const TOP_STACKS: usize = 5;
 const STACK_DEPTH_SHOWN: usize = 12;
 
 /// One-letter legend used in the bars.
-const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
+pub const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
 
-fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
+/// The parts of a thread's wall time in bar order, each with its letter of
+/// [`LEGEND`] (also `infertrace top`'s bars).
+pub fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
     [
         ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
         ('s', t.syscall_ns.min(t.on_cpu_ns)),
