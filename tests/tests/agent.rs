@@ -10,6 +10,11 @@
 //! - selection: a process matching `--cmdline`, started after the agent, is
 //!   picked up at its exec (traced from its first second); one that does
 //!   not match never appears in /targets or /metrics.
+//! - CUDA: `tests/workloads/cuda_patterns.py patterns` on NVIDIA's real
+//!   libcudart (the counts its own table gives, as in tests/tests/cuda.rs):
+//!   the windows' CUDA calls add up to them exactly, and so do the
+//!   `infertrace_cuda_calls_total` counters; sync seconds and findings are
+//!   exported with the call site.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -30,9 +35,15 @@ struct Agent {
 }
 
 fn start_agent(args: &[&str]) -> Agent {
+    start_agent_with(&["--no-cuda"], args)
+}
+
+/// [`start_agent`] with `base` arguments instead of `--no-cuda`.
+fn start_agent_with(base: &[&str], args: &[&str]) -> Agent {
     let mut child = Command::new(bin())
         .arg("agent")
-        .args(["--listen", "127.0.0.1:0", "--no-cuda"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(base)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -280,4 +291,83 @@ fn agent_selects_new_processes_at_exec_and_nothing_else() {
     // The agent is still running.
     let (status, _) = get(&agent.addr, "/healthz");
     assert_eq!(status, 200);
+}
+
+/// The sum of `name` over the samples of `pid` whose labels include `with`.
+fn counter_sum(samples: &[Sample], name: &str, pid: u32, with: &[(&str, &str)]) -> f64 {
+    let pid = pid.to_string();
+    samples
+        .iter()
+        .filter(|s| s.0 == name && label(s, "pid") == Some(&pid) && with.iter().all(|(k, v)| label(s, k) == Some(v)))
+        .map(|s| s.2)
+        .sum()
+}
+
+#[test]
+fn agent_exports_exact_cuda_counters_per_window() {
+    const TEST: &str = "agent_exports_exact_cuda_counters_per_window";
+    require!(TEST, Root, Binary, Gcc);
+    let Some(real) = real_cudart(TEST) else { return };
+    let Some(sim) = cuda_standin_dir(TEST) else { return };
+    let Some(python) = python3_executable(TEST) else { return };
+    let dir = TempDir::new("agent-cuda");
+    // A copy of our own: the workload waits for int3 on its functions.
+    let lib = dir.join("libcudart.so.12");
+    std::fs::copy(&real, &lib).expect("copy libcudart");
+    let token = format!("agent_cuda_{}", std::process::id());
+    let out = dir.join("w");
+    let agent = start_agent_with(&[], &["--cmdline", &format!("{token}$"), "--window", "1s", "--out-dir", out.to_str().unwrap()]);
+    let mut wl = Command::new(&python)
+        .arg(workspace_root().join("tests/workloads/cuda_patterns.py"))
+        .args(["patterns", &token])
+        .env("CUDART", &lib)
+        .env("FAKE_KERNELS", sim.join("libfakekernels.so"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cuda_patterns.py");
+    let pid = wl.id();
+    let _g = KillOnDrop::new(pid);
+    let status = poll(Duration::from_secs(120), || wl.try_wait().ok().flatten()).expect("the workload ends");
+    assert!(status.success(), "cuda_patterns.py patterns exited {status:?} (exit 3: the agent never probed its libcudart)");
+    let after = windows_written(&agent.addr) + 1;
+    wait_windows(&agent.addr, after, Duration::from_secs(30));
+    let (_, text) = get(&agent.addr, "/metrics");
+    let samples = parse_exposition(&text);
+    // The workload's own table (tests/tests/cuda.rs): calls per (api, kind).
+    let expected: &[(&str, &str, f64)] = &[
+        ("cudaStreamSynchronize", "", (200 + 100 + 1 + 16 + 1) as f64),
+        ("cudaMemcpyAsync", "HtoD", (200 + 64 + 1) as f64),
+        ("cudaMemcpyAsync", "DtoH", 100.0),
+        ("cudaMemcpy", "HtoD", 21.0),
+        ("cudaMalloc", "", 4.0),
+        ("cudaDeviceSynchronize", "", 3.0),
+    ];
+    for &(api, kind, n) in expected {
+        let got = counter_sum(&samples, "infertrace_cuda_calls_total", pid, &[("api", api), ("kind", kind)]);
+        assert_eq!(got, n, "infertrace_cuda_calls_total of {api} {kind:?}, pid {pid}:\n{text}");
+        let errors = counter_sum(&samples, "infertrace_cuda_errors_total", pid, &[("api", api), ("kind", kind)]);
+        assert_eq!(errors, n, "every call fails without a driver: {api} {kind:?}");
+    }
+    let bytes = counter_sum(&samples, "infertrace_cuda_bytes_total", pid, &[("api", "cudaMemcpy"), ("kind", "HtoD")]);
+    assert_eq!(bytes, ((20u64 << 23) + (64 << 20)) as f64, "cudaMemcpy HtoD bytes");
+    assert!(samples.iter().any(|s| s.0 == "infertrace_cuda_sync_seconds_total" && label(s, "pid") == Some(&pid.to_string())), "no sync seconds:\n{text}");
+    let findings: Vec<&Sample> = samples.iter().filter(|s| s.0 == "infertrace_cuda_findings_total").collect();
+    assert!(
+        findings.iter().any(|s| label(s, "site").is_some_and(|v| v.contains("cuda_patterns.py:")) && s.2 >= 1.0),
+        "no finding with its site:\n{text}"
+    );
+    // The windows hold per-window CUDA sections that add up to the same counts.
+    let mut sync = 0;
+    for f in window_files(&out) {
+        let r = run_infertrace(["report".as_ref(), "--format".as_ref(), "json".as_ref(), f.as_os_str()]);
+        r.assert_ok();
+        let rep = r.json();
+        for c in rep.0["cuda"]["calls"].as_array().into_iter().flatten() {
+            if c["pid"].as_u64() == Some(u64::from(pid)) && c["api"] == "cudaStreamSynchronize" {
+                sync += c["count"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    assert_eq!(sync, 318, "cudaStreamSynchronize calls over the windows");
 }

@@ -48,6 +48,9 @@ pub struct GpuLabels {
 }
 
 type FCounter = Counter<f64, AtomicU64>;
+
+/// The API and finding label sets of one pid, and its target labels.
+type PidSeries = (Vec<ApiLabels>, Vec<FindingLabels>, Option<TargetLabels>);
 type FGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Default)]
@@ -64,8 +67,8 @@ pub struct CudaMetrics {
     gpu_pcie_rx: Family<GpuLabels, Gauge>,
     /// GPU index -> name (NVML gives it on the first sample only).
     gpu_names: HashMap<u32, String>,
-    /// Per pid: the API and finding label sets it has series under.
-    series: HashMap<u32, (Vec<ApiLabels>, Vec<FindingLabels>, Option<TargetLabels>)>,
+    /// Per pid: the label sets it has series under.
+    series: HashMap<u32, PidSeries>,
     /// Per pid: the finding sites that have series of their own.
     sites: HashMap<u32, HashSet<String>>,
 }
