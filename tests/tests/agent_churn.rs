@@ -1,9 +1,10 @@
 //! `infertrace agent` under process churn: short processes matching the
 //! selector start and exit all the time; the agent keeps running, writes
 //! its windows, and whatever stops it (SIGTERM, or kill -9) its BPF
-//! programs and links are gone afterwards (`bpftool`). The agent's RSS
-//! after the first 100 processes and at the end is printed (not asserted:
-//! see docs/deploy.md, "Limits").
+//! programs and links are gone afterwards (`bpftool`). Memory: 1,000
+//! short matching processes over a minute, with /metrics scraped every
+//! second as Prometheus would: the agent's RSS at the end is within 10% of
+//! its RSS after the first 100.
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -77,4 +78,82 @@ fn agent_churn_then_kill_9_leaves_no_bpf_programs() {
     const TEST: &str = "agent_churn_then_kill_9_leaves_no_bpf_programs";
     require!(TEST, Root, Binary, Gcc, Bpftool);
     churn_then_stop(TEST, libc::SIGKILL, 150);
+}
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn scrape(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    if write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    s.read_to_string(&mut body).is_ok() && body.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn agent_memory_stays_flat_over_1000_short_processes() {
+    const TEST: &str = "agent_memory_stays_flat_over_1000_short_processes";
+    require!(TEST, Root, Binary, Gcc);
+    let dir = TempDir::new(TEST);
+    let exe = workload("getppid_n");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut agent = Command::new(bin())
+        .args(["agent", "-q", "--no-cuda", "--window", "2s", "--keep", "5", "--comm", "^getppid_n$", "--listen", &addr, "--out-dir"])
+        .arg(dir.join("w"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let apid = agent.id();
+    let _guard = KillOnDrop::new(apid);
+    assert!(poll(Duration::from_secs(60), || scrape(&addr).then_some(())).is_some(), "{TEST}: /metrics never answered on {addr}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += u32::from(scrape(&addr));
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            n
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut after_100 = 0;
+    for i in 0..1000u32 {
+        // 1,000 over about 60 s.
+        let due = Duration::from_millis(60 * u64::from(i));
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let st = Command::new(&exe).args(["100", "20"]).status().expect("getppid_n");
+        assert!(st.success());
+        if i == 99 {
+            // Two windows for the first ones to be scraped and forgotten as they will be later.
+            std::thread::sleep(Duration::from_secs(5));
+            after_100 = rss_kb(apid);
+        }
+    }
+    // The last ones' windows close and are scraped.
+    std::thread::sleep(Duration::from_secs(5));
+    let end = rss_kb(apid);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scrapes = scraper.join().expect("scraper");
+    eprintln!("{TEST}: agent RSS after 100 processes {after_100} kB, after 1000: {end} kB ({scrapes} scrapes, {:.0} s)", started.elapsed().as_secs_f64());
+    assert!(alive(apid), "{TEST}: the agent died");
+    assert!(after_100 > 0 && scrapes > 30, "{TEST}: RSS {after_100} kB, {scrapes} scrapes");
+    assert!(
+        end as f64 <= after_100 as f64 * 1.10,
+        "{TEST}: agent RSS grew from {after_100} kB after 100 processes to {end} kB after 1000 (more than 10%)"
+    );
+    kill(apid, libc::SIGTERM);
+    let status = poll(Duration::from_secs(60), || agent.try_wait().ok().flatten()).expect("the agent exits");
+    assert!(status.success(), "{TEST}: exit {status:?}");
 }

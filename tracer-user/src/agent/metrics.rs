@@ -4,8 +4,9 @@
 //! across windows, for as long as the agent runs. Labels per target: `pid`,
 //! `comm`, `container_id`, `pod_uid`, `container_name` (empty where the
 //! cgroup path names none). Cardinality is bounded: the series of a target
-//! that exited are removed once it has been gone for two windows and
-//! `FORGET_AFTER` (so that scrapers see its last values), and at
+//! that exited are removed once it has been gone for two windows and its
+//! last values have been scraped (or, with no scraper, `FORGET_AFTER`
+//! passed), and at
 //! most `MAX_TARGETS` targets have series of their own (the rest are summed
 //! under `pid="other"`).
 
@@ -23,7 +24,7 @@ use prometheus_client::{
 use super::targets::TargetInfo;
 use crate::recording::Recording;
 
-/// How long the series of an exited target stay (at least two windows).
+/// How long the series of an exited target stay when nothing scrapes them (at least two windows).
 pub const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// At most this many targets have series of their own.
@@ -75,8 +76,11 @@ pub struct Metrics {
     cuda: super::cuda_metrics::CudaMetrics,
     /// The label sets each pid has series under (removed when it is gone).
     series: HashMap<u32, (TargetLabels, Vec<String>, Vec<String>)>,
-    /// Windows since each dead pid was last seen alive, and since when.
-    gone_for: HashMap<u32, (u32, std::time::Instant)>,
+    /// Windows since each dead pid was last seen alive, since when, and
+    /// the scrape count then.
+    gone_for: HashMap<u32, (u32, std::time::Instant, u64)>,
+    /// `/metrics` requests served.
+    scrapes: u64,
 }
 
 impl Default for Metrics {
@@ -103,6 +107,7 @@ impl Metrics {
             cuda: Default::default(),
             series: HashMap::new(),
             gone_for: HashMap::new(),
+            scrapes: 0,
         };
         registry.register("syscalls", "Syscalls made by a target, by name (exact, counted in the kernel)", m.syscalls.clone());
         registry.register("syscall_errors", "Syscalls that returned an error, by name", m.syscall_errors.clone());
@@ -212,9 +217,12 @@ impl Metrics {
                 self.gone_for.remove(&pid);
                 continue;
             }
-            let (n, since) = self.gone_for.entry(pid).or_insert_with(|| (0, std::time::Instant::now()));
+            let scrapes = self.scrapes;
+            let (n, since, scrapes_then) = self.gone_for.entry(pid).or_insert_with(|| (0, std::time::Instant::now(), scrapes));
             *n += 1;
-            if *n < 2 || since.elapsed() < FORGET_AFTER {
+            // Its last values were added in the window that found it gone:
+            // kept until a scrape has read them, or FORGET_AFTER without one.
+            if *n < 2 || (scrapes == *scrapes_then && since.elapsed() < FORGET_AFTER) {
                 continue;
             }
             self.gone_for.remove(&pid);
@@ -235,6 +243,7 @@ impl Metrics {
 
     /// Reads the agent's own CPU time and memory (at each scrape).
     pub fn refresh_self(&mut self) {
+        self.scrapes += 1;
         if let Some((cpu_s, rss)) = self_usage() {
             if cpu_s > self.last_cpu_s {
                 self.agent_cpu.inc_by(cpu_s - self.last_cpu_s);
