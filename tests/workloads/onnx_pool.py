@@ -4,9 +4,14 @@ onnx.helper, 64x512 float32 batches, 2 ms between requests.
     python3 onnx_pool.py pool SECONDS     # default session: intra-op pool, spinning on
     python3 onnx_pool.py single SECONDS   # intra_op_num_threads=1, spinning off
 
-Prints `requests N` and `intra_op_threads N` on stderr at the end.
+Prints on stderr at the end: `requests N`, `intra_op_threads N`,
+`sleep_share F` (the serving loop's time in its 2 ms sleeps over the loop's
+wall time), `main_tid T`, and `task TID cpu_ns NS` per thread (utime+stime
+from /proc/self/task/TID/stat: the oracle for the pool thread's CPU).
 """
+import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -42,13 +47,25 @@ def build_model():
 
 def serve(sess, seconds):
     x = np.random.default_rng(1).standard_normal((BATCH, WIDTH), dtype=np.float32)
-    n = 0
-    end = time.monotonic() + seconds
+    n, slept = 0, 0.0
+    start = time.monotonic()
+    end = start + seconds
     while time.monotonic() < end:
         sess.run(None, {"x": x})  # @sess_run
         n += 1
+        t0 = time.monotonic()
         time.sleep(0.002)  # @between
-    return n
+        slept += time.monotonic() - t0
+    return n, slept / (time.monotonic() - start)
+
+
+def task_cpu():
+    hz = os.sysconf("SC_CLK_TCK")
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        utime, stime = int(fields[11]), int(fields[12])
+        print(f"task {tid} cpu_ns {(utime + stime) * 10**9 // hz}", file=sys.stderr)
 
 
 def main():
@@ -60,9 +77,12 @@ def main():
     elif mode != "pool":
         sys.exit(f"unknown mode {mode}")
     sess = ort.InferenceSession(build_model(), so, providers=["CPUExecutionProvider"])
-    n = serve(sess, seconds)
+    n, sleep_share = serve(sess, seconds)
     print(f"requests {n}", file=sys.stderr)
     print(f"intra_op_threads {so.intra_op_num_threads}", file=sys.stderr)
+    print(f"sleep_share {sleep_share:.3f}", file=sys.stderr)
+    print(f"main_tid {threading.get_native_id()}", file=sys.stderr)
+    task_cpu()
 
 
 if __name__ == "__main__":

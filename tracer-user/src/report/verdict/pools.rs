@@ -30,7 +30,7 @@ use super::{scale, Acc, Class};
 use crate::recording::{FrameKind, StackKind, StackRecord, ThreadTimes};
 
 /// A thread on CPU less than this share of its life is not a pool thread.
-pub const POOL_MIN_CPU_SHARE: f64 = 0.01;
+pub const POOL_MIN_CPU_SHARE: f64 = 0.05;
 /// A busy-waiting pool thread is runnable at least this share of its life.
 pub const BUSY_MIN_RUNNABLE: f64 = 0.80;
 /// ... with at least this share of its CPU samples in spin/yield functions,
