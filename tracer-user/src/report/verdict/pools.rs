@@ -129,7 +129,7 @@ pub(super) fn apply(
         .filter(|(c, _)| c.site.kind == "python")
         .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
         .map(|(c, _)| c);
-    let sample_ns = if sample_hz == 0 { 1 } else { 1_000_000_000 / sample_hz };
+    let sample_ns = 1_000_000_000u64.checked_div(sample_hz).unwrap_or(1);
     let mut out = HashMap::new();
     for i in pool {
         let t: &ThreadTimes = threads[i].0;
