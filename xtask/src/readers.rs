@@ -3,7 +3,9 @@
 //! `protobuf` and `jsonschema` PyPI packages (Perfetto trace classes; the
 //! speedscope schema's validator) and the `speedscope` npm package (its
 //! file-format schema). `go tool pprof` comes from Debian's `golang-go`
-//! (in `setup::APT_PACKAGES`). Each is installed only when missing.
+//! (in `setup::APT_PACKAGES`). Also `onnxruntime`, `onnx` and `numpy` for
+//! the native worker pool test (tests/tests/verdict_pools.rs). Each is
+//! installed only when missing.
 use std::process::Command;
 
 use anyhow::{bail, Result};
@@ -14,6 +16,10 @@ const PY_MODULES: &[(&str, &str)] = &[
     ("perfetto", "perfetto.protos.perfetto.trace.perfetto_trace_pb2"),
     ("protobuf", "google.protobuf"),
     ("jsonschema", "jsonschema"),
+    // The onnxruntime service of tests/tests/verdict_pools.rs (native worker pools).
+    ("onnxruntime", "onnxruntime"),
+    ("onnx", "onnx"),
+    ("numpy", "numpy"),
 ];
 
 fn py_importable(module: &str) -> bool {

@@ -31,10 +31,14 @@ pub enum Class {
     GpuSync,
     /// On CPU inside a host<->device copy call.
     CopyWork,
+    /// On CPU in a native library's worker thread (onnxruntime, OpenBLAS,
+    /// OpenMP, PyTorch intra-op pools): a thread without Python frames in a
+    /// Python process (verdict/pools.rs).
+    NativePool,
 }
 
 impl Class {
-    pub const ALL: [Class; 11] = [
+    pub const ALL: [Class; 12] = [
         Class::PythonCompute,
         Class::NativeCompute,
         Class::Gil,
@@ -46,6 +50,7 @@ impl Class {
         Class::CpuStarvation,
         Class::GpuSync,
         Class::CopyWork,
+        Class::NativePool,
     ];
 
     /// The JSON name (`python_compute`, ...), also what `diff --metric` takes.
@@ -62,6 +67,7 @@ impl Class {
             Class::CpuStarvation => "cpu_starvation",
             Class::GpuSync => "gpu_sync",
             Class::CopyWork => "copy_work",
+            Class::NativePool => "native_pool",
         }
     }
 
@@ -83,6 +89,7 @@ impl Class {
             Class::CpuStarvation => "CPU starvation",
             Class::GpuSync => "GPU synchronisation",
             Class::CopyWork => "host<->device copy work",
+            Class::NativePool => "native worker pool",
         }
     }
 
@@ -112,11 +119,14 @@ impl Class {
                 "the host waits for the GPU (synchronize, .item(), blocking copies): drop per-step syncs, keep values on the GPU, copy from pinned memory with non_blocking=True"
             }
             Class::CopyWork => "the CPU copies between host and device: pin host buffers, batch small copies, keep constant tensors on the GPU",
+            Class::NativePool => {
+                "a native library's worker threads (onnxruntime, OpenBLAS, OpenMP, torch intra-op) use the CPU: size the pool (intra_op_num_threads, OMP_NUM_THREADS, torch.set_num_threads) to the cores you have; a busy-waiting pool spins between requests: turn spinning off (onnxruntime session.intra_op.allow_spinning=0, OMP_WAIT_POLICY=passive)"
+            }
         }
     }
 
     /// On-CPU classes (compute, copies); the others are waits.
     pub fn on_cpu(self) -> bool {
-        matches!(self, Class::PythonCompute | Class::NativeCompute | Class::CopyWork)
+        matches!(self, Class::PythonCompute | Class::NativeCompute | Class::CopyWork | Class::NativePool)
     }
 }

@@ -8,6 +8,7 @@
 //! report; the rules and thresholds are in docs/verdict.md.
 
 pub mod class;
+pub mod pools;
 pub mod sites;
 pub mod text;
 
@@ -68,6 +69,9 @@ pub struct ThreadVerdict {
     pub wall_ns: u64,
     pub classes: Vec<ClassShare>,
     pub bottleneck: Option<Bottleneck>,
+    /// Set on a native worker pool thread (docs/verdict.md#native-worker-pools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<pools::PoolThread>,
 }
 
 /// Time in one class.
@@ -79,7 +83,7 @@ pub struct ClassShare {
     pub share: f64,
     /// The lines this time is charged to, largest first (at most [`TOP_SITES`]).
     pub sites: Vec<SiteShare>,
-    /// On-CPU time per native library (`native_compute` only), largest first.
+    /// On-CPU time per native library (`native_compute`, `native_pool`), largest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub libraries: Vec<LibraryShare>,
 }
@@ -129,6 +133,8 @@ struct Acc {
     time: BTreeMap<Class, u64>,
     sites: BTreeMap<Class, HashMap<Charged, u64>>,
     libs: HashMap<String, u64>,
+    /// `libs` of native worker pool threads (pools.rs).
+    pool_libs: HashMap<String, u64>,
 }
 
 impl Acc {
@@ -160,6 +166,10 @@ impl Acc {
             let e = self.libs.entry(l.clone()).or_default();
             *e = e.saturating_add(*t);
         }
+        for (l, t) in &other.pool_libs {
+            let e = self.pool_libs.entry(l.clone()).or_default();
+            *e = e.saturating_add(*t);
+        }
     }
 
     fn shares(&self, wall_ns: u64) -> Vec<ClassShare> {
@@ -175,10 +185,10 @@ impl Acc {
                     .unwrap_or_default();
                 sites.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then_with(|| a.site.cmp(&b.site)));
                 sites.truncate(TOP_SITES);
-                let mut libraries: Vec<LibraryShare> = if *class == Class::NativeCompute {
-                    self.libs.iter().map(|(l, t)| LibraryShare { library: l.clone(), time_ns: *t }).collect()
-                } else {
-                    Vec::new()
+                let mut libraries: Vec<LibraryShare> = match class {
+                    Class::NativeCompute => self.libs.iter().map(|(l, t)| LibraryShare { library: l.clone(), time_ns: *t }).collect(),
+                    Class::NativePool => self.pool_libs.iter().map(|(l, t)| LibraryShare { library: l.clone(), time_ns: *t }).collect(),
+                    _ => Vec::new(),
                 };
                 libraries.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then_with(|| a.library.cmp(&b.library)));
                 ClassShare { class: *class, time_ns: *t, share: ratio(*t, wall_ns), sites, libraries }
@@ -412,10 +422,16 @@ pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
     for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
         stacks_of.entry((s.pid, s.tid)).or_default().push(s);
     }
-    let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
+    let mut by_pid: BTreeMap<u32, Vec<(&ThreadTimes, Acc)>> = BTreeMap::new();
     for t in &rec.threads {
         let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
-        let acc = thread_acc(t, stacks, cuda.get(&t.pid));
+        by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
+    }
+    for threads in by_pid.values_mut() {
+        pools::apply(threads, &stacks_of, rec.sample_hz);
+    }
+    let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
+    for (t, acc) in by_pid.values().flatten() {
         let p = out.entry(t.pid).or_default();
         p.wall_ns = p.wall_ns.saturating_add(t.wall_ns);
         for (c, ns) in &acc.time {
@@ -453,7 +469,8 @@ pub fn verdict(rec: &Recording) -> Verdict {
     let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
     let mut processes: Vec<ProcessVerdict> = by_pid
         .into_iter()
-        .map(|(pid, threads)| {
+        .map(|(pid, mut threads)| {
+            let pool_of = pools::apply(&mut threads, &stacks_of, rec.sample_hz);
             let target = rec.targets.iter().find(|t| t.pid == pid);
             let mut acc = Acc::default();
             let mut wall_ns = 0u64;
@@ -471,7 +488,14 @@ pub fn verdict(rec: &Recording) -> Verdict {
                 .into_iter()
                 .map(|(t, a)| {
                     let classes = a.shares(t.wall_ns);
-                    ThreadVerdict { tid: t.tid, comm: t.comm.clone(), wall_ns: t.wall_ns, bottleneck: pick_bottleneck(&classes, rec, pid), classes }
+                    ThreadVerdict {
+                        tid: t.tid,
+                        comm: t.comm.clone(),
+                        wall_ns: t.wall_ns,
+                        bottleneck: pick_bottleneck(&classes, rec, pid),
+                        classes,
+                        pool: pool_of.get(&t.tid).cloned(),
+                    }
                 })
                 .collect();
             ProcessVerdict {

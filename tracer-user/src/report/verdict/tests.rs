@@ -140,12 +140,12 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
     render_text(&v, &mut text);
     assert!(text.contains("CUDA finding tiny_dtoh_sync (high) at step (/srv/train.py:40): keep it on the GPU"), "{text}");
     assert!(text.contains("native compute 20.0% [libonnxruntime.so]"), "{text}");
-    // A pool thread's row names its library.
+    // A pool thread's row names its library (a thread without Python frames: native_pool).
     r.threads.push(thread(11, 990 * MS, OffCpuTimes { lock_ns: 10 * MS, ..Default::default() }, 0));
     r.stacks.push(stack(StackKind::Cpu, None, 11, 100, 0, vec![native("[unknown]", "libonnxruntime_pybind11_state.so")]));
     let mut text = String::new();
     render_text(&verdict(&r), &mut text);
-    assert!(text.contains("thread 11 t11: native compute 99.0% [libonnxruntime_pybind11_state.so]"), "{text}");
+    assert!(text.contains("thread 11 t11: native worker pool 99.0% [libonnxruntime_pybind11_state.so]"), "{text}");
 }
 
 #[test]
@@ -153,4 +153,48 @@ fn no_scheduler_data_says_so() {
     let v = verdict(&crate::recording::tests::sample());
     assert!(v.processes.is_empty());
     assert!(v.notes[0].contains("--no-sched"), "{:?}", v.notes);
+}
+
+/// A Python serving thread (sess.run, then sleeps) and an onnxruntime pool
+/// thread without Python frames, spinning: the pool's CPU is `native_pool`
+/// per library, charged to the serving line, and busy-waiting; a pool
+/// thread that blocks between requests is not.
+#[test]
+fn native_pool_thread_is_its_own_class_charged_to_the_feeding_line() {
+    const ORT: &str = "onnxruntime_pybind11_state.so";
+    let mut r = rec();
+    let serve_sleep = OffCpuTimes { sleep_ns: 400 * MS, ..Default::default() };
+    r.threads = vec![thread(10, 600 * MS, serve_sleep, 0), thread(11, 900 * MS, OffCpuTimes::default(), 100 * MS)];
+    let run = vec![native("[unknown]", ORT), py("Session.run", "/v/lib/python3.11/site-packages/onnxruntime/capi/x.py", 406), py("serve", "/srv/app.py", 48)];
+    r.stacks = vec![
+        stack(StackKind::Cpu, None, 10, 60, 0, run),
+        stack(StackKind::OffCpu, Some(OffCpuReason::Sleep), 10, 0, 400 * MS, vec![py("serve", "/srv/app.py", 50)]),
+        stack(StackKind::Cpu, None, 11, 90, 0, vec![native("[unknown]", ORT)]),
+    ];
+    let v = verdict(&r);
+    let p = &v.processes[0];
+    let pool = p.classes.iter().find(|c| c.class == Class::NativePool).expect("native_pool");
+    assert_eq!(pool.time_ns, 900 * MS);
+    assert_eq!(pool.libraries[0].library, ORT);
+    assert_eq!((pool.sites[0].site.function.as_str(), pool.sites[0].site.line), ("serve", Some(48)));
+    assert_eq!(p.classes.iter().map(|c| c.time_ns).sum::<u64>(), p.wall_ns);
+    let t = p.threads.iter().find(|t| t.tid == 11).unwrap();
+    let info = t.pool.as_ref().expect("pool info");
+    assert!(info.busy_waiting, "{info:?}");
+    assert_eq!(info.charged_by, "library");
+    assert!(p.threads.iter().find(|t| t.tid == 10).unwrap().pool.is_none());
+    let mut text = String::new();
+    render_text(&v, &mut text);
+    assert!(text.contains("busy-waiting native worker pool: thread 11 spins"), "{text}");
+    assert!(text.contains("native worker pool, busy-waiting (runnable 100.0% of its life"), "{text}");
+    // The same pool blocking between requests (futex) is a pool, not busy-waiting.
+    r.threads[1] = thread(11, 300 * MS, OffCpuTimes { lock_ns: 700 * MS, ..Default::default() }, 0);
+    let v = verdict(&r);
+    let t = v.processes[0].threads.iter().find(|t| t.tid == 11).unwrap();
+    assert!(!t.pool.as_ref().unwrap().busy_waiting);
+    // Without a Python thread in the process there is no pool class.
+    r.stacks.retain(|s| s.tid == 11);
+    r.threads.truncate(2);
+    let v = verdict(&r);
+    assert!(v.processes[0].classes.iter().all(|c| c.class != Class::NativePool));
 }

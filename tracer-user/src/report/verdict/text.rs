@@ -84,6 +84,10 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         at(b),
         fmt_duration(p.wall_ns)
     );
+    let busy: Vec<String> = p.threads.iter().filter(|t| t.pool.as_ref().is_some_and(|x| x.busy_waiting)).map(|t| t.tid.to_string()).collect();
+    if !busy.is_empty() {
+        let _ = writeln!(out, "  busy-waiting native worker pool: thread{} {} spin{} while the Python threads feeding {} idle", if busy.len() == 1 { "" } else { "s" }, busy.join(", "), if busy.len() == 1 { "s" } else { "" }, if busy.len() == 1 { "it are" } else { "them are" });
+    }
     let _ = writeln!(out, "  advice: {}", b.advice);
     for f in &b.findings {
         let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
@@ -92,9 +96,22 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
     if p.threads.len() > 1 || p.threads.first().is_some_and(|t| t.tid != p.pid) {
         for t in &p.threads {
             let Some(tb) = &t.bottleneck else { continue };
-            let _ = writeln!(out, "  thread {} {}: {}{}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb));
+            let pool = t.pool.as_ref().map(pool_note).unwrap_or_default();
+            let _ = writeln!(out, "  thread {} {}: {}{}{pool}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb));
         }
     }
+}
+
+/// `; native worker pool, busy-waiting (runnable 99.7% of its life, ...)`.
+fn pool_note(p: &super::pools::PoolThread) -> String {
+    let how = if p.busy_waiting { "busy-waiting" } else { "not busy-waiting" };
+    format!(
+        "; native worker pool, {how} (runnable {} of its life, {} of samples spinning, feeders idle {}; charged by {})",
+        pct(p.runnable_share),
+        pct(p.spin_sample_share),
+        pct(p.feeder_idle_share),
+        printable(&p.charged_by)
+    )
 }
 
 /// Appends the verdict: `== verdict`, then per process its bottleneck,
