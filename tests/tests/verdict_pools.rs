@@ -143,6 +143,11 @@ fn onnxruntime_pool_is_a_busy_waiting_native_pool_charged_to_sess_run() {
         "{pc:#}"
     );
     assert_eq!(t["pool"]["charged_by"], "library", "{}", summary(t));
+    // The process's verdict is the pool at the user's line, not the futex wait of its parked helpers.
+    let b = &p["bottleneck"];
+    note(test, &format!("process bottleneck {} {:.1}% at {}; parked {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], p["parked"]));
+    assert_eq!(b["class"], "native_pool", "process bottleneck: {b:#}");
+    assert_eq!(b["site"]["site"]["function"], "serve", "process bottleneck site: {b:#}");
     // Busy-waiting: the thread spins while the serving loop sleeps. The rule needs the loop to idle
     // at least 5% of the time (docs/verdict.md); on a machine so loaded that the loop slept under 8%
     // of its time the name is not asserted.

@@ -8,6 +8,7 @@
 //! report; the rules and thresholds are in docs/verdict.md.
 
 pub mod class;
+pub mod parked;
 pub mod pools;
 pub mod sites;
 pub mod text;
@@ -59,6 +60,10 @@ pub struct ProcessVerdict {
     pub bottleneck: Option<Bottleneck>,
     /// The threads that matter (docs/verdict.md), busiest first.
     pub threads: Vec<ThreadVerdict>,
+    /// Parked native threads left out of `wall_ns` and the shares
+    /// (docs/verdict.md#parked-native-threads); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<parked::Parked>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -428,6 +433,7 @@ pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
         by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
     }
     for threads in by_pid.values_mut() {
+        parked::drop_parked(threads, &stacks_of);
         pools::apply(threads, &stacks_of, rec.sample_hz);
     }
     let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
@@ -470,6 +476,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
     let mut processes: Vec<ProcessVerdict> = by_pid
         .into_iter()
         .map(|(pid, mut threads)| {
+            let parked = parked::drop_parked(&mut threads, &stacks_of);
             let pool_of = pools::apply(&mut threads, &stacks_of, rec.sample_hz);
             let target = rec.targets.iter().find(|t| t.pid == pid);
             let mut acc = Acc::default();
@@ -506,6 +513,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
                 classes,
                 bottleneck,
                 threads,
+                parked: (parked.threads > 0).then_some(parked),
             }
         })
         .collect();

@@ -93,6 +93,16 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
     }
     let _ = writeln!(out, "  classes: {}", class_list(&p.classes));
+    if let Some(k) = &p.parked {
+        let _ = writeln!(
+            out,
+            "  left out: {} parked native thread{} ({} thread time; no Python frame, busy under {:.0}% of its life)",
+            k.threads,
+            if k.threads == 1 { "" } else { "s" },
+            fmt_duration(k.wall_ns),
+            super::parked::PARKED_MAX_BUSY_SHARE * 100.0
+        );
+    }
     if p.threads.len() > 1 || p.threads.first().is_some_and(|t| t.tid != p.pid) {
         for t in &p.threads {
             let Some(tb) = &t.bottleneck else { continue };
