@@ -371,3 +371,48 @@ fn agent_exports_exact_cuda_counters_per_window() {
     }
     assert_eq!(sync, 318, "cudaStreamSynchronize calls over the windows");
 }
+
+/// A Python process that renames itself (`prctl(PR_SET_NAME)`, its comm)
+/// to argv[1], then, at each line on stdin, to the next argument.
+const RENAMER: &str = "import ctypes, os, sys
+libc = ctypes.CDLL(None)
+libc.prctl(15, sys.argv[1].encode(), 0, 0, 0)
+print('pid', os.getpid(), flush=True)
+for name in sys.argv[2:]:
+    sys.stdin.readline()
+    libc.prctl(15, name.encode(), 0, 0, 0)
+    print('renamed', name, flush=True)
+sys.stdin.readline()
+";
+
+#[test]
+fn agent_drops_a_process_that_stops_matching_without_an_exec() {
+    const TEST: &str = "agent_drops_a_process_that_stops_matching_without_an_exec";
+    require!(TEST, Root, Binary);
+    let Some((python, _)) = system_python() else { return skip(TEST, "a python3 on PATH") };
+    let dir = TempDir::new("agent-rename");
+    let token = std::process::id() % 100_000;
+    let (matching, other) = (format!("itrsel{token}"), format!("itroth{token}"));
+    let agent = start_agent(&["--comm", &format!("^{matching}$"), "--window", "1s", "--out-dir", dir.join("w").to_str().unwrap()]);
+    let mut wl = Command::new(python)
+        .args(["-c", RENAMER, &matching, &other])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the renamer");
+    let _g = KillOnDrop::new(wl.id());
+    let mut stdin = wl.stdin.take().expect("stdin");
+    let lines = line_channel(wl.stdout.take().expect("stdout"));
+    let pid: u64 = lines.recv_timeout(Duration::from_secs(30)).ok().and_then(|l| l.strip_prefix("pid ")?.trim().parse().ok()).expect("pid line");
+    // Renamed into the selection without an exec: found by the scan (every 5 s).
+    let found = poll(Duration::from_secs(15), || target_pids(&targets_json(&agent.addr)).contains(&pid).then_some(()));
+    assert!(found.is_some(), "pid {pid} (comm {matching}) not in /targets within 15 s: {}", targets_json(&agent.addr));
+    stdin.write_all(b"\n").expect("rename");
+    let renamed = lines.recv_timeout(Duration::from_secs(10)).expect("renamed line");
+    assert!(renamed.contains(&other), "{renamed}");
+    // Out of the selection without an exec: dropped by the next scan.
+    let dropped = poll(Duration::from_secs(15), || (!target_pids(&targets_json(&agent.addr)).contains(&pid)).then_some(()));
+    assert!(dropped.is_some(), "pid {pid}, renamed {other}, still in /targets 15 s later: {}", targets_json(&agent.addr));
+    let _ = stdin.write_all(b"\n");
+    let _ = wl.wait();
+}

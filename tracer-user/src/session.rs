@@ -173,10 +173,9 @@ fn prepare_output(path: &Path) -> Result<Output, RecordError> {
     Output::prepare(path).map_err(|source| RecordError::Output { path: path.to_owned(), source })
 }
 
-/// Runs one recording window. Probes are attached to file descriptors owned
-/// by this process: whatever ends it (return, panic, SIGKILL), the kernel
-/// detaches them.
-pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, RecordError> {
+/// What `record` and `top` check before anything is attached: a target,
+/// pids that exist, the privileges; then reads the kernel's BTF.
+fn preflight(opts: &RecordOptions) -> Result<KernelBtf, RecordError> {
     if opts.pids.is_empty() && opts.command.is_empty() {
         return Err(RecordError::NoTarget);
     }
@@ -186,7 +185,14 @@ pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, R
     if !has_tracing_privileges() {
         return Err(RecordError::NotPermitted);
     }
-    let btf = load_btf()?;
+    load_btf()
+}
+
+/// Runs one recording window. Probes are attached to file descriptors owned
+/// by this process: whatever ends it (return, panic, SIGKILL), the kernel
+/// detaches them.
+pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, RecordError> {
+    let btf = preflight(&opts)?;
     let out_path = opts.output.clone().unwrap_or_else(default_output);
     let output = prepare_output(&out_path)?;
     // On an error, the output holds the last checkpoint (marked cut), if any.
@@ -445,16 +451,7 @@ impl Live {
     /// file, no checkpoints: `opts.output` and `opts.checkpoint_every` are
     /// ignored). Call inside a tokio runtime.
     pub fn open(opts: RecordOptions, argv: Vec<String>) -> Result<Live, RecordError> {
-        if opts.pids.is_empty() && opts.command.is_empty() {
-            return Err(RecordError::NoTarget);
-        }
-        for &pid in &opts.pids {
-            targets::validate_pid(pid)?;
-        }
-        if !has_tracing_privileges() {
-            return Err(RecordError::NotPermitted);
-        }
-        let btf = load_btf()?;
+        let btf = preflight(&opts)?;
         let (mut cx, collectors) = start(opts, argv, btf)?;
         let wakers = Wakers::new(&collectors, &mut cx);
         let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));

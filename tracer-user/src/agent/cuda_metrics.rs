@@ -17,7 +17,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::metrics::TargetLabels;
+use super::labels::TargetLabels;
 use crate::recording::cuda::CudaReport;
 
 /// Finding sites per target with series of their own.

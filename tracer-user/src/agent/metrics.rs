@@ -5,7 +5,7 @@
 //! `comm`, `container_id`, `pod_uid`, `container_name` (empty where the
 //! cgroup path names none). Cardinality is bounded: the series of a target
 //! that exited are removed once it has been gone for two windows and its
-//! last values have been scraped (or, with no scraper, `FORGET_AFTER`
+//! last values have been scraped twice (or, with no scraper, `FORGET_AFTER`
 //! passed), and at
 //! most `MAX_TARGETS` targets have series of their own (the rest are summed
 //! under `pid="other"`).
@@ -21,6 +21,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
+pub use super::labels::TargetLabels;
 use super::targets::TargetInfo;
 use crate::recording::Recording;
 
@@ -30,14 +31,6 @@ pub const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(300
 /// At most this many targets have series of their own.
 pub const MAX_TARGETS: usize = 200;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetLabels {
-    pub pid: String,
-    pub comm: String,
-    pub container_id: String,
-    pub pod_uid: String,
-    pub container_name: String,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SyscallLabels {
@@ -221,8 +214,9 @@ impl Metrics {
             let (n, since, scrapes_then) = self.gone_for.entry(pid).or_insert_with(|| (0, std::time::Instant::now(), scrapes));
             *n += 1;
             // Its last values were added in the window that found it gone:
-            // kept until a scrape has read them, or FORGET_AFTER without one.
-            if *n < 2 || (scrapes == *scrapes_then && since.elapsed() < FORGET_AFTER) {
+            // kept until two scrapes have read them (one may fail), or
+            // FORGET_AFTER without them.
+            if *n < 2 || (scrapes < *scrapes_then + 2 && since.elapsed() < FORGET_AFTER) {
                 continue;
             }
             self.gone_for.remove(&pid);

@@ -12,6 +12,7 @@ pub mod container;
 pub mod cuda_delta;
 pub mod cuda_metrics;
 pub mod http;
+pub mod labels;
 pub mod metrics;
 pub mod select;
 pub mod targets;
@@ -155,22 +156,38 @@ impl Agent {
                 let found = self.info.get(&pid).map(|i| i.found_by).unwrap_or("exec");
                 self.info.insert(pid, TargetInfo::new(&c, why, found));
             }
-            (Some(_), None) => {
-                // Exec'd into something the selection does not name: dropped.
-                crate::process::remove_target(&mut self.cx.ebpf, pid)?;
-                if let Some(st) = self.cx.targets.states.get_mut(&pid) {
-                    st.alive = false;
-                }
-                if let Some(i) = self.info.get_mut(&pid) {
-                    i.alive = false;
-                }
-            }
+            // Exec'd into something the selection does not name: dropped.
+            (Some(_), None) => self.drop_target(pid)?,
             (None, _) => {}
         }
         Ok(())
     }
 
+    /// Stops tracing `pid` (it no longer matches the selection).
+    fn drop_target(&mut self, pid: u32) -> Result<(), AgentError> {
+        crate::process::remove_target(&mut self.cx.ebpf, pid)?;
+        if let Some(st) = self.cx.targets.states.get_mut(&pid) {
+            st.alive = false;
+        }
+        if let Some(i) = self.info.get_mut(&pid) {
+            i.alive = false;
+        }
+        Ok(())
+    }
+
+    /// New matches, and targets that stopped matching without an exec (a
+    /// renamed thread group leader, a process moved to another cgroup):
+    /// those are dropped.
     fn scan(&mut self) {
+        let traced: Vec<u32> = self.info.iter().filter(|(_, i)| i.alive).map(|(pid, _)| *pid).collect();
+        for pid in traced {
+            let Some(c) = Candidate::read(pid) else { continue };
+            if self.opts.selector.matches(&c).is_none() {
+                if let Err(e) = self.drop_target(pid) {
+                    say(false, &format!("could not drop pid {pid}, which no longer matches: {e}"));
+                }
+            }
+        }
         for pid in select::all_pids() {
             self.consider(pid, "scan");
         }

@@ -419,19 +419,29 @@ pub struct ProcessTimes {
     pub sites: BTreeMap<String, (SiteRef, u64)>,
 }
 
-/// [`ProcessTimes`] of every process with scheduler data, by pid: the
-/// same accounting as [`verdict`].
-pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
+/// Each thread's stacks (CPU and off-CPU), and per process its threads
+/// with their time per class: what [`verdict`] and [`process_times`] start from.
+type StacksOf<'a> = HashMap<(u32, u32), Vec<&'a StackRecord>>;
+type ByPid<'a> = BTreeMap<u32, Vec<(&'a ThreadTimes, Acc)>>;
+
+fn threads_by_pid(rec: &Recording) -> (StacksOf<'_>, ByPid<'_>) {
     let cuda = cuda_sites(rec);
-    let mut stacks_of: HashMap<(u32, u32), Vec<&StackRecord>> = HashMap::new();
+    let mut stacks_of: StacksOf = HashMap::new();
     for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
         stacks_of.entry((s.pid, s.tid)).or_default().push(s);
     }
-    let mut by_pid: BTreeMap<u32, Vec<(&ThreadTimes, Acc)>> = BTreeMap::new();
+    let mut by_pid: ByPid = BTreeMap::new();
     for t in &rec.threads {
         let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
         by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
     }
+    (stacks_of, by_pid)
+}
+
+/// [`ProcessTimes`] of every process with scheduler data, by pid: the
+/// same accounting as [`verdict`].
+pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
+    let (stacks_of, mut by_pid) = threads_by_pid(rec);
     for threads in by_pid.values_mut() {
         parked::drop_parked(threads, &stacks_of);
         pools::apply(threads, &stacks_of, rec.sample_hz);
@@ -462,16 +472,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
     } else if rec.sample_hz == 0 {
         notes.push("CPU sampling was off (-F 0): on-CPU time is not split between Python and native code, and has no line".to_owned());
     }
-    let cuda = cuda_sites(rec);
-    let mut stacks_of: HashMap<(u32, u32), Vec<&StackRecord>> = HashMap::new();
-    for s in rec.stacks.iter().filter(|s| s.kind != StackKind::Syscall) {
-        stacks_of.entry((s.pid, s.tid)).or_default().push(s);
-    }
-    let mut by_pid: BTreeMap<u32, Vec<(&ThreadTimes, Acc)>> = BTreeMap::new();
-    for t in &rec.threads {
-        let stacks = stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
-        by_pid.entry(t.pid).or_default().push((t, thread_acc(t, stacks, cuda.get(&t.pid))));
-    }
+    let (stacks_of, by_pid) = threads_by_pid(rec);
     let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
     let mut processes: Vec<ProcessVerdict> = by_pid
         .into_iter()
