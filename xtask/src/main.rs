@@ -22,6 +22,9 @@ commands:
            util-linux), py-spy
   build    setup, then `cargo build --release -p tracer-user`
            (-> target/release/infertrace)
+             --toolchain-only   set up only the toolchain (nightly rust-src,
+                                bpf-linker), none of the tests' fixtures: the
+                                container image's build (deploy/Dockerfile)
   demo     build, then record tests/workloads/demo.py with infertrace and
            print its report
   test     build, then unit tests and end-to-end tests (needs root)
@@ -91,10 +94,11 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
             no_args("setup")?;
             setup::setup()
         }
-        "build" => {
-            no_args("build")?;
-            tasks::build()
-        }
+        "build" => match (rest.len(), rest.first().and_then(|a| a.to_str())) {
+            (0, _) => tasks::build(),
+            (1, Some("--toolchain-only")) => tasks::build_toolchain_only(),
+            _ => bail!("`build` takes only --toolchain-only; see `cargo xtask help`"),
+        },
         "demo" => {
             no_args("demo")?;
             tasks::demo()

@@ -42,12 +42,7 @@ const PREFIX_DIR: &str = ".local/share/infertrace";
 
 pub fn setup() -> Result<()> {
     let started = Instant::now();
-    step("1/8", "nightly toolchain with rust-src", rust_src)?;
-    step(
-        "2/8",
-        "bpf-linker (built against the nightly's LLVM)",
-        bpf_linker,
-    )?;
+    setup_toolchain()?;
     step("3/8", "Debian packages", apt_packages)?;
     step("4/8", "py-spy (Python fixtures)", py_spy)?;
     step("5/8", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
@@ -62,6 +57,16 @@ pub fn setup() -> Result<()> {
     step("8/8", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Steps 1 and 2: what building needs (no test fixture).
+pub fn setup_toolchain() -> Result<()> {
+    step("1/8", "nightly toolchain with rust-src", rust_src)?;
+    step(
+        "2/8",
+        "bpf-linker (built against the nightly's LLVM)",
+        bpf_linker,
+    )
 }
 
 fn step(num: &str, what: &str, f: impl FnOnce() -> Result<String>) -> Result<()> {

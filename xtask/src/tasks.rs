@@ -15,6 +15,12 @@ pub fn build() -> Result<()> {
     build_only()
 }
 
+/// The toolchain steps of setup only, then the build (deploy/Dockerfile).
+pub fn build_toolchain_only() -> Result<()> {
+    setup::setup_toolchain()?;
+    build_only()
+}
+
 fn build_only() -> Result<()> {
     println!("build: cargo build --release -p tracer-user");
     run(util::cargo().current_dir(util::workspace_root()).args([
@@ -111,6 +117,8 @@ pub fn test(args: TestArgs) -> Result<()> {
             .args([
                 "test",
                 "--release",
+                // Every test binary runs: a failure in one does not hide another's.
+                "--no-fail-fast",
                 "-p",
                 "tracer-common",
                 "-p",
@@ -135,6 +143,7 @@ pub fn test(args: TestArgs) -> Result<()> {
             .args([
                 "test",
                 "--release",
+                "--no-fail-fast",
                 "-p",
                 "infertrace-e2e",
                 "--",
