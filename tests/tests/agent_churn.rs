@@ -3,8 +3,9 @@
 //! its windows, and whatever stops it (SIGTERM, or kill -9) its BPF
 //! programs and links are gone afterwards (`bpftool`). Memory: 1,000
 //! short matching processes over a minute, with /metrics scraped every
-//! second as Prometheus would: the agent's RSS at the end is within 10% of
-//! its RSS after the first 100.
+//! second as Prometheus would: the agent's resident and peak memory at the
+//! end are within 10% of its peak over the first 100 (the resident size at
+//! that moment varies with when the allocator last gave memory back).
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -13,9 +14,14 @@ use std::time::Duration;
 use infertrace_e2e::*;
 
 fn rss_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A `kB` field of /proc/PID/status (0 when unreadable).
+fn status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.split_whitespace().next()?.parse().ok()))
         .unwrap_or(0)
 }
 
@@ -126,7 +132,7 @@ fn agent_memory_stays_flat_over_1000_short_processes() {
         })
     };
     let started = std::time::Instant::now();
-    let mut after_100 = 0;
+    let (mut after_100, mut peak_100) = (0, 0);
     for i in 0..1000u32 {
         // 1,000 over about 60 s.
         let due = Duration::from_millis(60 * u64::from(i));
@@ -139,19 +145,30 @@ fn agent_memory_stays_flat_over_1000_short_processes() {
             // Two windows for the first ones to be scraped and forgotten as they will be later.
             std::thread::sleep(Duration::from_secs(5));
             after_100 = rss_kb(apid);
+            peak_100 = status_kb(apid, "VmHWM:");
+        }
+        if i % 100 == 99 {
+            eprintln!("{TEST}: RSS after {} processes: {} kB", i + 1, rss_kb(apid));
         }
     }
     // The last ones' windows close and are scraped.
     std::thread::sleep(Duration::from_secs(5));
-    let end = rss_kb(apid);
+    let (end, peak_end) = (rss_kb(apid), status_kb(apid, "VmHWM:"));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let scrapes = scraper.join().expect("scraper");
-    eprintln!("{TEST}: agent RSS after 100 processes {after_100} kB, after 1000: {end} kB ({scrapes} scrapes, {:.0} s)", started.elapsed().as_secs_f64());
+    eprintln!(
+        "{TEST}: agent RSS after 100 processes {after_100} kB (peak so far {peak_100} kB), after 1000: {end} kB (peak {peak_end} kB) ({scrapes} scrapes, {:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
     assert!(alive(apid), "{TEST}: the agent died");
-    assert!(after_100 > 0 && scrapes > 30, "{TEST}: RSS {after_100} kB, {scrapes} scrapes");
+    assert!(after_100 > 0 && peak_100 > 0 && scrapes > 30, "{TEST}: RSS {after_100} kB, peak {peak_100} kB, {scrapes} scrapes");
+    // The resident size after 100 processes depends on when the allocator last gave memory back
+    // (seen: 32 MB in one run, 41 MB in others, with the same 42 MB at the end); the peak does not.
+    // Memory that grows with churn raises both the end's resident size and the peak.
     assert!(
-        end as f64 <= after_100 as f64 * 1.10,
-        "{TEST}: agent RSS grew from {after_100} kB after 100 processes to {end} kB after 1000 (more than 10%)"
+        end as f64 <= peak_100 as f64 * 1.10 && peak_end as f64 <= peak_100 as f64 * 1.10,
+        "{TEST}: agent memory grew from a peak of {peak_100} kB over the first 100 processes to {end} kB resident, \
+         {peak_end} kB peak after 1000 (more than 10%)"
     );
     kill(apid, libc::SIGTERM);
     let status = poll(Duration::from_secs(60), || agent.try_wait().ok().flatten()).expect("the agent exits");

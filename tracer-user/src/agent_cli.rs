@@ -14,7 +14,8 @@ use regex::Regex;
 pub const AFTER_HELP: &str = "Selection: a process is traced when it meets every criterion given (repeated --pid values are \
 alternatives). Running processes are found by a scan of /proc at start (and every 5 s); a process that starts later is \
 picked up at its exec, through a kernel event. Children of a target are followed; a target that exec's into something \
-the selection does not name is dropped.\n\
+the selection does not name is dropped at once, one that stops matching otherwise (renamed, moved to another \
+cgroup) at the next scan.\n\
 Windows: every --window, the recording of that window (exact counts: the difference of two cumulative snapshots) is \
 written into --out-dir as infertrace-agent-<time>-<seq>.itr, atomically (a temporary file renamed); the oldest beyond \
 --keep / --max-size are removed. `infertrace report FILE` renders one.\n\
