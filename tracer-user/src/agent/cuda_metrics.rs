@@ -96,14 +96,12 @@ impl CudaMetrics {
             self.bytes.get_or_create(&l).inc_by(call.bytes);
             self.seconds.get_or_create(&l).inc_by(call.total_ns as f64 / 1e9);
             self.errors.get_or_create(&l).inc_by(call.errors);
-            if is_sync_api(&call.api) {
+            if crate::report::verdict::is_sync_api(&call.api) {
                 self.sync_seconds.get_or_create(&target).inc_by(call.total_ns as f64 / 1e9);
             }
             if target.pid != "other" {
                 let e = self.series.entry(call.pid).or_default();
-                if !e.0.contains(&l) {
-                    e.0.push(l);
-                }
+                push_new(&mut e.0, l);
                 e.2 = Some(target);
             }
         }
@@ -121,9 +119,7 @@ impl CudaMetrics {
             self.findings.get_or_create(&l).inc_by(f.count);
             if target.pid != "other" {
                 let e = self.series.entry(f.pid).or_default();
-                if !e.1.contains(&l) {
-                    e.1.push(l);
-                }
+                push_new(&mut e.1, l);
                 e.2 = Some(target);
             }
         }
@@ -172,8 +168,11 @@ impl CudaMetrics {
     }
 }
 
-fn is_sync_api(name: &str) -> bool {
-    (name.starts_with("cuda") || name.starts_with("cu")) && name.contains("Synchronize")
+/// Adds `l` to `v` unless it is there.
+fn push_new<T: PartialEq>(v: &mut Vec<T>, l: T) {
+    if !v.contains(&l) {
+        v.push(l);
+    }
 }
 
 /// `file:LINE function` (the file's base name), or the function alone.

@@ -236,7 +236,8 @@ fn frame_key(f: &Frame) -> Option<(String, u32)> {
     Some((base(f.file.as_deref()?).to_owned(), f.line?))
 }
 
-fn is_sync_api(name: &str) -> bool {
+/// A CUDA runtime or driver synchronize call, by name (also the agent's sync seconds).
+pub(crate) fn is_sync_api(name: &str) -> bool {
     (name.starts_with("cuda") || name.starts_with("cu")) && name.contains("Synchronize")
 }
 
