@@ -180,15 +180,21 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNING, window_start_ns(), 0) else { return };
     let t = unsafe { &mut *t };
-    crate::timeline::state_ended(t, now);
     let elapsed = now.saturating_sub(t.since_ns);
     match t.state {
-        STATE_RUNNING => t.on_cpu_ns += elapsed,
+        STATE_RUNNING => {
+            crate::timeline::state_ended(t, now);
+            t.on_cpu_ns += elapsed
+        }
         // Switched out while we thought it waited: its switch-in was never
         // reported (the kernel skips the tracepoint in some contexts). The
-        // kernel's CPU-time counter says how long it actually ran.
+        // kernel's CPU-time counter says how long it actually ran; the
+        // timeline shows the wait first, then the run, as the sums count them.
         STATE_RUNNABLE | STATE_OFF_CPU => {
             let (ran, rest) = split_missed_switch_in(elapsed, t.exec_ns, exec);
+            let ran_from = t.since_ns + rest;
+            crate::timeline::interval(t, t.state, t.since_ns, ran_from);
+            crate::timeline::interval(t, STATE_RUNNING, ran_from, now);
             t.on_cpu_ns += ran;
             if t.state == STATE_RUNNABLE && t.reason != REASON_GIL {
                 add_runqueue(t, rest);
@@ -196,7 +202,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
                 add_off_cpu(t, rest);
             }
         }
-        _ => {}
+        _ => crate::timeline::state_ended(t, now),
     }
     t.exec_ns = exec;
     if let Ok(comm) = bpf_get_current_comm() {

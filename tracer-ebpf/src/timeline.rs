@@ -51,20 +51,28 @@ fn emit(ev: &TimelineEvent) {
 /// The thread's current state (since `t.since_ns`) ends at `now`.
 #[inline(always)]
 pub fn state_ended(t: &ThreadState, now: u64) {
-    if !enabled() {
+    interval(t, t.state, t.since_ns, now);
+}
+
+/// The thread was in `state` from `begin` to `end` (its reason and stacks
+/// are those of `t`): a part of an interval that the kernel's sums split,
+/// so that the timeline splits it the same way.
+#[inline(always)]
+pub fn interval(t: &ThreadState, state: u32, begin: u64, end: u64) {
+    if !enabled() || end <= begin {
         return;
     }
     emit(&TimelineEvent {
         kind: KIND_STATE,
         pid: t.pid,
         tid: t.tid,
-        state: t.state,
+        state,
         reason: t.reason,
         user_stack: t.user_stack,
         kernel_stack: t.kernel_stack,
         _pad: 0,
-        begin_ns: t.since_ns,
-        end_ns: now,
+        begin_ns: begin,
+        end_ns: end,
         py_stack: t.py_stack,
     });
 }

@@ -66,16 +66,6 @@ fn reason_code(r: OffCpuReason) -> u32 {
     }
 }
 
-fn reason_of_code(c: u32) -> OffCpuReason {
-    match c {
-        REASON_IO => OffCpuReason::Io,
-        REASON_LOCK => OffCpuReason::Lock,
-        REASON_POLL => OffCpuReason::Poll,
-        REASON_SLEEP => OffCpuReason::Sleep,
-        REASON_GIL => OffCpuReason::Gil,
-        _ => OffCpuReason::Other,
-    }
-}
 
 /// The reason for blocking in syscall `nr` on `arch`.
 pub fn classify(arch: &str, nr: u32) -> OffCpuReason {
@@ -427,7 +417,7 @@ fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffC
         if !target_pids.contains(&k.pid) || ns == 0 {
             continue;
         }
-        let reason = reason_of_code(k.reason);
+        let reason = OffCpuReason::from_code(k.reason);
         out.push(StackRecord {
             kind: if reason == OffCpuReason::Gil { StackKind::Gil } else { StackKind::OffCpu },
             reason: Some(reason),

@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Duration};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tracer_common::{
-    sched::{NO_STACK, REASON_GIL, REASON_IO, REASON_LOCK, REASON_POLL, REASON_SLEEP, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING},
+    sched::{NO_STACK, REASON_GIL, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING},
     timeline::{TimelineEvent, KIND_SAMPLE, KIND_STATE, KIND_SYSCALL, KIND_THREAD_EXIT, KIND_THREAD_START},
 };
 
@@ -68,16 +68,6 @@ pub struct TimelineCollector {
     stacks: Vec<Vec<Frame>>,
 }
 
-fn reason(r: u32) -> OffCpuReason {
-    match r {
-        REASON_IO => OffCpuReason::Io,
-        REASON_LOCK => OffCpuReason::Lock,
-        REASON_POLL => OffCpuReason::Poll,
-        REASON_SLEEP => OffCpuReason::Sleep,
-        REASON_GIL => OffCpuReason::Gil,
-        _ => OffCpuReason::Other,
-    }
-}
 
 /// The interval's state as the timeline names it (None: not an interval to show).
 fn state_of(state: u32, r: u32) -> Option<(ThreadState, Option<OffCpuReason>)> {
@@ -86,7 +76,7 @@ fn state_of(state: u32, r: u32) -> Option<(ThreadState, Option<OffCpuReason>)> {
         // Woken to take the GIL and waiting for a CPU: still GIL time (as in the wall-time table).
         STATE_RUNNABLE if r == REASON_GIL => Some((ThreadState::OffCpu, Some(OffCpuReason::Gil))),
         STATE_RUNNABLE => Some((ThreadState::Runqueue, None)),
-        STATE_OFF_CPU => Some((ThreadState::OffCpu, Some(reason(r)))),
+        STATE_OFF_CPU => Some((ThreadState::OffCpu, Some(OffCpuReason::from_code(r)))),
         _ => None,
     }
 }

@@ -175,6 +175,33 @@ pub enum OffCpuReason {
     Gil,
 }
 
+impl OffCpuReason {
+    /// The reason a kernel record's code (`tracer_common::sched::REASON_*`) stands for.
+    pub fn from_code(code: u32) -> Self {
+        use tracer_common::sched::{REASON_GIL, REASON_IO, REASON_LOCK, REASON_POLL, REASON_SLEEP};
+        match code {
+            REASON_IO => Self::Io,
+            REASON_LOCK => Self::Lock,
+            REASON_POLL => Self::Poll,
+            REASON_SLEEP => Self::Sleep,
+            REASON_GIL => Self::Gil,
+            _ => Self::Other,
+        }
+    }
+
+    /// Its name in reports and labels (as serialized: `io`, `lock`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Io => "io",
+            Self::Lock => "lock",
+            Self::Poll => "poll",
+            Self::Sleep => "sleep",
+            Self::Other => "other",
+            Self::Gil => "gil",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum StackKind {

@@ -105,16 +105,10 @@ fn process_names(rec: &Recording) -> HashMap<u32, String> {
 }
 
 pub(crate) fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
-    let reason = match reason {
-        None => return "[off-cpu]".to_owned(),
-        Some(OffCpuReason::Io) => "io",
-        Some(OffCpuReason::Lock) => "lock",
-        Some(OffCpuReason::Poll) => "poll",
-        Some(OffCpuReason::Sleep) => "sleep",
-        Some(OffCpuReason::Other) => "other",
-        Some(OffCpuReason::Gil) => "gil",
-    };
-    format!("[off-cpu: {reason}]")
+    match reason {
+        None => "[off-cpu]".to_owned(),
+        Some(r) => format!("[off-cpu: {}]", r.name()),
+    }
 }
 
 fn stack_line(comms: &HashMap<u32, String>, stack: &StackRecord, context: Option<&str>) -> String {

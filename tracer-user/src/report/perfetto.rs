@@ -159,16 +159,6 @@ fn arg_int(name: &str, v: i64) -> DebugAnnotation {
     DebugAnnotation { name: Some(name.into()), int_value: Some(v), ..Default::default() }
 }
 
-fn reason_name(r: Option<OffCpuReason>) -> &'static str {
-    match r {
-        Some(OffCpuReason::Io) => "off-cpu: io",
-        Some(OffCpuReason::Lock) => "off-cpu: lock",
-        Some(OffCpuReason::Poll) => "off-cpu: poll",
-        Some(OffCpuReason::Sleep) => "off-cpu: sleep",
-        Some(OffCpuReason::Gil) => "off-cpu: gil",
-        Some(OffCpuReason::Other) | None => "off-cpu: other",
-    }
-}
 
 fn frame_text(f: &Frame) -> String {
     match (&f.file, f.line) {
@@ -312,15 +302,15 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     let mut b = Builder { events: Vec::new() };
     for s in &tl.states {
         let name = match s.state {
-            ThreadState::OnCpu => "on-cpu",
-            ThreadState::Runqueue => "runqueue",
-            ThreadState::OffCpu => reason_name(s.reason),
+            ThreadState::OnCpu => "on-cpu".to_owned(),
+            ThreadState::Runqueue => "runqueue".to_owned(),
+            ThreadState::OffCpu => format!("off-cpu: {}", s.reason.unwrap_or(OffCpuReason::Other).name()),
         };
         let mut args = Vec::new();
         if let Some(frames) = stack(s.stack) {
             args.push(arg_str("stack", stack_text(frames)));
         }
-        b.slice(base + s.begin_ns, base + s.end_ns, track(s.pid, s.tid).0, name.to_owned(), args);
+        b.slice(base + s.begin_ns, base + s.end_ns, track(s.pid, s.tid).0, name, args);
     }
     for s in &tl.samples {
         let args = stack(s.stack).map(|f| vec![arg_str("stack", stack_text(f))]).unwrap_or_default();

@@ -174,17 +174,6 @@ impl Strings {
     }
 }
 
-fn reason_name(r: Option<OffCpuReason>) -> &'static str {
-    match r {
-        None => "unknown",
-        Some(OffCpuReason::Io) => "io",
-        Some(OffCpuReason::Lock) => "lock",
-        Some(OffCpuReason::Poll) => "poll",
-        Some(OffCpuReason::Sleep) => "sleep",
-        Some(OffCpuReason::Other) => "other",
-        Some(OffCpuReason::Gil) => "gil",
-    }
-}
 
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -250,7 +239,7 @@ pub fn profile(rec: &Recording) -> proto::Profile {
         let value = if w.on_cpu {
             vec![to_i64(w.samples), to_i64(w.weight_ns), 0]
         } else {
-            label.push(proto::Label { key: keys.3, str: strings.get(reason_name(w.reason)), num: 0, num_unit: 0 });
+            label.push(proto::Label { key: keys.3, str: strings.get(w.reason.map_or("unknown", OffCpuReason::name)), num: 0, num_unit: 0 });
             vec![0, 0, to_i64(w.weight_ns)]
         };
         samples.push(proto::Sample { location_id: ids, value, label });

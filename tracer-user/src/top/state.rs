@@ -148,16 +148,6 @@ fn thread_delta(now: &ThreadTimes, before: Option<&ThreadTimes>) -> ThreadTimes 
     d
 }
 
-pub fn reason_name(r: Option<OffCpuReason>) -> &'static str {
-    match r {
-        Some(OffCpuReason::Io) => "io",
-        Some(OffCpuReason::Lock) => "lock",
-        Some(OffCpuReason::Poll) => "poll",
-        Some(OffCpuReason::Sleep) => "sleep",
-        Some(OffCpuReason::Other) | None => "other",
-        Some(OffCpuReason::Gil) => "gil",
-    }
-}
 
 /// The Python function a stack's time belongs to: its Python leaf, as
 /// (function, file name, line).
@@ -176,7 +166,7 @@ fn functions(rec: &Recording) -> Functions {
     for s in &rec.stacks {
         let (cpu, reason) = match s.kind {
             StackKind::Cpu => (true, ""),
-            StackKind::OffCpu => (false, reason_name(s.reason)),
+            StackKind::OffCpu => (false, s.reason.map_or("other", OffCpuReason::name)),
             StackKind::Gil => (false, "gil"),
             StackKind::Syscall => continue,
         };

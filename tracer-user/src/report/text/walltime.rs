@@ -142,16 +142,6 @@ pub fn render(out: &mut String, rec: &Recording) {
     stacks_section(out, rec, StackKind::Syscall, None);
 }
 
-fn reason_name(r: OffCpuReason) -> &'static str {
-    match r {
-        OffCpuReason::Io => "io",
-        OffCpuReason::Lock => "lock",
-        OffCpuReason::Poll => "poll",
-        OffCpuReason::Sleep => "sleep",
-        OffCpuReason::Other => "other",
-        OffCpuReason::Gil => "gil",
-    }
-}
 
 fn frame_text(f: &Frame) -> String {
     let mut s = printable(&f.function).into_owned();
@@ -198,7 +188,7 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
             let _ = writeln!(out, "\n== top on-CPU stacks ({total} samples at {} Hz)", rec.sample_hz);
         }
         (StackKind::OffCpu, Some(r)) => {
-            let _ = writeln!(out, "\n== top off-CPU stacks: {} ({} total)", reason_name(r), fmt_duration(total));
+            let _ = writeln!(out, "\n== top off-CPU stacks: {} ({} total)", r.name(), fmt_duration(total));
         }
         (StackKind::Gil, _) => {
             let _ = writeln!(out, "\n== top GIL-wait stacks ({} total)", fmt_duration(total));
