@@ -21,32 +21,32 @@ LONG = 600.0
 
 
 async def leaf(delay):
-    await asyncio.sleep(delay)  # await-sleep
+    await asyncio.sleep(delay)  # @await-sleep
 
 
 async def mid(delay):
-    await leaf(delay)  # await-leaf
+    await leaf(delay)  # @await-leaf
 
 
 async def nested():
-    async with asyncio.TaskGroup() as tg:  # group-b-exit
+    async with asyncio.TaskGroup() as tg:  # @group-b-exit
         tg.create_task(mid(LONG), name="inner-1")
         tg.create_task(mid(LONG), name="inner-2")
 
 
 async def locked(lock):
-    async with lock:  # await-lock
+    async with lock:  # @await-lock
         pass
 
 
 async def holder(lock):
     async with lock:
-        await asyncio.sleep(LONG)  # holder-sleep
+        await asyncio.sleep(LONG)  # @holder-sleep
 
 
 async def root():
     lock = asyncio.Lock()
-    async with asyncio.TaskGroup() as tg:  # root-exit
+    async with asyncio.TaskGroup() as tg:  # @root-exit
         for i in range(1, 4):
             tg.create_task(mid(LONG), name=f"worker-{i}")
         tg.create_task(mid(LONG))
@@ -61,7 +61,7 @@ async def tree():
     t = asyncio.create_task(root(), name="root")
     await asyncio.sleep(0.3)
     print("ready", flush=True)
-    await t  # main-await-root
+    await t  # @main-await-root
 
 
 def run_loop(tag, ids, started):
@@ -70,7 +70,7 @@ def run_loop(tag, ids, started):
         ids[tag] = threading.get_native_id()
         await asyncio.sleep(0.3)
         started.release()
-        await asyncio.gather(*tasks)  # loop-gather
+        await asyncio.gather(*tasks)  # @loop-gather
 
     asyncio.run(loop_main())
 
@@ -88,13 +88,13 @@ def two_loops():
 
 
 def spin():
-    while True:  # spin-loop
+    while True:  # @spin-loop
         pass
 
 
 async def busy():
     print("ready", flush=True)
-    spin()  # busy-calls-spin
+    spin()  # @busy-calls-spin
 
 
 async def spin_main():
