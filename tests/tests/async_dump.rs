@@ -301,11 +301,11 @@ fn dump_async_agrees_with_pstree() {
         let loops = dump_async(pid);
         eprintln!("{label}: pstree:\n{tree}");
 
-        // Ground truth from the workload itself: 12 tasks, named as it names them.
+        // Ground truth from the workload itself: 15 tasks, named as it names them.
         let names: BTreeSet<&str> = tasks_of(&loops).iter().map(|t| t["name"].as_str().unwrap()).collect();
         let want: BTreeSet<&str> = [
             "Task-1", "Task-2", "root", "worker-1", "worker-2", "worker-3", "group-b", "inner-1", "inner-2", "holder", "waiter-1",
-            "waiter-2",
+            "waiter-2", "shared", "joiner-1", "joiner-2",
         ]
         .into();
         assert_eq!(names, want, "{label}: task names");
@@ -329,6 +329,11 @@ fn dump_async_agrees_with_pstree() {
             assert_eq!(t["loop_id"], loops[0]["loop_id"], "{label}: {t}");
         }
         assert_eq!(by_name["Task-1"]["waiting_on"]["type_name"], "_asyncio.Task", "{label}");
+        // Two awaiters: a set.
+        let joiners: BTreeSet<u64> = ["joiner-1", "joiner-2"].iter().map(|n| by_name[n]["id"].as_u64().unwrap()).collect();
+        let awaiters: BTreeSet<u64> = by_name["shared"]["awaited_by"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(awaiters, joiners, "{label}: shared is awaited by both joiners");
+        assert_eq!(by_name["joiner-1"]["coroutine_stack"][0]["line"], marks["await-shared"], "{label}");
         assert_eq!(by_name["waiter-1"]["waiting_on"]["type_name"], "_asyncio.Future", "{label}");
         assert_eq!(by_name["waiter-1"]["coroutine_stack"].as_array().unwrap().last().unwrap()["line"], marks["await-lock"], "{label}");
 

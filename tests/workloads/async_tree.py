@@ -6,7 +6,8 @@ Modes (prints "ready ..." once the tasks are suspended, then waits):
              TaskGroup holds three named workers (mid -> leaf -> sleep), one
              unnamed worker, and "group-b", whose own TaskGroup holds
              "inner-1" and "inner-2"; two workers wait on one asyncio.Lock
-             held by "holder" ("ready").
+             held by "holder"; "joiner-1" and "joiner-2" both await the
+             task "shared" (its awaiters are then a set) ("ready").
   two_loops  two threads, each running its own event loop with tasks
              "A-..." and "B-..." ("ready TID_A TID_B": their native ids).
   spin       a task "spinner" runs spin() on the CPU without yielding while
@@ -44,8 +45,13 @@ async def holder(lock):
         await asyncio.sleep(LONG)  # @holder-sleep
 
 
+async def join(task):
+    await task  # @await-shared
+
+
 async def root():
     lock = asyncio.Lock()
+    shared = asyncio.create_task(mid(LONG), name="shared")
     async with asyncio.TaskGroup() as tg:  # @root-exit
         for i in range(1, 4):
             tg.create_task(mid(LONG), name=f"worker-{i}")
@@ -55,6 +61,8 @@ async def root():
         await asyncio.sleep(0)
         tg.create_task(locked(lock), name="waiter-1")
         tg.create_task(locked(lock), name="waiter-2")
+        tg.create_task(join(shared), name="joiner-1")
+        tg.create_task(join(shared), name="joiner-2")
 
 
 async def tree():

@@ -69,7 +69,7 @@ impl AsyncioDebug {
             tstate_running_task: at(11),
             tstate_tasks_head: at(12),
         };
-        let groups: [(&str, u64, &[(&str, u64, u64)]); 3] = [
+        let groups: [Group; 3] = [
             (
                 "TaskObj",
                 d.task_size,
@@ -126,6 +126,11 @@ impl AsyncioDebug {
         })
     }
 }
+
+/// (member, offset, bytes it needs).
+type Member<'a> = (&'a str, u64, u64);
+/// (structure, its size, its members).
+type Group<'a> = (&'a str, u64, &'a [Member<'a>]);
 
 /// `TaskObj` members that are not published (see [`AsyncioDebug::derived_task_members`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
