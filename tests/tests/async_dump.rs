@@ -401,7 +401,8 @@ fn dump_async_two_loops() {
 
 /// A task running on the CPU (never yielding): it is the thread's running
 /// task, in state running, its stack the thread's frames from spin() down
-/// to its coroutine; the other tasks are suspended.
+/// to its coroutine; the other tasks are suspended, or ready (scheduled,
+/// never run, behind the blocked loop).
 #[test]
 fn dump_async_running_task() {
     let test = "dump_async_running_task";
@@ -425,6 +426,12 @@ fn dump_async_running_task() {
         assert_eq!(by_name["idle-1"]["state"], "awaiting", "{label}");
         assert_eq!(functions(&by_name["idle-1"]["coroutine_stack"]), ["sleep", "leaf", "mid"], "{label}");
         assert_eq!(by_name["Task-1"]["state"], "awaiting", "{label}");
+        // Created by the spinner, scheduled, never run: ready, its coroutine
+        // not started (its only frame, at the function's first line).
+        let queued = by_name["queued"];
+        assert_eq!(queued["state"], "ready", "{label}");
+        assert_eq!(queued["waiting_on"], Value::Null, "{label}");
+        assert_eq!(functions(&queued["coroutine_stack"]), ["mid"], "{label}");
     }
 }
 

@@ -11,7 +11,8 @@ Modes (prints "ready ..." once the tasks are suspended, then waits):
   two_loops  two threads, each running its own event loop with tasks
              "A-..." and "B-..." ("ready TID_A TID_B": their native ids).
   spin       a task "spinner" runs spin() on the CPU without yielding while
-             "idle-1" sleeps ("ready").
+             "idle-1" sleeps and "queued", created by the spinner, waits for
+             its first step ("ready").
 """
 
 import asyncio
@@ -101,6 +102,7 @@ def spin():
 
 
 async def busy():
+    asyncio.create_task(mid(LONG), name="queued")  # never started: the loop is blocked
     print("ready", flush=True)
     spin()  # @busy-calls-spin
 
