@@ -461,3 +461,34 @@ fn dump_async_needs_314() {
         assert!(r.stdout.is_empty(), "{}: {}", p.label, r.describe());
     }
 }
+
+/// A loop creating and finishing thousands of tasks a second: every one of
+/// 30 dumps succeeds (a read that meets a freed task is made again), and
+/// lists only the workload's tasks (`Task-1` and `short-N`) in valid states.
+#[test]
+fn dump_async_churn() {
+    let test = "dump_async_churn";
+    require!(test, Root, Binary);
+    for p in chroot_or_skip(test) {
+        let label = &p.label;
+        let w = Workload::start(&p.exe, "churn");
+        let mut seen_short = 0;
+        for i in 0..30 {
+            let r = run_infertrace(["dump", "-p", &w.pid().to_string(), "--async", "--format", "json"]);
+            assert!(r.status.success(), "{label}: dump {i}: {}", r.describe());
+            let v: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{label}: not JSON: {e}\n{}", r.describe()));
+            let loops = v["loops"].as_array().unwrap();
+            assert_eq!(loops.len(), 1, "{label}: {v}");
+            for t in tasks_of(loops) {
+                let name = t["name"].as_str().unwrap();
+                let short = name.strip_prefix("short-").is_some_and(|n| n.parse::<u64>().is_ok());
+                assert!(short || name == "Task-1", "{label}: unexpected task {t}");
+                seen_short += usize::from(short);
+                let state = t["state"].as_str().unwrap();
+                // done: finished, not yet off the list.
+                assert!(["running", "awaiting", "ready", "done"].contains(&state), "{label}: {t}");
+            }
+        }
+        assert!(seen_short > 0, "{label}: no short-N task seen in 30 dumps");
+    }
+}

@@ -13,6 +13,8 @@ Modes (prints "ready ..." once the tasks are suspended, then waits):
   spin       a task "spinner" runs spin() on the CPU without yielding while
              "idle-1" sleeps and "queued", created by the spinner, waits for
              its first step ("ready").
+  churn      tasks "short-N" created and finished all the time, 50 per
+             TaskGroup ("ready").
 """
 
 import asyncio
@@ -114,6 +116,20 @@ async def spin_main():
     await idle
 
 
+async def short():
+    await asyncio.sleep(0)
+
+
+async def churn():
+    print("ready", flush=True)
+    n = 0
+    while True:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(50):
+                n += 1
+                tg.create_task(short(), name=f"short-{n}")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "tree":
@@ -122,5 +138,7 @@ if __name__ == "__main__":
         two_loops()
     elif mode == "spin":
         asyncio.run(spin_main())
+    elif mode == "churn":
+        asyncio.run(churn())
     else:
         sys.exit(f"unknown mode {mode}")

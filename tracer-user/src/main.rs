@@ -377,10 +377,9 @@ fn dump_async(interp: &mut python::Interpreter, format: DumpFormat) -> anyhow::R
     let loops = loop {
         match reader.read(interp) {
             Ok(l) => break l,
-            Err(e @ python::asyncio::AsyncioError::Inconsistent { .. }) if tries < 3 => {
+            Err(python::asyncio::AsyncioError::Inconsistent { .. }) if tries < 20 => {
                 tries += 1;
-                let _ = e;
-                std::thread::sleep(std::time::Duration::from_millis(5));
+                std::thread::sleep(std::time::Duration::from_millis(2));
             }
             Err(e) => bail!("reading the asyncio tasks of pid {pid} failed: {e} (hint: {})", e.hint()),
         }

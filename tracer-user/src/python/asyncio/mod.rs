@@ -199,7 +199,23 @@ impl AsyncioReader {
     /// Every thread's tasks (threads with neither tasks nor a running loop
     /// are left out), then the interpreter's list of tasks whose thread
     /// has exited, if not empty.
+    ///
+    /// The process runs on while it is read: a task that finishes meanwhile
+    /// may be freed under the reader. Such a read fails with
+    /// [`AsyncioError::Inconsistent`] (a read of freed or reused memory,
+    /// while the process is alive): read again.
     pub fn read(&self, interp: &mut Interpreter) -> Result<Vec<LoopTasks>, AsyncioError> {
+        self.read_once(interp).map_err(|e| match e {
+            AsyncioError::Python(p @ (PythonError::Memory { .. } | PythonError::Layout { .. }))
+                if crate::procfs::is_alive(self.pid) =>
+            {
+                self.inconsistent(p.to_string())
+            }
+            e => e,
+        })
+    }
+
+    fn read_once(&self, interp: &mut Interpreter) -> Result<Vec<LoopTasks>, AsyncioError> {
         let tstates = interp.walk_tstates()?;
         let tids = interp.tids(&tstates);
         let mut lists: Vec<(LoopTasks, Vec<u64>, u64)> = Vec::new();
