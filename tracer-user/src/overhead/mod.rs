@@ -3,7 +3,8 @@
 //!
 //! Two collectors share one state: [`OverheadStart`], first in the list,
 //! turns the kernel's BPF run statistics on and calibrates the probe
-//! mechanism ([`calibrate`]) before any other family attaches; and
+//! mechanism ([`calibrate`]) before any other family attaches, then opens
+//! the window (the calibration is not in it); and
 //! [`OverheadReport`], last, whose snapshot reads the run statistics of our
 //! programs ([`stats`]) and estimates, per target, the time the probes
 //! added: its probe hits (exact, from the recording's own counts) times the
@@ -82,6 +83,13 @@ impl Collector for OverheadStart {
         let mut notes = Vec::new();
         s.calibration = calibrate::calibrate(cx, &TABLE, &mut notes);
         s.notes.extend(notes);
+        // The calibration is not part of the window: nothing is attached
+        // yet, and the window opens now (its length stays what `--duration`
+        // asked for).
+        let now = crate::clock::monotonic_ns();
+        set_window_start(&mut cx.ebpf, now)?;
+        cx.window_start = now;
+        cx.started_unix_ms = crate::clock::unix_ms();
         Ok(())
     }
 
@@ -123,6 +131,14 @@ impl Collector for OverheadReport {
         ));
         Ok(())
     }
+}
+
+/// `WINDOW[0]`, the window start the kernel programs compare with.
+fn set_window_start(ebpf: &mut aya::Ebpf, ns: u64) -> Result<(), ProbeError> {
+    let map = ebpf.map_mut("WINDOW").ok_or(ProbeError::MissingMap("WINDOW"))?;
+    let mut arr: aya::maps::Array<&mut aya::maps::MapData, u64> =
+        aya::maps::Array::try_from(map).map_err(|e| ProbeError::map("WINDOW", e))?;
+    arr.set(0, ns, 0).map_err(|e| ProbeError::map("WINDOW", e))
 }
 
 /// The kernel keeps 15 bytes of a program's name.
