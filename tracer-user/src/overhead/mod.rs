@@ -53,6 +53,10 @@ pub type Tables = [&'static FamilyTable];
 
 struct Shared {
     tables: &'static Tables,
+    /// Every program of ours seen so far, by id: its name and its last
+    /// counters (a family releases its programs at the window end, before
+    /// the final snapshot: their counts are read before that, and kept).
+    seen: BTreeMap<u32, (String, stats::Runs)>,
     /// Open while the window is: the kernel keeps run statistics.
     stats: Option<OwnedFd>,
     calibration: Calibration,
@@ -62,8 +66,33 @@ struct Shared {
 /// The pair of collectors: the first goes first in the list, the second
 /// last. `tables`: every family's (`families::tables`).
 pub fn collectors(tables: &'static Tables) -> (Box<dyn Collector>, Box<dyn Collector>) {
-    let shared = Arc::new(Mutex::new(Shared { tables, stats: None, calibration: Calibration::default(), notes: Vec::new() }));
+    let shared = Arc::new(Mutex::new(Shared {
+        tables,
+        seen: BTreeMap::new(),
+        stats: None,
+        calibration: Calibration::default(),
+        notes: Vec::new(),
+    }));
     (Box::new(OverheadStart(shared.clone())), Box::new(OverheadReport(shared)))
+}
+
+impl Shared {
+    /// Reads the counters of the programs we hold now into `seen`.
+    fn refresh(&mut self) {
+        let runs = stats::own_programs();
+        let unnamed: BTreeMap<u32, stats::Runs> =
+            runs.iter().filter(|(id, _)| !self.seen.contains_key(id)).map(|(id, r)| (*id, *r)).collect();
+        let names = if unnamed.is_empty() { BTreeMap::new() } else { stats::names(&unnamed) };
+        for (id, r) in runs {
+            if let Some((_, last)) = self.seen.get_mut(&id) {
+                // Monotonic counters: the larger is the later.
+                last.runs = last.runs.max(r.runs);
+                last.run_ns = last.run_ns.max(r.run_ns);
+            } else if let Some(name) = names.get(&id) {
+                self.seen.insert(id, (name.clone(), r));
+            }
+        }
+    }
 }
 
 /// Turns on the run statistics and calibrates, before the other families attach.
@@ -96,6 +125,11 @@ impl Collector for OverheadStart {
     fn snapshot(&mut self, _cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
         Ok(())
     }
+
+    /// First to detach: the other families' programs are still loaded.
+    fn detach(&mut self, _cx: &mut Context) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).refresh();
+    }
 }
 
 /// Fills `tracer_overhead`, once every other family has filled its part.
@@ -110,10 +144,22 @@ impl Collector for OverheadReport {
         Ok(())
     }
 
+    fn poll_every(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
+    /// Programs loaded and released during the window (per library) are
+    /// counted as they go.
+    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).refresh();
+        Ok(())
+    }
+
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        let s = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let runs = stats::own_programs();
-        let names = stats::names(&runs);
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.refresh();
+        let runs: BTreeMap<u32, stats::Runs> = s.seen.iter().map(|(id, (_, r))| (*id, *r)).collect();
+        let names: BTreeMap<u32, String> = s.seen.iter().map(|(id, (n, _))| (*id, n.clone())).collect();
         let families = group_by_family(&runs, &names, s.tables);
         let (cpu_user_ns, cpu_system_ns, peak_rss_bytes) = stats::own_usage();
         let mut notes = s.notes.clone();
