@@ -56,10 +56,11 @@ commands:
              --stop        only the time from SIGINT to exit (~1 min)
              --only NAME   only the workloads whose name contains NAME
                            (e.g. cuda, \"syscall loop\"), no stop line
-           floors (bpftrace, empty actions, same run): raw_syscalls
-           enter+exit for the syscall loop, uprobe and uprobe+uretprobe on
-           the stand-in's copy and launch functions; infertrace rows show
-           their ratio to the floor (\"vs floor\"), goals as that ratio
+           floors (same run): bpftrace with empty actions (raw_syscalls
+           enter+exit; uprobe and uprobe+uretprobe on the stand-in's copy
+           and launch functions) and infertrace on an idle pid (the
+           syscall loop's floor); infertrace rows show their ratio to the
+           floor (\"vs floor\"), goals as that ratio
   soak     build, then N minutes of thread and process churn (850 threads/s,
            ~10 processes/s, tests/workloads/churn.c) under `infertrace
            record -p`: the tracer's RSS at each minute, the recording's
