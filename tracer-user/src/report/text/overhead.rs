@@ -64,3 +64,34 @@ pub fn render(out: &mut String, o: &TracerOverhead) {
         fmt_duration(c.syscall_tracepoints_ns as u64),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::recording::overhead::{TargetOverhead, TracerOverhead};
+
+    #[test]
+    fn one_line_per_target_then_the_rest_summed() {
+        let target = |pid: u32, added: u64| TargetOverhead {
+            pid,
+            comm: "w\x1b".into(),
+            hits: BTreeMap::from([("syscalls".to_owned(), 2 * added)]),
+            added_ns: BTreeMap::from([("syscalls".to_owned(), added)]),
+            estimated_added_ns: added,
+            wall_ns: 1_000_000,
+            share_percent: added as f64 / 1e4,
+            uretprobe_syscalls: if pid == 7 { 3 } else { 0 },
+            uretprobe_syscall_ns: if pid == 7 { 1500 } else { 0 },
+        };
+        let o = TracerOverhead { targets: (1..=7).map(|p| target(p, u64::from(p) * 1000)).collect(), ..Default::default() };
+        let mut out = String::new();
+        super::render(&mut out, &o);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 7, "{out}");
+        // The largest first, with its uretprobe syscalls said to be tracer time.
+        assert!(lines[0].starts_with("tracer overhead: pid 7 (w\\x1b): ~7.0 us added, 0.70% of its 1.00 ms (syscalls 14000 hits 7.0 us); 3 uretprobe syscalls (1.5 us) are tracer time"), "{out}");
+        assert_eq!(lines[5], "tracer overhead: 2 more processes: ~3.0 us added", "{out}");
+        assert!(lines[6].starts_with("tracer overhead: infertrace itself"), "{out}");
+    }
+}
