@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 10] {
+pub fn tables() -> [&'static FamilyTable; 11] {
     [
         &programs::CORE,
         &process::TABLE,
@@ -27,6 +27,7 @@ pub fn tables() -> [&'static FamilyTable; 10] {
         &nvml::TABLE,
         &timeline::TABLE,
         &crate::agent_exec::TABLE,
+        &crate::asyncio::TABLE,
     ]
 }
 
@@ -52,6 +53,9 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     }
     if opts.python {
         list.push(Box::new(PythonCollector::default()));
+    }
+    if opts.python && opts.asyncio.enabled {
+        list.push(Box::new(crate::asyncio::AsyncioCollector::default()));
     }
     // After CUDA: its snapshot puts the CUDA calls into the timeline first.
     if opts.timeline_limit.is_some() {

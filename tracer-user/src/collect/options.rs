@@ -53,6 +53,8 @@ pub struct RecordOptions {
     pub quiet: bool,
     /// `--timeline`: keep timestamped events, at most this many per source (None: off).
     pub timeline_limit: Option<u64>,
+    /// asyncio event loops (`--async`, `--no-async`, `--blocked-loop`).
+    pub asyncio: crate::asyncio::AsyncOptions,
 }
 
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
@@ -79,6 +81,7 @@ impl Default for RecordOptions {
             checkpoint_every: Some(Duration::from_secs(10)),
             quiet: false,
             timeline_limit: None,
+            asyncio: crate::asyncio::AsyncOptions::default(),
         }
     }
 }

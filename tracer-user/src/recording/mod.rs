@@ -17,6 +17,7 @@ use std::{
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
+pub mod asyncio;
 pub mod cuda;
 pub mod limits;
 pub mod output;
@@ -317,6 +318,9 @@ pub struct Recording {
     /// Timestamped events (`record --timeline`); absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<timeline::Timeline>,
+    /// asyncio event loops (`record --async`), when any was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asyncio: Option<asyncio::AsyncioReport>,
 }
 
 /// Why a recording ends before its window did.
@@ -529,6 +533,7 @@ pub(crate) mod tests {
             notes: vec![],
             cut: None,
             timeline: None,
+            asyncio: None,
         }
     }
 

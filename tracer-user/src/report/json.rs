@@ -65,6 +65,9 @@ struct JsonReport<'a> {
     timeline: Option<crate::report::timeline_summary::TimelineSummary>,
     /// The bottleneck verdict (docs/verdict.md).
     verdict: super::verdict::Verdict,
+    /// asyncio event loops (`record --async`); absent when none was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    asyncio: Option<&'a crate::recording::asyncio::AsyncioReport>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -110,6 +113,7 @@ pub fn render(rec: &Recording) -> String {
         cut: rec.cut.as_ref(),
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
         verdict: super::verdict::verdict(rec),
+        asyncio: rec.asyncio.as_ref(),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
