@@ -117,14 +117,6 @@ impl LoopIterations {
         }
     }
 
-    /// Closes the stretch in progress at `now` (a snapshot): busy or idle
-    /// time so far, without a long step (it has not ended).
-    pub fn so_far(&self, now: u64) -> (u64, u64) {
-        let busy = self.busy_since.map_or(0, |(t0, _, _)| now.saturating_sub(t0));
-        let idle = self.idle_since.map_or(0, |t0| now.saturating_sub(t0));
-        (self.busy_ns + busy, self.idle_ns + idle)
-    }
-
     /// Mean lag over `wall_ns`: sum(busy^2) / (2 wall).
     pub fn lag_mean_ns(&self, wall_ns: u64) -> u64 {
         if wall_ns == 0 {

@@ -203,11 +203,10 @@ impl AsyncioCollector {
         }
     }
 
-    fn report(&self, cx: &Context) -> Option<AsyncioReport> {
+    fn report(&self) -> Option<AsyncioReport> {
         if self.loops.is_empty() {
             return None;
         }
-        let now = cx.now_or_end();
         let mut loops = Vec::new();
         let mut findings = Vec::new();
         let mut keys: Vec<&(u32, u32)> = self.loops.keys().collect();
@@ -216,12 +215,12 @@ impl AsyncioCollector {
             let lt = &self.loops[&(pid, tid)];
             let mut el = EventLoop { pid, tid, thread_name: lt.thread_name.clone(), ..Default::default() };
             if let Some(it) = self.iterations.get(&(pid, tid)) {
-                let end = now.max(it.last_ns);
-                let (busy, idle) = it.so_far(end);
-                el.wall_ns = end.saturating_sub(it.first_ns);
+                // From the first selector event to the last: a loop that
+                // ended (its thread went on, or is exiting) is not busy.
+                el.wall_ns = it.last_ns.saturating_sub(it.first_ns);
                 el.iterations = it.iterations;
-                el.busy_ns = busy;
-                el.idle_ns = idle;
+                el.busy_ns = it.busy_ns;
+                el.idle_ns = it.idle_ns;
                 el.busy_on_cpu_ns = it.busy_on_cpu_ns;
                 el.busy_runqueue_ns = it.busy_runqueue_ns;
                 el.busy_blocked_ns = it.busy_blocked_ns;
@@ -388,7 +387,7 @@ impl Collector for AsyncioCollector {
         self.drain();
         self.resolve(cx.now_or_end(), cx.window_end.is_some());
         cx.sink.set_lost("asyncio_events_lost", Self::kernel_lost(cx));
-        rec.asyncio = self.report(cx);
+        rec.asyncio = self.report();
         Ok(())
     }
 

@@ -30,6 +30,10 @@ use crate::{
 const SCAN_EVERY: u64 = 10;
 /// A process that is not (yet) a usable interpreter is tried again after this.
 const ATTACH_RETRY: Duration = Duration::from_millis(25);
+/// A process that is not CPython is looked at every [`ATTACH_RETRY`] for
+/// this long after it appeared (it may exec one), then every [`NOT_PYTHON_RETRY`].
+const NOT_PYTHON_FAST: Duration = Duration::from_secs(2);
+const NOT_PYTHON_RETRY: Duration = Duration::from_secs(1);
 
 /// What one loop thread was doing at a tick.
 #[derive(Clone, Debug)]
@@ -88,7 +92,8 @@ struct Proc {
     source_retry: u64,
     next_try: u64,
     has_loop: bool,
-    not_python: bool,
+    /// When this process (this generation) was first seen.
+    since: u64,
 }
 
 /// The sampling thread; dropped or [`finish`](Sampler::finish)ed, it stops.
@@ -159,18 +164,20 @@ fn run(hz: u32, stop: &AtomicBool, pids: &Mutex<BTreeMap<u32, u64>>, tx: &mpsc::
                 source_retry: 0,
                 next_try: 0,
                 has_loop: false,
-                not_python: false,
+                since: now,
             });
-            if p.not_python {
-                continue;
-            }
             if p.interp.is_none() {
                 if now < p.next_try {
                     continue;
                 }
                 match Interpreter::attach(pid) {
                     Ok(Some(i)) => p.interp = Some(i),
-                    Ok(None) => p.not_python = true,
+                    // Not CPython (yet: a launched command before its exec,
+                    // a launcher script): looked at again, less often later.
+                    Ok(None) => {
+                        let after = if now < p.since + NOT_PYTHON_FAST.as_nanos() as u64 { ATTACH_RETRY } else { NOT_PYTHON_RETRY };
+                        p.next_try = now + after.as_nanos() as u64;
+                    }
                     Err(_) => p.next_try = now + ATTACH_RETRY.as_nanos() as u64,
                 }
                 continue;
