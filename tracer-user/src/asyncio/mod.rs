@@ -122,6 +122,8 @@ pub struct AsyncioCollector {
     loops: HashMap<(u32, u32), LoopThread>,
     /// Long steps named: (pid, tid, line, doing) -> count, total, max.
     steps: HashMap<(u32, u32, AsyncLine, String), StepGroup>,
+    /// Long steps no sample fell in, per loop thread.
+    unsampled: HashMap<(u32, u32), u64>,
     arch: String,
 }
 
@@ -193,7 +195,12 @@ impl AsyncioCollector {
                 it.pending.drain(..).partition(|s| final_ || s.end_ns + 100_000_000 <= now);
             it.pending = later;
             for s in ready {
-                let (at, doing) = name_step(lt, &s, &self.arch);
+                let Some((at, doing)) = name_step(lt, &s, &self.arch) else {
+                    // No sample fell in it (before the loop was found, or
+                    // the sampler was late): counted, not a finding.
+                    *self.unsampled.entry((pid, tid)).or_default() += 1;
+                    continue;
+                };
                 let g = self.steps.entry((pid, tid, at, doing)).or_default();
                 let d = s.end_ns - s.start_ns;
                 g.count += 1;
@@ -228,6 +235,7 @@ impl AsyncioCollector {
                 el.lag_p99_ns = it.busy_quantile(0.99);
                 el.lag_max_ns = it.busy_max_ns;
             }
+            el.long_steps_unsampled = self.unsampled.get(&(pid, tid)).copied().unwrap_or(0);
             let total: u64 = lt.lines.values().sum();
             let mut lines: Vec<LineTime> = lt
                 .lines
@@ -301,7 +309,7 @@ impl AsyncioCollector {
 
 /// The user line a long step ran (the commonest among its samples off the
 /// selector) and what it did: CPU, or the blocking syscall it sat in.
-fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> (AsyncLine, String) {
+fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, String)> {
     let mut sites: HashMap<AsyncLine, u64> = HashMap::new();
     let mut calls: HashMap<Option<u32>, u64> = HashMap::new();
     for (_, th) in lt.samples.iter().filter(|(ts, th)| *ts >= s.start_ns && *ts <= s.end_ns && !th.in_selector) {
@@ -310,11 +318,7 @@ fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> (AsyncLine, String) {
         }
         *calls.entry(th.syscall).or_default() += 1;
     }
-    let at = sites
-        .into_iter()
-        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-        .map(|x| x.0)
-        .unwrap_or_else(|| AsyncLine { function: "[not sampled]".into(), file: None, line: None });
+    let at = sites.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map(|x| x.0)?;
     let off_cpu = s.blocked_ns > s.on_cpu_ns;
     let doing = if off_cpu {
         let nr = calls.iter().filter_map(|(k, n)| k.map(|k| (k, *n))).max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
@@ -325,7 +329,7 @@ fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> (AsyncLine, String) {
     } else {
         "CPU".into()
     };
-    (at, doing)
+    Some((at, doing))
 }
 
 impl Collector for AsyncioCollector {

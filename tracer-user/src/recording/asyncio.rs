@@ -69,6 +69,10 @@ pub struct EventLoop {
     pub lag_mean_ns: u64,
     pub lag_p99_ns: u64,
     pub lag_max_ns: u64,
+    /// Steps over the threshold that no stack sample fell in (before the
+    /// sampler found the loop, or while it lagged): not in the findings.
+    #[serde(default)]
+    pub long_steps_unsampled: u64,
     /// Busy time by the user line that ran (samples of the loop's thread).
     #[serde(default)]
     pub lines: Vec<LineTime>,

@@ -74,6 +74,15 @@ fn one_loop(out: &mut String, l: &EventLoop, r: &AsyncioReport) {
     for f in r.findings.iter().filter(|f| f.pid == l.pid && f.tid == l.tid) {
         finding(out, f, r.blocked_threshold_ns);
     }
+    if l.long_steps_unsampled > 0 {
+        let _ = writeln!(
+            out,
+            "  {} step{} over {} not sampled (before the loop was found): line unknown",
+            l.long_steps_unsampled,
+            if l.long_steps_unsampled == 1 { "" } else { "s" },
+            fmt_duration(r.blocked_threshold_ns)
+        );
+    }
     if !l.lines.is_empty() {
         let _ = writeln!(out, "busy time by line (from {} stack samples):", l.lines.iter().map(|x| x.samples).sum::<u64>());
         for x in l.lines.iter().take(TOP) {
