@@ -97,6 +97,7 @@ const KEEP_SAMPLES: Duration = Duration::from_secs(3);
 #[derive(Default)]
 struct LoopThread {
     thread_name: Option<String>,
+    first_ts: Option<u64>,
     last_ts: Option<u64>,
     samples: VecDeque<(u64, ThreadSample)>,
     /// Busy samples by (user line, the frame beneath).
@@ -151,12 +152,11 @@ impl AsyncioCollector {
     fn take_ticks(&mut self) {
         let Some(s) = self.sampler.as_ref() else { return };
         let ticks: Vec<Tick> = s.rx.try_iter().collect();
-        let period = 1_000_000_000 / u64::from(SAMPLE_HZ);
         for t in ticks {
             let single = (t.threads.len() == 1).then(|| t.threads[0].tid);
             for th in &t.threads {
                 let lt = self.loops.entry((t.pid, th.tid)).or_default();
-                let dt = lt.last_ts.map_or(period, |l| t.ts_ns.saturating_sub(l).min(4 * period));
+                lt.first_ts.get_or_insert(t.ts_ns);
                 lt.last_ts = Some(t.ts_ns);
                 if lt.thread_name.is_none() {
                     lt.thread_name.clone_from(&th.thread_name);
@@ -169,7 +169,7 @@ impl AsyncioCollector {
                 match &t.tasks {
                     Ok(all) => {
                         for l in all.iter().filter(|l| l.tid == th.tid || (l.tid == 0 && single == Some(th.tid))) {
-                            lt.tasks.tick(l, dt);
+                            lt.tasks.tick(l, !th.in_selector);
                         }
                     }
                     Err(e) => lt.tasks_unavailable = Some(e.clone()),
@@ -249,13 +249,24 @@ impl AsyncioCollector {
                 .collect();
             lines.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.at.cmp(&b.at)));
             el.lines = lines;
-            el.tasks = lt.tasks.report();
+            // Task time: each stratum's ticks (loop idle / busy) weighted by
+            // the stratum's exact time; without the kernel's iterations,
+            // by the mean interval between samples.
+            let w = if el.wall_ns > 0 {
+                lt.tasks.weights(el.idle_ns, el.busy_ns)
+            } else {
+                let span = lt.last_ts.zip(lt.first_ts).map_or(0, |(l, f)| l - f);
+                let n = (lt.tasks.ticks[0] + lt.tasks.ticks[1]).max(1);
+                let m = span as f64 / n as f64;
+                [m, m]
+            };
+            el.tasks = lt.tasks.report(&w);
             if el.tasks.is_empty() {
                 el.tasks_unavailable = lt.tasks_unavailable.clone().or_else(|| Some("no task seen".into()));
             }
             // Work serialized behind run_in_executor: the loop mostly idle
             // while its tasks await thread-pool futures.
-            let exec = lt.tasks.awaiting_by_kind(AwaitKind::Executor);
+            let exec = lt.tasks.awaiting_by_kind(AwaitKind::Executor, &w);
             let exec_ns: u64 = exec.iter().map(|e| e.1).sum();
             if el.wall_ns > 0 && el.idle_ns * 2 >= el.wall_ns && exec_ns * 2 >= el.wall_ns {
                 if let Some((at, top)) = exec.first() {

@@ -11,7 +11,10 @@
 use std::collections::HashMap;
 
 use crate::{
-    python::Interpreter,
+    python::{
+        asyncio::{AsyncioError, AsyncioReader, TaskState},
+        Interpreter,
+    },
     recording::{
         asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskTime},
         Frame,
@@ -59,8 +62,8 @@ pub struct NoSource {
 }
 
 /// The task reader for `interp`, or why there is none. THE seam: the
-/// asyncio memory reader (`python::asyncio`, CPython 3.14+ debug offsets,
-/// branch wt-asyncdump) is adapted here, and nowhere else.
+/// asyncio memory reader of `dump --async` (`python::asyncio`, CPython
+/// 3.14+ debug offsets) is adapted here, and nowhere else.
 pub fn open_source(interp: &Interpreter) -> Result<Box<dyn TaskSource>, NoSource> {
     let (major, minor, _) = interp.version();
     if (major, minor) < (3, 14) {
@@ -71,7 +74,41 @@ pub fn open_source(interp: &Interpreter) -> Result<Box<dyn TaskSource>, NoSource
             retry: false,
         });
     }
-    Err(NoSource { why: "per-task time needs the asyncio task reader, not in this build".into(), retry: false })
+    match AsyncioReader::new(interp) {
+        Ok(r) => Ok(Box::new(Reader(r))),
+        Err(e) => {
+            let retry = matches!(e, AsyncioError::NotLoaded { .. } | AsyncioError::Inconsistent { .. } | AsyncioError::Python(_));
+            Err(NoSource { why: e.to_string(), retry })
+        }
+    }
+}
+
+/// `python::asyncio`'s reader as a [`TaskSource`].
+struct Reader(AsyncioReader);
+
+impl TaskSource for Reader {
+    fn read(&mut self, interp: &mut Interpreter) -> Result<Vec<LoopTasks>, String> {
+        let loops = self.0.read(interp).map_err(|e| e.to_string())?;
+        Ok(loops
+            .into_iter()
+            .map(|l| LoopTasks {
+                tid: l.tid.unwrap_or(0),
+                running: l.running_task,
+                tasks: l
+                    .tasks
+                    .into_iter()
+                    .map(|t| TaskSnap {
+                        id: t.id,
+                        awaits_task: t.waiting_on.as_ref().is_some_and(|w| w.type_name.ends_with("Task")),
+                        awaiting: t.state == TaskState::Awaiting,
+                        done: t.state == TaskState::Done,
+                        name: t.name,
+                        coroutine: t.coroutine_stack,
+                    })
+                    .collect(),
+            })
+            .collect())
+    }
 }
 
 /// What an awaiting task waits for, from its coroutine stack.
@@ -124,16 +161,31 @@ fn charged_line(coroutine: &[Frame]) -> Option<(AsyncLine, Option<AsyncLine>)> {
     Some((l(&c.site), c.beneath.as_ref().map(l)))
 }
 
+/// Tick counts in each stratum: `[idle, busy]` (the loop's thread in its
+/// selector or not at the tick). The sampler competes with the target for
+/// the CPU, so it ticks more while the loop idles; each stratum's ticks
+/// are weighted by the stratum's own time (exact, from the kernel), which
+/// removes that bias.
+type Strata = [u64; 2];
+
+fn add(s: &mut Strata, k: usize) {
+    s[k] += 1;
+}
+
+fn ns(s: &Strata, w: &[f64; 2]) -> u64 {
+    (s[0] as f64 * w[0] + s[1] as f64 * w[1]).round() as u64
+}
+
 #[derive(Default)]
 struct TaskAcc {
     name: String,
     coroutine: Option<String>,
-    wall: u64,
-    running: u64,
-    awaiting: u64,
-    ready: u64,
-    run_lines: HashMap<(AsyncLine, Option<AsyncLine>), (u64, u64)>,
-    await_lines: HashMap<(AsyncLine, AwaitKind), u64>,
+    wall: Strata,
+    running: Strata,
+    awaiting: Strata,
+    ready: Strata,
+    run_lines: HashMap<(AsyncLine, Option<AsyncLine>), Strata>,
+    await_lines: HashMap<(AsyncLine, AwaitKind), Strata>,
 }
 
 /// Per-task time of one loop.
@@ -141,11 +193,16 @@ struct TaskAcc {
 pub struct TaskAccounts {
     tasks: HashMap<u64, TaskAcc>,
     order: Vec<u64>,
+    /// Ticks seen per stratum.
+    pub ticks: Strata,
 }
 
 impl TaskAccounts {
-    /// Charges `dt` ns of one tick's view of the loop.
-    pub fn tick(&mut self, lt: &LoopTasks, dt: u64) {
+    /// Counts one tick's view of the loop; `busy`: the loop's thread was
+    /// outside its selector.
+    pub fn tick(&mut self, lt: &LoopTasks, busy: bool) {
+        let k = usize::from(busy);
+        add(&mut self.ticks, k);
         for t in &lt.tasks {
             if t.done {
                 continue;
@@ -158,21 +215,19 @@ impl TaskAccounts {
             if acc.coroutine.is_none() {
                 acc.coroutine = t.coroutine.last().map(|f| f.function.clone());
             }
-            acc.wall += dt;
+            add(&mut acc.wall, k);
             if lt.running == Some(t.id) {
-                acc.running += dt;
+                add(&mut acc.running, k);
                 if let Some(key) = charged_line(&t.coroutine) {
-                    let e = acc.run_lines.entry(key).or_default();
-                    e.0 += dt;
-                    e.1 += 1;
+                    add(acc.run_lines.entry(key).or_default(), k);
                 }
             } else if t.awaiting {
-                acc.awaiting += dt;
+                add(&mut acc.awaiting, k);
                 if let Some((at, _)) = charged_line(&t.coroutine) {
-                    *acc.await_lines.entry((at, await_kind(t))).or_default() += dt;
+                    add(acc.await_lines.entry((at, await_kind(t))).or_default(), k);
                 }
             } else {
-                acc.ready += dt;
+                add(&mut acc.ready, k);
             }
         }
     }
@@ -181,13 +236,19 @@ impl TaskAccounts {
         self.tasks.is_empty()
     }
 
-    /// Total awaiting time per await kind (for the executor finding).
-    pub fn awaiting_by_kind(&self, kind: AwaitKind) -> Vec<(AsyncLine, u64)> {
+    /// ns per tick in each stratum: the stratum's time over its ticks.
+    pub fn weights(&self, idle_ns: u64, busy_ns: u64) -> [f64; 2] {
+        let w = |ns: u64, n: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 };
+        [w(idle_ns, self.ticks[0]), w(busy_ns, self.ticks[1])]
+    }
+
+    /// Total awaiting time per await line of one kind (for the executor finding).
+    pub fn awaiting_by_kind(&self, kind: AwaitKind, w: &[f64; 2]) -> Vec<(AsyncLine, u64)> {
         let mut m: HashMap<AsyncLine, u64> = HashMap::new();
         for acc in self.tasks.values() {
-            for ((at, k), ns) in &acc.await_lines {
+            for ((at, k), c) in &acc.await_lines {
                 if *k == kind {
-                    *m.entry(at.clone()).or_default() += ns;
+                    *m.entry(at.clone()).or_default() += ns(c, w);
                 }
             }
         }
@@ -196,7 +257,7 @@ impl TaskAccounts {
         v
     }
 
-    pub fn report(&self) -> Vec<TaskTime> {
+    pub fn report(&self, w: &[f64; 2]) -> Vec<TaskTime> {
         let mut out: Vec<TaskTime> = self
             .order
             .iter()
@@ -205,20 +266,21 @@ impl TaskAccounts {
                 let mut running: Vec<LineTime> = a
                     .run_lines
                     .iter()
-                    .map(|((at, beneath), (ns, n))| LineTime { at: at.clone(), beneath: beneath.clone(), ns: *ns, samples: *n })
+                    .map(|((at, beneath), c)| LineTime { at: at.clone(), beneath: beneath.clone(), ns: ns(c, w), samples: c[0] + c[1] })
                     .collect();
                 running.sort_by(|x, y| y.ns.cmp(&x.ns).then(x.at.cmp(&y.at)));
                 let mut awaiting: Vec<AwaitTime> =
-                    a.await_lines.iter().map(|((at, k), ns)| AwaitTime { at: at.clone(), awaits: *k, ns: *ns }).collect();
+                    a.await_lines.iter().map(|((at, k), c)| AwaitTime { at: at.clone(), awaits: *k, ns: ns(c, w) }).collect();
                 awaiting.sort_by(|x, y| y.ns.cmp(&x.ns).then(x.at.cmp(&y.at)));
+                let (running_ns, awaiting_ns, ready_ns) = (ns(&a.running, w), ns(&a.awaiting, w), ns(&a.ready, w));
                 Some(TaskTime {
                     id: *id,
                     name: a.name.clone(),
                     coroutine: a.coroutine.clone(),
-                    wall_ns: a.wall,
-                    running_ns: a.running,
-                    awaiting_ns: a.awaiting,
-                    ready_ns: a.ready,
+                    wall_ns: running_ns + awaiting_ns + ready_ns,
+                    running_ns,
+                    awaiting_ns,
+                    ready_ns,
                     running,
                     awaiting,
                 })
@@ -250,14 +312,17 @@ mod tests {
         let waiting = LoopTasks { tid: 5, running: None, tasks: vec![task(1, vec![sleep.clone(), handle.clone()], true)] };
         let ready = LoopTasks { tid: 5, running: None, tasks: vec![task(1, vec![handle.clone()], false)] };
         let running = LoopTasks { tid: 5, running: Some(1), tasks: vec![task(1, vec![py("handle", "/srv/aserve.py", 8)], false)] };
-        acc.tick(&waiting, 10);
-        acc.tick(&waiting, 10);
-        acc.tick(&ready, 3);
-        acc.tick(&running, 5);
-        let r = acc.report();
+        // Idle: two ticks awaiting; busy: one ready, one running.
+        acc.tick(&waiting, false);
+        acc.tick(&waiting, false);
+        acc.tick(&ready, true);
+        acc.tick(&running, true);
+        // 20 ns idle, 8 ns busy, whatever the tick counts.
+        let w = acc.weights(20, 8);
+        let r = acc.report(&w);
         assert_eq!(r.len(), 1);
         let t = &r[0];
-        assert_eq!((t.wall_ns, t.awaiting_ns, t.ready_ns, t.running_ns), (28, 20, 3, 5));
+        assert_eq!((t.wall_ns, t.awaiting_ns, t.ready_ns, t.running_ns), (28, 20, 4, 4));
         assert_eq!(t.awaiting[0].at.line, Some(7));
         assert_eq!(t.awaiting[0].awaits, AwaitKind::Sleep);
         assert_eq!(t.running[0].at.line, Some(8));
