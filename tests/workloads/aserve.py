@@ -64,11 +64,11 @@ async def handle(reader, writer):
     writer.close()
 
 
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "client", str(port))
-    await proc.wait()
+async def main(sock, proc):
+    server = await asyncio.start_server(handle, sock=sock)
+    # Waiting for the client in a thread: nothing here blocks the loop but
+    # the handler's time.sleep.
+    await asyncio.get_running_loop().run_in_executor(None, proc.wait)
     server.close()
     await server.wait_closed()
 
@@ -77,7 +77,13 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "client":
         client(int(sys.argv[2]))
         sys.exit(0)
-    asyncio.run(main())
+    # The listening socket and the client exist before the loop runs: a
+    # subprocess spawned from the loop would block it while it starts.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    proc = subprocess.Popen([sys.executable, __file__, "client", str(sock.getsockname()[1])])
+    asyncio.run(main(sock, proc))
     if "--result" in sys.argv:
         with open(sys.argv[sys.argv.index("--result") + 1], "w") as f:
             json.dump(stats, f)

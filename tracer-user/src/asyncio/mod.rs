@@ -76,20 +76,7 @@ pub static TABLE: FamilyTable = FamilyTable {
     ],
 };
 
-/// What `record` asked of this family.
-#[derive(Clone, Copy, Debug)]
-pub struct AsyncOptions {
-    /// `--no-async` turns it off.
-    pub enabled: bool,
-    /// `--blocked-loop`: a step at least this long is a blocked loop.
-    pub blocked_threshold: Duration,
-}
-
-impl Default for AsyncOptions {
-    fn default() -> Self {
-        AsyncOptions { enabled: true, blocked_threshold: Duration::from_millis(20) }
-    }
-}
+pub use crate::collect::AsyncOptions;
 
 /// Samples of a loop thread kept to name its long steps.
 const KEEP_SAMPLES: Duration = Duration::from_secs(3);
