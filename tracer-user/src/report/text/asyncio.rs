@@ -123,7 +123,7 @@ fn one_loop(out: &mut String, l: &EventLoop, r: &AsyncioReport) {
             }
         }
     }
-    by_line.sort_by(|a, b| b.2.cmp(&a.2));
+    by_line.sort_by_key(|b| std::cmp::Reverse(b.2));
     if !by_line.is_empty() {
         let _ = writeln!(out, "task time awaiting, by await line:");
         for (k, kind, ns) in by_line.iter().take(TOP) {
