@@ -13,6 +13,9 @@ sleep (from just before the await to just after), the requests served,
 and the blocked requests. The test reads the lines through `# @` markers.
 """
 import asyncio
+# Imported now, not by the loop's first run_in_executor (an import inside a
+# loop step is CPU on the loop: 20-150 ms under load, a true blocked step).
+import concurrent.futures.thread  # noqa: F401
 import json
 import os
 import socket
