@@ -4,6 +4,7 @@
 //! BPF and host layouts are identical.
 #![no_std]
 
+pub mod asyncio;
 pub mod cuda;
 pub mod proc_events;
 pub mod python;

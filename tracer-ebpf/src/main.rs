@@ -17,6 +17,7 @@
 #![allow(clippy::needless_borrows_for_generic_args)]
 
 mod agent;
+mod asyncio;
 mod cuda;
 mod overhead;
 mod process;

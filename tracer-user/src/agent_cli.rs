@@ -106,6 +106,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         cuda: !a.no_cuda,
         checkpoint_every: None,
         quiet: true,
+        asyncio: infertrace::asyncio::AsyncOptions { enabled: false, ..Default::default() },
         ..RecordOptions::default()
     };
     let opts = AgentOptions {

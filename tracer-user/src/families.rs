@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 11] {
+pub fn tables() -> [&'static FamilyTable; 12] {
     [
         &programs::CORE,
         &process::TABLE,
@@ -28,6 +28,7 @@ pub fn tables() -> [&'static FamilyTable; 11] {
         &timeline::TABLE,
         &crate::agent_exec::TABLE,
         &crate::overhead::TABLE,
+        &crate::asyncio::TABLE,
     ]
 }
 
@@ -41,7 +42,7 @@ pub fn tables() -> [&'static FamilyTable; 11] {
 pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     // The overhead pair: calibration before any probe is attached, the
     // account once every other family has filled the recording.
-    static TABLES: std::sync::OnceLock<[&'static FamilyTable; 11]> = std::sync::OnceLock::new();
+    static TABLES: std::sync::OnceLock<[&'static FamilyTable; 12]> = std::sync::OnceLock::new();
     let (overhead_start, overhead_report) = crate::overhead::collectors(TABLES.get_or_init(tables));
     let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::default())];
     if opts.sched.enabled {
@@ -57,6 +58,9 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     }
     if opts.python {
         list.push(Box::new(PythonCollector::default()));
+    }
+    if opts.python && opts.asyncio.enabled {
+        list.push(Box::new(crate::asyncio::AsyncioCollector::default()));
     }
     // After CUDA: its snapshot puts the CUDA calls into the timeline first.
     if opts.timeline_limit.is_some() {

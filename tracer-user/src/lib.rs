@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod agent_exec;
+pub mod asyncio;
 pub mod btf_offsets;
 pub mod checkpoint;
 pub mod clock;

@@ -139,6 +139,18 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Command to launch and trace, with its fork/exec children.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<String>,
+        /// asyncio event loops (on by default; this flag only says so): each loop's busy, idle and lag,
+        /// blocked-loop findings, and per task (CPython 3.14+) time running, awaiting by `await` line, and ready.
+        #[arg(long = "async", overrides_with = "no_async")]
+        async_on: bool,
+        /// Do not look for asyncio event loops (no selector probes, no stack sampler).
+        #[arg(long)]
+        no_async: bool,
+        /// An event-loop step (a callback or task step between two selector calls) that runs at least this
+        /// long without yielding is a blocked loop, 1ms to 1h (asyncio's own slow-callback warning is 100 ms
+        /// in debug mode; 20 ms is one frame of a 50 Hz service).
+        #[arg(long, value_parser = parse_blocked_loop, default_value = infertrace::asyncio::DEFAULT_BLOCKED_LOOP, value_name = "DURATION")]
+        blocked_loop: Duration,
     },
     /// Print the current Python stack of every thread of a live process, like `py-spy dump`.
     #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).\n\
@@ -304,6 +316,11 @@ fn parse_slow_syscall(s: &str) -> Result<Duration, String> {
     parse_span(s, collect::MIN_SLOW_SYSCALL, collect::MAX_SLOW_SYSCALL).map_err(|e| format!("{e}, or 0 to turn it off"))
 }
 
+/// `record --blocked-loop`: 1 ms to 1 h.
+fn parse_blocked_loop(s: &str) -> Result<Duration, String> {
+    parse_span(s, Duration::from_millis(1), Duration::from_secs(3600))
+}
+
 /// `record --checkpoint-every`: 0 (off), or 10 ms to 24 h.
 fn parse_checkpoint_every(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -442,7 +459,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 bail!("nothing to watch (hint: give -p PID (repeatable) or --python)");
             }
             let sched = SchedOptions { frequency, ..SchedOptions::default() };
-            let record = session::RecordOptions { pids, sched, cuda: !no_cuda, ..session::RecordOptions::default() };
+            let record = session::RecordOptions { pids, sched, cuda: !no_cuda, asyncio: infertrace::asyncio::AsyncOptions { enabled: false, ..Default::default() }, ..session::RecordOptions::default() };
             let opts = infertrace::top::TopOptions { record, python, refresh };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -482,11 +499,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _ = writeln!(std::io::stderr(), "infertrace diff: {} {:.3} -> {:.3} ({change}): {verdict}", printable(&c.metric), c.before, c.after);
             Ok(if regressed { ExitCode::from(3) } else { ExitCode::SUCCESS })
         }
-        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command } => {
+        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop } => {
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
             let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit) };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: infertrace::asyncio::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop } };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -288,6 +288,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
         cut: None,
         timeline: None,
         tracer_overhead: None,
+        asyncio: None,
     };
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;

@@ -33,7 +33,7 @@ use aya::Ebpf;
 
 pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
 pub use options::{
-    RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
+    AsyncOptions, RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
     MAX_SLOW_SYSCALL, MIN_SLOW_SYSCALL,
 };
 pub use programs::{FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec};

@@ -53,6 +53,8 @@ pub struct RecordOptions {
     pub quiet: bool,
     /// `--timeline`: keep timestamped events, at most this many per source (None: off).
     pub timeline_limit: Option<u64>,
+    /// asyncio event loops (`--async`, `--no-async`, `--blocked-loop`).
+    pub asyncio: AsyncOptions,
 }
 
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
@@ -79,6 +81,22 @@ impl Default for RecordOptions {
             checkpoint_every: Some(Duration::from_secs(10)),
             quiet: false,
             timeline_limit: None,
+            asyncio: AsyncOptions::default(),
         }
+    }
+}
+
+/// `record --async` (crate::asyncio): asyncio event loops.
+#[derive(Clone, Copy, Debug)]
+pub struct AsyncOptions {
+    /// `--no-async` turns it off.
+    pub enabled: bool,
+    /// `--blocked-loop`: a step at least this long is a blocked loop.
+    pub blocked_threshold: Duration,
+}
+
+impl Default for AsyncOptions {
+    fn default() -> Self {
+        AsyncOptions { enabled: true, blocked_threshold: Duration::from_millis(20) }
     }
 }

@@ -17,6 +17,7 @@ use std::{
 use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
+pub mod asyncio;
 pub mod cuda;
 pub mod limits;
 pub mod output;
@@ -323,6 +324,9 @@ pub struct Recording {
     /// from recordings made before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracer_overhead: Option<overhead::TracerOverhead>,
+    /// asyncio event loops (`record --async`), when any was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asyncio: Option<asyncio::AsyncioReport>,
 }
 
 /// Why a recording ends before its window did.
@@ -536,6 +540,7 @@ pub(crate) mod tests {
             cut: None,
             timeline: None,
             tracer_overhead: None,
+            asyncio: None,
         }
     }
 

@@ -68,6 +68,9 @@ struct JsonReport<'a> {
     /// What tracing cost (docs/overhead.md); null for recordings made
     /// before it existed.
     tracer_overhead: Option<&'a crate::recording::overhead::TracerOverhead>,
+    /// asyncio event loops (`record --async`); absent when none was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    asyncio: Option<&'a crate::recording::asyncio::AsyncioReport>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -114,6 +117,7 @@ pub fn render(rec: &Recording) -> String {
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
         verdict: super::verdict::verdict(rec),
         tracer_overhead: rec.tracer_overhead.as_ref(),
+        asyncio: rec.asyncio.as_ref(),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

@@ -7,6 +7,7 @@
 //! wall-time accounting ([`walltime`]) with the top Python functions
 //! ([`python`]) and run-queue delay; then totals, lost events and notes.
 
+pub mod asyncio;
 pub mod cuda;
 pub mod nvml;
 pub mod overhead;
@@ -61,6 +62,9 @@ pub fn render(rec: &Recording) -> String {
     if let Some(c) = &rec.cuda {
         // Findings first: they name the bottleneck and the call site.
         cuda::render(&mut out, c);
+    }
+    if let Some(a) = &rec.asyncio {
+        asyncio::render(&mut out, a);
     }
     syscalls::render_tables(&mut out, rec, &rows);
     syscalls::render_latency(&mut out, rec, &rows);
