@@ -372,7 +372,8 @@ enum Outcome {
     Failed(String),
 }
 
-pub fn bench(build: bool, stop_only: bool) -> Result<()> {
+/// `only`: just the workloads whose name contains it (`--only`).
+pub fn bench_only(build: bool, stop_only: bool, only: Option<&str>) -> Result<()> {
     if build {
         tasks::build()?;
     }
@@ -389,7 +390,8 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     let started = Instant::now();
 
     let mut rows: Vec<(&Bench, &Mode, Outcome)> = Vec::new();
-    for b in BENCHES {
+    let selected = |b: &&Bench| only.is_none_or(|w| b.name.contains(w));
+    for b in BENCHES.iter().filter(selected) {
         let script = util::workspace_root()
             .join("tests/workloads")
             .join(b.script);
@@ -548,6 +550,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     }
     let probes: Vec<String> = BENCHES
         .iter()
+        .filter(selected)
         .filter(|b| b.calls_per_s.is_none())
         .filter_map(|b| {
             let label = b.cuda_probe?;
@@ -576,7 +579,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
             probes.join("; ")
         );
     }
-    for b in BENCHES {
+    for b in BENCHES.iter().filter(selected) {
         let Some(label) = b.calls_per_s else { continue };
         let traced = rows.iter().find_map(|(rb, m, o)| match o {
             Outcome::Measured { ns_per_iter, .. } if std::ptr::eq(*rb, b) && m.kind == Kind::Infertrace(&[]) => Some(*ns_per_iter),
@@ -585,8 +588,10 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
         let rate = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.0} calls/s", 1e9 / ns));
         println!("{label}: {} untraced, {} traced ({INFERTRACE})", rate(baseline(b)), rate(traced));
     }
-    let stop = stop_times(&ctx);
+    // `--only`: the stop time is measured only when asked for by name.
+    let stop = if only.is_none_or(|w| "stop".contains(w)) { stop_times(&ctx) } else { Ok(String::new()) };
     match &stop {
+        Ok(line) if line.is_empty() => {}
         Ok(line) => println!("{line}"),
         Err(e) => println!("stop (SIGINT to exit): FAILED: {e:#}"),
     }
@@ -599,6 +604,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     // tool) has no ratios: an error.
     let no_baseline: Vec<&str> = BENCHES
         .iter()
+        .filter(selected)
         .filter(|b| {
             baseline(b).is_none()
                 && !rows.iter().any(|(rb, m, o)| {

@@ -53,6 +53,8 @@ commands:
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
              --stop        only the time from SIGINT to exit (~1 min)
+             --only WORDS  only the workloads whose name contains WORDS
+                           (e.g. `--only cuda`: the CUDA rows, ~1 min)
   soak     build, then N minutes of thread and process churn (850 threads/s,
            ~10 processes/s, tests/workloads/churn.c) under `infertrace
            record -p`: the tracer's RSS at each minute, the recording's
@@ -105,15 +107,17 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
         }
         "test" => tasks::test(parse_test_args(rest)?),
         "bench" => {
-            let (mut build, mut stop_only) = (true, false);
-            for a in rest {
+            let (mut build, mut stop_only, mut only) = (true, false, None);
+            let mut args = rest.iter();
+            while let Some(a) = args.next() {
                 match a.to_str() {
                     Some("--no-build") => build = false,
                     Some("--stop") => stop_only = true,
-                    _ => bail!("`bench` takes only --no-build and --stop; see `cargo xtask help`"),
+                    Some("--only") => only = args.next().and_then(|w| w.to_str()).map(str::to_owned),
+                    _ => bail!("`bench` takes only --no-build, --stop and --only WORDS; see `cargo xtask help`"),
                 }
             }
-            bench::bench(build, stop_only)
+            bench::bench_only(build, stop_only, only.as_deref())
         }
         "soak" => soak::soak(parse_soak_args(rest)?),
         "help" | "-h" | "--help" => {
