@@ -135,10 +135,19 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     // copies run `cuda_copy_enter`; the driver copies they enter run
     // `cuda_drv_copy_enter` while the driver is probed, as do the direct
     // driver copies (one per 10 iterations here).
-    let delta = |name: &str| b.get(name).copied().unwrap_or(0) - a.get(name).copied().unwrap_or(0);
+    // (bpftool names a program by its BTF name, else the kernel's first 15 characters.)
+    let count = |m: &BTreeMap<String, u64>, name: &str| -> u64 {
+        m.iter().filter(|(k, _)| name.starts_with(k.as_str()) && k.len() >= 15.min(name.len())).map(|(_, v)| v).sum()
+    };
+    let delta = |name: &str| count(&b, name) - count(&a, name);
     let rt_hits = delta("cuda_copy_enter");
-    let drv_hits = delta("cuda_drv_copy_e");
+    let drv_hits = delta("cuda_drv_copy_enter");
     assert_eq!(rt_hits, n, "runtime copy entries in phase 2 (bpftool run_cnt): {a:?} -> {b:?}");
+    // Before, in phase 1, both were probed: the driver program ran for
+    // the runtime copies too (1 000 of them at least before it came off).
+    assert!(count(&a, "cuda_drv_copy_enter") >= 1000 + 5, "driver copy entries in phase 1: {a:?}");
+    // The direct driver copies run it: the oracle sees the driver program.
+    assert!(drv_hits >= n / 10, "driver copy entries in phase 2: {drv_hits} (< {} direct): {a:?} -> {b:?}", n / 10);
     let nested = drv_hits.saturating_sub(n / 10);
     let per_call = (rt_hits + nested) as f64 / n as f64;
     eprintln!(

@@ -177,8 +177,10 @@ fn fingerprint(addr: u64, len: u64) -> u64 {
 }
 
 /// Counts one hit of driver function `a` in process `tgid`, made inside a
-/// probed call (`nested`) or directly (`CUDA_DRV_ROUTE`).
-#[inline(always)]
+/// probed call (`nested`) or directly (`CUDA_DRV_ROUTE`). A function of its
+/// own: its branches do not multiply the states the verifier walks in the
+/// programs that call it.
+#[inline(never)]
 fn route(tgid: u32, a: u32, nested: bool) {
     if !api::is_driver(a) {
         return;
@@ -240,7 +242,7 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     // The native stack only where there is no Python one: a call's site is
     // its leaf Python frame when it has one (as for launches).
     let py_stack = python::capture_reusing(tgid, tid, python::SCRATCH_UPROBE);
-    let user_stack = if py_stack == 0 { user_stack_id(ctx) } else { -1 };
+    let user_stack = native_stack_unless(ctx, py_stack);
     let fp = if (kind == KIND_HTOD || kind == KIND_DEFAULT) && api::is_copy(api) { fingerprint(src, bytes) } else { 0 };
     let rec = CudaInflight {
         start_ns: 0,
@@ -268,6 +270,17 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     // Timed from here: the stack captures above are not the call's time.
     if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
         unsafe { (*slot).start_ns = bpf_ktime_get_ns() };
+    }
+}
+
+/// The user stack id when there is no Python stack, else -1 (a function of
+/// its own, like `route`).
+#[inline(never)]
+fn native_stack_unless(ctx: &ProbeContext, py_stack: u64) -> i32 {
+    if py_stack == 0 {
+        user_stack_id(ctx)
+    } else {
+        -1
     }
 }
 
