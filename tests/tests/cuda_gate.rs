@@ -33,7 +33,10 @@ struct BpfStats(String);
 impl BpfStats {
     fn enable() -> BpfStats {
         let path = "/proc/sys/kernel/bpf_stats_enabled";
-        let before = fs::read_to_string(path).expect("reading kernel.bpf_stats_enabled").trim().to_owned();
+        let before = fs::read_to_string(path)
+            .expect("reading kernel.bpf_stats_enabled")
+            .trim()
+            .to_owned();
         fs::write(path, "1").expect("enabling kernel.bpf_stats_enabled");
         BpfStats(before)
     }
@@ -50,8 +53,15 @@ impl Drop for BpfStats {
 fn run_counts(holder: u32) -> BTreeMap<String, u64> {
     let held = held_prog_ids(holder);
     assert!(!held.is_empty(), "infertrace {holder} holds no BPF program");
-    let o = Command::new("bpftool").args(["prog", "show", "-j"]).output().expect("running bpftool");
-    assert!(o.status.success(), "bpftool prog show: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("running bpftool");
+    assert!(
+        o.status.success(),
+        "bpftool prog show: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: Value = infertrace_e2e::serde_json::from_slice(&o.stdout).expect("bpftool json");
     let mut out = BTreeMap::new();
     for p in v.as_array().expect("bpftool array") {
@@ -86,8 +96,12 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc, Need::Bpftool]) {
         return;
     }
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
+    let Some(sim) = cuda_standin_dir(test) else {
+        return;
+    };
+    let Some(python) = python3_executable(test) else {
+        return;
+    };
     let dir = TempDir::new("cuda-gate");
     // Private copies (the workload waits for int3 on them): the runtime
     // stand-in loads the driver stand-in next to it ($ORIGIN).
@@ -102,7 +116,11 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
 
     let stats = BpfStats::enable();
     let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
-    cmd.arg(dir.join("rec.itr")).arg("--").arg(&python).arg(&source).arg("hot");
+    cmd.arg(dir.join("rec.itr"))
+        .arg("--")
+        .arg(&python)
+        .arg(&source)
+        .arg("hot");
     cmd.env("CUDART", &cudart)
         .env("CUDA_DRIVER", &driver)
         .env("FAKE_KERNELS", sim.join("libfakekernels.so"))
@@ -114,7 +132,11 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     let mut child = spawn(&mut cmd);
     let tracer = child.id();
 
-    wait_file(&sync.join("phase1.ready"), &mut child, "phase 1 (the driver probe coming off)");
+    wait_file(
+        &sync.join("phase1.ready"),
+        &mut child,
+        "phase 1 (the driver probe coming off)",
+    );
     let a = run_counts(tracer);
     fs::write(sync.join("phase1.go"), "").unwrap();
     wait_file(&sync.join("phase2.ready"), &mut child, "phase 2");
@@ -124,8 +146,15 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     drop(stats);
     run.assert_ok();
     let num = |key: &str| -> Vec<f64> {
-        let line = run.stderr.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no `{key}`\n{}", run.describe()));
-        line.split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect()
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no `{key}`\n{}", run.describe()));
+        line.split_whitespace()
+            .skip(1)
+            .map(|w| w.parse().unwrap())
+            .collect()
     };
     let phase1 = num("phase1")[0] as u64;
     let phase2_s = num("phase2")[1];
@@ -137,17 +166,30 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     // driver copies (one per 10 iterations here).
     // (bpftool names a program by its BTF name, else the kernel's first 15 characters.)
     let count = |m: &BTreeMap<String, u64>, name: &str| -> u64 {
-        m.iter().filter(|(k, _)| name.starts_with(k.as_str()) && k.len() >= 15.min(name.len())).map(|(_, v)| v).sum()
+        m.iter()
+            .filter(|(k, _)| name.starts_with(k.as_str()) && k.len() >= 15.min(name.len()))
+            .map(|(_, v)| v)
+            .sum()
     };
     let delta = |name: &str| count(&b, name) - count(&a, name);
     let rt_hits = delta("cuda_copy_enter");
     let drv_hits = delta("cuda_drv_copy_enter");
-    assert_eq!(rt_hits, n, "runtime copy entries in phase 2 (bpftool run_cnt): {a:?} -> {b:?}");
+    assert_eq!(
+        rt_hits, n,
+        "runtime copy entries in phase 2 (bpftool run_cnt): {a:?} -> {b:?}"
+    );
     // Before, in phase 1, both were probed: the driver program ran for
     // the runtime copies too (1 000 of them at least before it came off).
-    assert!(count(&a, "cuda_drv_copy_enter") >= 1000 + 5, "driver copy entries in phase 1: {a:?}");
+    assert!(
+        count(&a, "cuda_drv_copy_enter") >= 1000 + 5,
+        "driver copy entries in phase 1: {a:?}"
+    );
     // The direct driver copies run it: the oracle sees the driver program.
-    assert!(drv_hits >= n / 10, "driver copy entries in phase 2: {drv_hits} (< {} direct): {a:?} -> {b:?}", n / 10);
+    assert!(
+        drv_hits >= n / 10,
+        "driver copy entries in phase 2: {drv_hits} (< {} direct): {a:?} -> {b:?}",
+        n / 10
+    );
     let nested = drv_hits.saturating_sub(n / 10);
     let per_call = (rt_hits + nested) as f64 / n as f64;
     eprintln!(
@@ -160,7 +202,11 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     // phase 2. Both probed: 2 hits per runtime copy.
     let slices = (phase2_s / 5.0).ceil().max(1.0);
     let bound = 1.05 + slices * 0.35 / phase2_s.max(0.35);
-    assert!(per_call <= bound.min(1.8), "{per_call:.3} entry hits per runtime copy (bound {:.2})", bound.min(1.8));
+    assert!(
+        per_call <= bound.min(1.8),
+        "{per_call:.3} entry hits per runtime copy (bound {:.2})",
+        bound.min(1.8)
+    );
 
     let report = run.json();
     let cuda = &report.0["cuda"];
@@ -168,38 +214,86 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     let calls = cuda["calls"].as_array().expect("cuda.calls");
     let count_at = |list: &Vec<Value>, api: &str, marker: &str| -> u64 {
         let line = markers[marker];
-        list.iter().filter(|c| c["api"] == api && c["site"]["line"] == line).map(|c| u(&c["count"])).sum()
+        list.iter()
+            .filter(|c| c["api"] == api && c["site"]["line"] == line)
+            .map(|c| u(&c["count"]))
+            .sum()
     };
     let launches = cuda["launches"].as_array().expect("cuda.launches");
     // Exact: runtime calls, and direct driver calls of functions that
     // stayed probed (direct calls seen before the runtime made them hot).
-    assert_eq!(count_at(calls, "cudaMemcpyAsync", "hot_rt_copy1"), phase1, "{calls:#?}");
-    assert_eq!(count_at(calls, "cudaMemcpyAsync", "hot_rt_copy"), n, "{calls:#?}");
-    assert_eq!(count_at(launches, "cudaLaunchKernel", "hot_rt_launch1"), phase1, "{launches:#?}");
-    assert_eq!(count_at(launches, "cudaLaunchKernel", "hot_rt_launch"), n, "{launches:#?}");
-    assert_eq!(count_at(launches, "cuLaunchKernel", "hot_drv_launch0"), 5, "{launches:#?}");
-    assert_eq!(count_at(launches, "cuLaunchKernel", "hot_drv_launch"), n / 10, "{launches:#?}");
-    assert_eq!(count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d0"), 5, "{calls:#?}");
-    assert_eq!(count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d"), n / 10, "{calls:#?}");
+    assert_eq!(
+        count_at(calls, "cudaMemcpyAsync", "hot_rt_copy1"),
+        phase1,
+        "{calls:#?}"
+    );
+    assert_eq!(
+        count_at(calls, "cudaMemcpyAsync", "hot_rt_copy"),
+        n,
+        "{calls:#?}"
+    );
+    assert_eq!(
+        count_at(launches, "cudaLaunchKernel", "hot_rt_launch1"),
+        phase1,
+        "{launches:#?}"
+    );
+    assert_eq!(
+        count_at(launches, "cudaLaunchKernel", "hot_rt_launch"),
+        n,
+        "{launches:#?}"
+    );
+    assert_eq!(
+        count_at(launches, "cuLaunchKernel", "hot_drv_launch0"),
+        5,
+        "{launches:#?}"
+    );
+    assert_eq!(
+        count_at(launches, "cuLaunchKernel", "hot_drv_launch"),
+        n / 10,
+        "{launches:#?}"
+    );
+    assert_eq!(
+        count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d0"),
+        5,
+        "{calls:#?}"
+    );
+    assert_eq!(
+        count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d"),
+        n / 10,
+        "{calls:#?}"
+    );
     // The runtime's own driver calls are not counted.
     let all_launches: u64 = launches.iter().map(|l| u(&l["count"])).sum();
     assert_eq!(all_launches, phase1 + n + 5 + n / 10, "{launches:#?}");
 
     // Off, and said so: only the function the runtime alone reached.
-    let off = cuda["driver_probes_off"].as_array().expect("cuda.driver_probes_off");
+    let off = cuda["driver_probes_off"]
+        .as_array()
+        .expect("cuda.driver_probes_off");
     let names: Vec<&str> = off.iter().filter_map(|o| o["function"].as_str()).collect();
     assert_eq!(names, ["cuMemcpyDtoDAsync_v2"], "{off:#?}");
     let o = &off[0];
     assert!(u(&o["calls_through_runtime"]) >= 1000, "{o}");
-    assert!(o["library"].as_str().unwrap().ends_with("libcuda.so.1"), "{o}");
+    assert!(
+        o["library"].as_str().unwrap().ends_with("libcuda.so.1"),
+        "{o}"
+    );
     // The direct calls made after it went off: a re-check found them
     // (probed for good from then), and the time they went uncounted is
     // reported; what was counted is what ran while probed.
-    let seen = o["direct_seen_at_s"].as_f64().unwrap_or_else(|| panic!("no re-check saw the {direct} direct calls: {o}"));
+    let seen = o["direct_seen_at_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no re-check saw the {direct} direct calls: {o}"));
     assert!(seen > o["off_at_s"].as_f64().unwrap(), "{o}");
     assert!(o["off_s"].as_f64().unwrap() > 0.0, "{o}");
     let counted = count_at(calls, "cuMemcpyDtoDAsync_v2", "hot_drv_dtod");
-    assert!(counted >= 1 && counted <= direct, "direct cuMemcpyDtoDAsync_v2: {counted} counted of {direct}");
+    assert!(
+        counted >= 1 && counted <= direct,
+        "direct cuMemcpyDtoDAsync_v2: {counted} counted of {direct}"
+    );
     let notes = report.0["notes"].to_string() + &cuda["notes"].to_string();
-    assert!(notes.contains("a re-check saw direct calls of cuMemcpyDtoDAsync_v2"), "{notes}");
+    assert!(
+        notes.contains("a re-check saw direct calls of cuMemcpyDtoDAsync_v2"),
+        "{notes}"
+    );
 }

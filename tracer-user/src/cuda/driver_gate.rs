@@ -88,17 +88,32 @@ pub(super) struct DriverGate {
 
 impl DriverGate {
     /// Takes a driver library to probe per process from now on.
-    pub fn register(&mut self, identity: Identity, file: File, shown: &str, symbols: &[(u32, u64)]) {
-        self.files
-            .entry(identity)
-            .or_insert_with(|| GateFile { file, shown: shown.to_owned(), symbols: symbols.to_vec() });
+    pub fn register(
+        &mut self,
+        identity: Identity,
+        file: File,
+        shown: &str,
+        symbols: &[(u32, u64)],
+    ) {
+        self.files.entry(identity).or_insert_with(|| GateFile {
+            file,
+            shown: shown.to_owned(),
+            symbols: symbols.to_vec(),
+        });
     }
 
     /// Probes every function of the driver library `identity` in `pid`
     /// (those not probed there yet). Returns the functions probed and what
     /// failed.
-    pub fn attach(&mut self, probes: &CudaProbes, pid: u32, identity: Identity) -> (Vec<&'static str>, Vec<String>) {
-        let Some(f) = self.files.get(&identity) else { return (Vec::new(), Vec::new()) };
+    pub fn attach(
+        &mut self,
+        probes: &CudaProbes,
+        pid: u32,
+        identity: Identity,
+    ) -> (Vec<&'static str>, Vec<String>) {
+        let Some(f) = self.files.get(&identity) else {
+            return (Vec::new(), Vec::new());
+        };
         let path = PathBuf::from(format!("/proc/self/fd/{}", f.file.as_raw_fd()));
         let fns = self.procs.entry((pid, identity)).or_default();
         let (mut done, mut errors) = (Vec::new(), Vec::new());
@@ -109,7 +124,13 @@ impl DriverGate {
             }
             match probes.attach_for_pid(&path, id, offset, pid) {
                 Ok(links) => {
-                    fns.insert(id, FnState { links, ..Default::default() });
+                    fns.insert(
+                        id,
+                        FnState {
+                            links,
+                            ..Default::default()
+                        },
+                    );
                     done.push(api::NAMES[id as usize]);
                 }
                 Err(e) => errors.push(e),
@@ -122,7 +143,12 @@ impl DriverGate {
     /// that uses CUDA (it may load the driver later: a pid-scoped probe on
     /// a file it never maps costs it nothing).
     pub fn attach_all(&mut self, probes: &CudaProbes, pid: u32) -> Vec<String> {
-        let ids: Vec<Identity> = self.files.keys().copied().filter(|id| !self.procs.contains_key(&(pid, *id))).collect();
+        let ids: Vec<Identity> = self
+            .files
+            .keys()
+            .copied()
+            .filter(|id| !self.procs.contains_key(&(pid, *id)))
+            .collect();
         let mut errors = Vec::new();
         for id in ids {
             errors.extend(self.attach(probes, pid, id).1);
@@ -139,7 +165,8 @@ impl DriverGate {
         }
         let now = clock::monotonic_ns();
         let route: HashMap<u64, [u64; 2]> = {
-            let map: BpfHashMap<_, u64, [u64; 2]> = probe::hash_map(&mut cx.ebpf, "CUDA_DRV_ROUTE")?;
+            let map: BpfHashMap<_, u64, [u64; 2]> =
+                probe::hash_map(&mut cx.ebpf, "CUDA_DRV_ROUTE")?;
             map.iter().filter_map(Result::ok).collect()
         };
         let mut closing: Vec<OwnedFd> = Vec::new();
@@ -149,9 +176,14 @@ impl DriverGate {
                 gone.push((pid, identity));
                 continue;
             }
-            let Some(file) = self.files.get(&identity) else { continue };
+            let Some(file) = self.files.get(&identity) else {
+                continue;
+            };
             for (&id, st) in fns.iter_mut() {
-                let [nested, direct] = route.get(&((u64::from(pid) << 32) | u64::from(id))).copied().unwrap_or([0, 0]);
+                let [nested, direct] = route
+                    .get(&((u64::from(pid) << 32) | u64::from(id)))
+                    .copied()
+                    .unwrap_or([0, 0]);
                 let name = api::NAMES[id as usize];
                 let window_s = |t: u64| t.saturating_sub(cx.window_start) as f64 / 1e9;
                 if let Some(since) = st.off_since {
@@ -168,7 +200,10 @@ impl DriverGate {
                             st.off_since = None;
                             st.check_since = Some(now);
                         }
-                        Err(e) => cx.sink.note_on(Topic::Gpu, format!("pid {pid}: re-checking {name} for direct calls: {e}")),
+                        Err(e) => cx.sink.note_on(
+                            Topic::Gpu,
+                            format!("pid {pid}: re-checking {name} for direct calls: {e}"),
+                        ),
                     }
                     continue;
                 }
@@ -196,7 +231,11 @@ impl DriverGate {
                     }
                     continue;
                 }
-                if st.record.is_none() && direct == 0 && nested >= HOT_NESTED && !st.links.is_empty() {
+                if st.record.is_none()
+                    && direct == 0
+                    && nested >= HOT_NESTED
+                    && !st.links.is_empty()
+                {
                     closing.append(&mut st.links);
                     st.off_since = Some(now);
                     let off_at_s = window_s(now);
@@ -251,14 +290,20 @@ impl DriverGate {
 
     /// The records for the report, the time off counted up to `now`.
     pub fn records(&self, now: u64) -> Vec<DriverProbesOff> {
-        let mut out: Vec<DriverProbesOff> = self.records.iter().map(|(r, ended_off)| {
-            let mut r = r.clone();
-            r.off_s = r.off_s.max(*ended_off as f64 / 1e9);
-            r
-        }).collect();
+        let mut out: Vec<DriverProbesOff> = self
+            .records
+            .iter()
+            .map(|(r, ended_off)| {
+                let mut r = r.clone();
+                r.off_s = r.off_s.max(*ended_off as f64 / 1e9);
+                r
+            })
+            .collect();
         for fns in self.procs.values() {
             for st in fns.values() {
-                let Some(r) = st.record.and_then(|i| out.get_mut(i)) else { continue };
+                let Some(r) = st.record.and_then(|i| out.get_mut(i)) else {
+                    continue;
+                };
                 let open = st.off_since.map_or(0, |since| now.saturating_sub(since));
                 r.off_s = (st.off_ns + open) as f64 / 1e9;
             }
@@ -272,7 +317,9 @@ impl DriverGate {
         let mut out = Vec::new();
         let keys: Vec<(u32, Identity)> = self.procs.keys().copied().collect();
         for key in keys {
-            let Some(mut fns) = self.procs.remove(&key) else { continue };
+            let Some(mut fns) = self.procs.remove(&key) else {
+                continue;
+            };
             for st in fns.values_mut() {
                 self.close_record(st, now);
                 out.append(&mut st.links);
