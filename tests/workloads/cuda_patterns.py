@@ -13,6 +13,17 @@ Usage: cuda_patterns.py MODE, MODE one of
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
             driver stand-in, libcuda.so.1), then runtime calls that go
             through the driver (to be counted once, as runtime calls)
+  hot       one process, runtime and direct driver calls ($CUDA_DRIVER):
+            5 direct cuLaunchKernel + cuMemcpyHtoDAsync_v2; runtime DtoD
+            copies (entering cuMemcpyDtoDAsync_v2) and launches (entering
+            cuLaunchKernel) until the driver's probe on
+            cuMemcpyDtoDAsync_v2 is gone from this process (stderr:
+            `phase1 N`), then $HOT_N more of each with a direct
+            cuLaunchKernel and cuMemcpyHtoDAsync_v2 every 10th (`phase2 N
+            SECONDS`); then for $HOT_DIRECT_S seconds (default 0) direct
+            cuMemcpyDtoDAsync_v2 calls every 5 ms (`direct N`). With
+            $HOT_SYNC_DIR it waits after each phase for the test
+            (phase1.ready -> phase1.go, phase2.ready -> phase2.go)
 
 Lines the tests look for carry a `# @name` marker. Before calling anything
 the workload waits until the uprobes are in place (the first byte of every
@@ -341,6 +352,74 @@ def driver():
     drv.cuMemFree_v2(dev.value)  # @drv_free
 
 
+def handshake(name):
+    """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
+    (the test reads the kernel's counters in between)."""
+    d = os.environ.get("HOT_SYNC_DIR")
+    if not d:
+        return
+    open(os.path.join(d, name + ".ready"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(d, name + ".go")):
+        if time.monotonic() > deadline:
+            print(f"no {name}.go", file=sys.stderr)
+            sys.exit(3)
+        time.sleep(0.01)
+
+
+def hot():
+    """Runtime calls hot enough for the driver's probes to come off, with
+    direct driver calls of other functions in the same process."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    drv.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, ["cudaMemcpyAsync", "cudaLaunchKernel"])
+    wait_for_probes(drv, ["cuMemcpyDtoDAsync_v2", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2"])
+    copy, launch = rt.cudaMemcpyAsync, rt.cudaLaunchKernel
+    grid, block, zero, kind = dim3(1, 1, 1), dim3(32, 1, 1), size(0), ctypes.c_int(DtoD)
+    buf = ctypes.create_string_buffer(64)
+    # Direct driver calls from the start (as a program's own driver code).
+    for _ in range(5):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @hot_drv_launch0
+        drv.cuMemcpyHtoDAsync_v2(DEV.value, buf, 64, None)  # @hot_drv_h2d0
+    # Runtime calls until the driver's probe on the function the runtime
+    # copy enters is gone from this process.
+    gate = ctypes.cast(drv.cuMemcpyDtoDAsync_v2, ctypes.c_void_p).value
+    deadline = time.monotonic() + float(os.environ.get("PROBE_WAIT_S", "20"))
+    phase1 = 0
+    while ctypes.string_at(gate, 1) == b"\xcc":
+        if time.monotonic() > deadline:
+            print("the driver probe never came off", file=sys.stderr)
+            sys.exit(3)
+        for _ in range(100):
+            copy(DEV, DEV2, zero, kind, None)  # @hot_rt_copy1
+            launch(vec, grid, block, None, zero, None)  # @hot_rt_launch1
+        phase1 += 100
+    print(f"phase1 {phase1}", file=sys.stderr, flush=True)
+    handshake("phase1")
+    n = int(os.environ.get("HOT_N", "20000"))
+    t0 = time.monotonic()
+    for i in range(n):
+        copy(DEV, DEV2, zero, kind, None)  # @hot_rt_copy
+        launch(vec, grid, block, None, zero, None)  # @hot_rt_launch
+        if i % 10 == 0:
+            drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @hot_drv_launch
+            drv.cuMemcpyHtoDAsync_v2(DEV.value, buf, 64, None)  # @hot_drv_h2d
+    print(f"phase2 {n} {time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
+    handshake("phase2")
+    direct = 0
+    end = time.monotonic() + float(os.environ.get("HOT_DIRECT_S", "0"))
+    while time.monotonic() < end:
+        drv.cuMemcpyDtoDAsync_v2(DEV.value, DEV2.value, 0, None)  # @hot_drv_dtod
+        direct += 1
+        time.sleep(0.005)
+    print(f"direct {direct}", file=sys.stderr, flush=True)
+
+
 def late():
     """libcudart is loaded with dlopen well after start (as PyTorch does)."""
     time.sleep(float(os.environ.get("LATE_S", "1.0")))
@@ -349,7 +428,7 @@ def late():
     small_batches(lib, 50)
 
 
-{"patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver}[MODE]()
+{"patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot}[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.
 time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

@@ -60,6 +60,14 @@ pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries
 #[map]
 pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 0);
 
+/// Per (pid << 32 | driver API id): `[calls made inside a probed call
+/// (runtime -> driver), direct calls]`, while that driver function is
+/// probed in that process. What userspace learns from to stop probing a
+/// driver function that a process reaches only through its runtime
+/// (`tracer-user/src/cuda/driver_gate.rs`).
+#[map]
+pub static CUDA_DRV_ROUTE: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(16384, 0);
+
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
 
@@ -168,6 +176,36 @@ fn fingerprint(addr: u64, len: u64) -> u64 {
     h | 1
 }
 
+/// Counts one hit of driver function `a` in process `tgid`, made inside a
+/// probed call (`nested`) or directly (`CUDA_DRV_ROUTE`). A function of its
+/// own: its branches do not multiply the states the verifier walks in the
+/// programs that call it.
+#[inline(never)]
+fn route(tgid: u32, a: u32, nested: bool) {
+    if !api::is_driver(a) {
+        return;
+    }
+    let key = ((tgid as u64) << 32) | a as u64;
+    match CUDA_DRV_ROUTE.get_ptr_mut(&key) {
+        // SAFETY: a map value. Threads of one process share the key: an
+        // increment lost to a race only delays the decision (`direct`
+        // stays non-zero once a direct call was counted).
+        Some(p) => unsafe {
+            if nested {
+                (*p)[0] += 1;
+            } else {
+                (*p)[1] += 1;
+            }
+        },
+        None => {
+            let v = if nested { [1u64, 0] } else { [0u64, 1] };
+            // Two threads inserting at once: one count is lost, which only
+            // delays the decision (a direct call leaves `direct` non-zero).
+            let _ = CUDA_DRV_ROUTE.insert(&key, &v, 0);
+        }
+    }
+}
+
 /// Records the entry of an accounted call on this thread.
 #[inline(always)]
 fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64, stream: u64) {
@@ -192,6 +230,7 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
                 let tail = sp == (*slot).sp && api::is_driver(api) && !api::is_driver((*slot).api);
                 if sp < (*slot).sp || tail {
                     (*slot).depth += 1;
+                    route(tgid, api, true);
                     return;
                 }
                 // The call in flight returned unseen: start over.
@@ -199,6 +238,11 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
             }
         }
     }
+    route(tgid, api, false);
+    // The native stack only where there is no Python one: a call's site is
+    // its leaf Python frame when it has one (as for launches).
+    let py_stack = python::capture_reusing(tgid, tid, python::SCRATCH_UPROBE);
+    let user_stack = native_stack_unless(ctx, py_stack);
     let fp = if (kind == KIND_HTOD || kind == KIND_DEFAULT) && api::is_copy(api) { fingerprint(src, bytes) } else { 0 };
     let rec = CudaInflight {
         start_ns: 0,
@@ -209,10 +253,10 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         src,
         stream,
         fingerprint: fp,
-        py_stack: python::capture(tgid, tid, python::SCRATCH_UPROBE),
+        py_stack,
         caller: return_address(ctx),
         sp,
-        user_stack: user_stack_id(ctx),
+        user_stack,
         depth: 0,
         active: 1,
         last_copy_active: last.0,
@@ -226,6 +270,17 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     // Timed from here: the stack captures above are not the call's time.
     if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
         unsafe { (*slot).start_ns = bpf_ktime_get_ns() };
+    }
+}
+
+/// The user stack id when there is no Python stack, else -1 (a function of
+/// its own, like `route`).
+#[inline(never)]
+fn native_stack_unless(ctx: &ProbeContext, py_stack: u64) -> i32 {
+    if py_stack == 0 {
+        user_stack_id(ctx)
+    } else {
+        -1
     }
 }
 
@@ -349,9 +404,11 @@ fn launch(ctx: &ProbeContext, func: u64) {
     }
     let a = cookie(ctx);
     if nested_launch(ctx, a, tgid) {
+        route(tgid, a, true);
         return;
     }
-    let py_stack = python::capture(tgid, pid_tgid as u32, python::SCRATCH_UPROBE);
+    route(tgid, a, false);
+    let py_stack = python::capture_reusing(tgid, pid_tgid as u32, python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
         user_stack_id(ctx)
     } else {
@@ -379,15 +436,28 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
     let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) else { return 0 };
+    // The stack pointer after the return: above the call's own entry
+    // stack pointer (x86_64: the return address popped) only when the
+    // call in flight itself returns, below it when a call nested in it
+    // does. It decides, not the depth count, so that a nested call whose
+    // return probe went away while it ran (the driver's probes detached
+    // for this process, `driver_gate.rs`) cannot leave the call in flight
+    // unaccounted.
+    let sp_after = regs_u64(&ctx, global(&CUDA_REGS_SP_OFFSET));
+    let popped = if global(&CUDA_REGS_LR_OFFSET) == u64::MAX { 8 } else { 0 };
     // SAFETY: map value owned by this thread.
     let call = unsafe {
         if (*slot).active == 0 {
             return 0;
         }
-        if (*slot).depth != 0 {
-            (*slot).depth -= 1;
+        let nested_return = if sp_after != 0 { sp_after < (*slot).sp + popped } else { (*slot).depth != 0 };
+        if nested_return {
+            if (*slot).depth != 0 {
+                (*slot).depth -= 1;
+            }
             return 0;
         }
+        (*slot).depth = 0;
         (*slot).active = 0;
         *slot
     };

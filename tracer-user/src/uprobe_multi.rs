@@ -274,6 +274,19 @@ pub fn load_programs(
 }
 
 fn link_create(prog: BorrowedFd<'_>, path: &std::ffi::CStr, offsets: &[u64], cookies: &[u64], ret: bool) -> std::io::Result<OwnedFd> {
+    link_create_for(prog, path, offsets, cookies, ret, 0)
+}
+
+/// `pid` 0: every process; else only that process (the kernel installs the
+/// breakpoints in its memory only: other processes do not trap).
+fn link_create_for(
+    prog: BorrowedFd<'_>,
+    path: &std::ffi::CStr,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+    pid: u32,
+) -> std::io::Result<OwnedFd> {
     let mut attr = zeroed_attr();
     // SAFETY: writing the BPF_LINK_CREATE member of the zeroed union.
     let l = unsafe { &mut attr.link_create };
@@ -284,6 +297,7 @@ fn link_create(prog: BorrowedFd<'_>, path: &std::ffi::CStr, offsets: &[u64], coo
     l.__bindgen_anon_3.uprobe_multi.cookies = cookies.as_ptr() as u64;
     l.__bindgen_anon_3.uprobe_multi.cnt = offsets.len() as u32;
     l.__bindgen_anon_3.uprobe_multi.flags = if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
+    l.__bindgen_anon_3.uprobe_multi.pid = pid;
     sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
@@ -296,4 +310,20 @@ pub fn attach(prog: BorrowedFd<'_>, path: &Path, offsets: &[u64], cookies: &[u64
     }
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MultiError::BadPath(path.to_owned()))?;
     link_create(prog, &c_path, offsets, cookies, ret).map_err(MultiError::Attach)
+}
+
+/// [`attach`], for process `pid` only (its threads, also after an exec).
+pub fn attach_pid(
+    prog: BorrowedFd<'_>,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+    pid: u32,
+) -> Result<OwnedFd, MultiError> {
+    if offsets.len() != cookies.len() {
+        return Err(MultiError::Mismatch(offsets.len(), cookies.len()));
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MultiError::BadPath(path.to_owned()))?;
+    link_create_for(prog, &c_path, offsets, cookies, ret, pid).map_err(MultiError::Attach)
 }

@@ -28,6 +28,7 @@ use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
 use super::{
     discovery,
     drain::EventDrain,
+    driver_gate::DriverGate,
     findings::Thresholds,
     programs,
     search::{self, TargetFacts},
@@ -94,6 +95,9 @@ pub struct CudaCollector {
     pub(super) retired_launches: HashMap<LaunchKey, u64>,
     /// The window closed: the programs are unloaded, nothing is scanned.
     detached: bool,
+    /// Driver libraries probed per process and function, their probes
+    /// taken off where only the runtime reaches them.
+    pub(super) gate: DriverGate,
 }
 
 fn hash_text(s: &str) -> u64 {
@@ -176,7 +180,7 @@ impl CudaCollector {
             return Ok(());
         }
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let (functions, errors) = self.attach_file(cx, &by_fd, &symbols)?;
+        let (functions, errors) = self.attach_file_for(cx, pid, identity, &file, &by_fd, &found.path, &symbols)?;
         let shown = &found.path;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
@@ -272,6 +276,12 @@ impl CudaCollector {
             }
         }
         if uses {
+            // Its own probes on the driver libraries probed per process.
+            if let Some(probes) = self.probes.as_ref() {
+                for e in self.gate.attach_all(probes, pid) {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: CUDA driver: {e}"));
+                }
+            }
             // Kernel names and native sites are symbolized in this process.
             cx.stacks.symbolizer.observe_process(pid);
             if let Some(st) = self.procs.get_mut(&pid) {
@@ -323,7 +333,8 @@ impl CudaCollector {
             return Ok(None);
         }
         let attach_start = clock::monotonic_ns();
-        let (functions, errors) = self.attach_file(cx, &attach_path, &symbols)?;
+        let (functions, errors) =
+            self.attach_file_for(cx, pid, opened.identity, &opened.file, &attach_path, &shown, &symbols)?;
         let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
         for e in errors {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
@@ -349,6 +360,30 @@ impl CudaCollector {
             Attached { path: shown.clone(), functions, pids: BTreeSet::from([pid]) },
         );
         Ok(Some(opened.identity))
+    }
+
+    /// Attaches the probes of one file found for `pid`: a driver library,
+    /// where probes can be per process, in `pid` only ([`DriverGate`]),
+    /// anything else in every process.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_file_for(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        identity: (u64, u64),
+        file: &std::fs::File,
+        path: &Path,
+        shown: &str,
+        symbols: &[(u32, u64)],
+    ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+        let driver = !symbols.is_empty() && symbols.iter().all(|&(id, _)| api::is_driver(id));
+        if let Some(probes) = self.probes.as_ref().filter(|p| driver && p.per_process()) {
+            if let Ok(kept) = file.try_clone() {
+                self.gate.register(identity, kept, shown, symbols);
+                return Ok(self.gate.attach(probes, pid, identity));
+            }
+        }
+        self.attach_file(cx, path, symbols)
     }
 
     /// Attaches the probes of one file (the programs are loaded).
@@ -432,6 +467,11 @@ impl CudaCollector {
         let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
         for p in &gone_pids {
             let _ = text.remove(p);
+        }
+        let mut route: BpfHashMap<_, u64, [u64; 2]> = probe::hash_map(ebpf, "CUDA_DRV_ROUTE")?;
+        let gone_keys: Vec<u64> = route.keys().filter_map(Result::ok).filter(|k| gone((k >> 32) as u32)).collect();
+        for k in &gone_keys {
+            let _ = route.remove(k);
         }
         if let Some(ev) = &self.events {
             ev.with(|r| r.forget_threads(&dead));
@@ -521,6 +561,9 @@ impl Collector for CudaCollector {
             }
         }
         self.drain();
+        if let Some(probes) = self.probes.as_ref().filter(|_| !self.detached) {
+            self.gate.poll(probes, cx)?;
+        }
         if self.polls.is_multiple_of(NAME_KERNELS_EVERY_POLLS) {
             self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
         }
@@ -540,7 +583,8 @@ impl Collector for CudaCollector {
         if std::mem::replace(&mut self.detached, true) {
             return;
         }
-        let Some(probes) = self.probes.take() else { return };
+        let Some(mut probes) = self.probes.take() else { return };
+        probes.adopt(self.gate.take_links());
         let (_, errors) = probes.release(&mut cx.ebpf, cx.opts.quiet);
         for e in errors {
             cx.sink.note_on(Topic::Gpu, e);

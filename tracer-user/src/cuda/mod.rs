@@ -9,6 +9,7 @@
 mod collector;
 pub mod discovery;
 mod drain;
+mod driver_gate;
 pub mod findings;
 pub mod programs;
 pub mod replay;

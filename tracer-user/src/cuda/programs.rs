@@ -114,6 +114,46 @@ impl CudaProbes {
         Ok((CudaProbes::Perf { links: Vec::new() }, note))
     }
 
+    /// Whether driver functions can be probed per process and function
+    /// ([`attach_for_pid`](Self::attach_for_pid)): with multi-uprobe links.
+    pub fn per_process(&self) -> bool {
+        matches!(self, CudaProbes::Multi { .. })
+    }
+
+    /// Probes function `id` at `offset` of `path` in process `pid` only:
+    /// its return (but for launches), then its entry. The links, to close
+    /// to stop probing it there (entry first), or why it failed (a note).
+    /// Multi-uprobe links only.
+    pub fn attach_for_pid(&self, path: &Path, id: u32, offset: u64, pid: u32) -> Result<Vec<OwnedFd>, String> {
+        let CudaProbes::Multi { programs, .. } = self else {
+            return Err("probing one process needs multi-uprobe links".to_owned());
+        };
+        let mut order = Vec::with_capacity(2);
+        if !api::is_launch(id) {
+            order.push((RETURN_PROGRAM, true));
+        }
+        order.push((entry_program(id), false));
+        let mut links = Vec::with_capacity(2);
+        for (name, ret) in order {
+            let prog = programs.get(name).ok_or_else(|| format!("eBPF program `{name}` missing"))?;
+            let link = uprobe_multi::attach_pid(prog.as_fd(), path, &[offset], &[u64::from(id)], ret, pid)
+                .map_err(|e| format!("probing {} failed: {e}", api::NAMES[id as usize]))?;
+            links.push(link);
+        }
+        // Closing goes in this order: entry first.
+        links.reverse();
+        Ok(links)
+    }
+
+    /// Takes links made outside [`attach_file`](Self::attach_file) (per
+    /// process, [`attach_for_pid`](Self::attach_for_pid)) to release with
+    /// the others.
+    pub fn adopt(&mut self, more: impl IntoIterator<Item = OwnedFd>) {
+        if let CudaProbes::Multi { links, .. } = self {
+            links.extend(more);
+        }
+    }
+
     /// How many attachments there are to release.
     pub fn links(&self) -> usize {
         match self {

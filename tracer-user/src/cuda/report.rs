@@ -33,6 +33,7 @@ impl CudaCollector {
         let (start, end) = (cx.window_start, cx.now_or_end());
         let window_ns = end.saturating_sub(start);
         let mut report = CudaReport { window_ns, ..Default::default() };
+        report.driver_probes_off = self.gate.records(end);
         if self.attached.is_empty() {
             return Ok(report);
         }

@@ -182,6 +182,35 @@ pub struct CudaReport {
     /// map full, or a call whose return was never seen: `cuda_lost`).
     #[serde(default)]
     pub calls_lost: u64,
+    /// Driver functions (libcuda) no longer probed in a process because it
+    /// reached them only through its runtime (schema 1.x addition;
+    /// docs/cuda.md, "One probe hit per runtime call"). Direct calls of
+    /// such a function while it was off (`off_s` in all) are not counted.
+    #[serde(default)]
+    pub driver_probes_off: Vec<DriverProbesOff>,
+}
+
+/// One driver function a process reached only through its runtime, whose
+/// probes were taken off in that process (entry and return), with the
+/// periodic re-checks that look for direct calls.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct DriverProbesOff {
+    pub pid: u32,
+    pub function: String,
+    /// The driver library (as the collector opened it).
+    pub library: String,
+    /// Seconds into the window when it first went off.
+    pub off_at_s: f64,
+    /// Its calls made inside runtime calls until then (none direct).
+    pub calls_through_runtime: u64,
+    /// Re-checks (probed again for a short slice) that saw no direct call.
+    pub rechecks: u64,
+    /// When a re-check saw direct calls: probed from then on. Direct calls
+    /// between its going off and this were missed.
+    #[serde(default)]
+    pub direct_seen_at_s: Option<f64>,
+    /// Seconds it was off in all: direct calls in that time are not counted.
+    pub off_s: f64,
 }
 
 pub fn kind_name(kind: u32) -> Option<&'static str> {

@@ -35,6 +35,8 @@ struct JsonCuda<'a> {
     events_lost: u64,
     /// Calls or launches missing from `calls` and `launches` (`cuda_lost`).
     calls_lost: u64,
+    /// Driver functions no longer probed in a process (docs/cuda.md).
+    driver_probes_off: &'a [crate::recording::cuda::DriverProbesOff],
 }
 
 #[derive(Serialize)]
@@ -108,6 +110,7 @@ pub fn render(rec: &Recording) -> String {
             notes: &c.notes,
             events_lost: c.events_lost,
             calls_lost: c.calls_lost,
+            driver_probes_off: &c.driver_probes_off,
         }),
         findings: rec.cuda.as_ref().map(|c| c.findings.as_slice()).unwrap_or(&[]),
         lost_events: rec.lost_events(),
