@@ -17,6 +17,9 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
+mod rows;
+mod slots;
+
 use crate::{
     collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     probe::ProbeError,
@@ -116,6 +119,8 @@ fn forget_kernel_rows(ebpf: &mut Ebpf, rows: &[(Key, Acc)]) -> Result<(), ProbeE
     for &((pid, tid, nr), _) in rows {
         let _ = map.remove(&SyscallKey { pid, tid, nr, _pad: 0 });
     }
+    let keys: Vec<SyscallKey> = rows.iter().map(|&((pid, tid, nr), _)| SyscallKey { pid, tid, nr, _pad: 0 }).collect();
+    self::rows::free(ebpf, &keys)?;
     let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
     for ((pid, tid, nr), a) in rows {
         for &errno in a.errnos.keys() {
@@ -153,13 +158,18 @@ impl SyscallCollector {
         let mut dead_keys = Vec::new();
         let mut newly_dead: Vec<(u32, u32)> = Vec::new();
         {
-            let map = stats_map(ebpf)?;
-            for item in map.iter() {
-                let (k, v) = item.map_err(|e| ProbeError::map("SYSCALL_STATS", e))?;
+            // The hash map's entries, then the owned rows' (a key is in one
+            // of the two only).
+            let mut items = Vec::new();
+            for item in stats_map(ebpf)?.iter() {
+                items.push(item.map_err(|e| ProbeError::map("SYSCALL_STATS", e))?);
+            }
+            items.extend(rows::entries(ebpf)?);
+            for (k, v) in items {
                 let key = (k.pid, k.tid, k.nr);
                 let acc = Acc { stats: v, ..Acc::default() };
                 if alive(k.pid, k.tid) {
-                    live.insert(key, acc);
+                    live.entry(key).or_default().merge(&acc);
                 } else {
                     let (rows, waited) = self.pending.entry((k.pid, k.tid)).or_default();
                     if rows.is_empty() && *waited == 0 {
@@ -190,6 +200,7 @@ impl SyscallCollector {
         for k in &dead_keys {
             let _ = map.remove(k);
         }
+        rows::free(ebpf, &dead_keys)?;
         let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
         for k in &dead_errno {
             let _ = emap.remove(k);
@@ -200,6 +211,7 @@ impl SyscallCollector {
             for tid in stale {
                 let _ = smap.remove(&tid);
             }
+            slots::retire_dead(ebpf)?;
         }
         self.live = live;
         if !cx.opts.sched.enabled {
@@ -314,6 +326,12 @@ impl SyscallCollector {
             let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(&mut cx.ebpf, "SYSCALL_START")?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
         }
+        // A thread that owns a slot keeps its calls there: its entry in
+        // SYSCALL_START, if any, is an older one (before the claim).
+        let slotted = slots::entries(&mut cx.ebpf)?;
+        let owners: HashSet<u32> = slotted.iter().map(|s| s.tid).collect();
+        in_flight.retain(|s| !owners.contains(&s.tid));
+        in_flight.extend(slotted);
         for start in in_flight.into_iter().filter(|s| s.ts != 0 && s.ts < end_ns) {
             let Some(pid) = procfs::tgid_of(start.tid) else { continue };
             if live_pids.contains(&pid) {
