@@ -72,29 +72,6 @@ pub fn hist_bucket(ns: u64) -> usize {
     }
 }
 
-/// Rows of the `SYSCALL_ROWS` array (a power of two, `1 << SYSCALL_ROW_BITS`):
-/// the counts of (pid, tid, nr) live in row `syscall_row_index(tid, nr)` when
-/// that row is theirs (its `key`), else in the `SYSCALL_STATS` hash map;
-/// never in both (the kernel claims a row only for a key the hash map lacks).
-pub const SYSCALL_ROW_BITS: u32 = 14;
-pub const SYSCALL_ROW_COUNT: u32 = 1 << SYSCALL_ROW_BITS;
-
-/// The row of `SYSCALL_ROWS` for (tid, nr): a multiplicative hash, the
-/// same in the kernel and in userspace.
-#[inline(always)]
-pub fn syscall_row_index(tid: u32, nr: u32) -> u32 {
-    (tid.wrapping_mul(0x9E37_79B1) ^ nr.wrapping_mul(0x85EB_CA77)) >> (32 - SYSCALL_ROW_BITS)
-}
-
-/// Value of the `SYSCALL_ROWS` array: the owner's key (all zero: free) and
-/// its counts.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyscallRow {
-    pub key: SyscallKey,
-    pub stats: SyscallStats,
-}
-
 /// Slots of the `SYSCALL_SLOTS` array (a power of two): a thread's
 /// syscall in flight lives in slot `tid % SYSCALL_SLOT_COUNT` when the
 /// thread owns that slot (`SYSCALL_SLOT_OWNER`), else in `SYSCALL_START`.
@@ -131,7 +108,6 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallStats {}
     unsafe impl aya::Pod for super::SyscallStart {}
     unsafe impl aya::Pod for super::ErrnoKey {}
-    unsafe impl aya::Pod for super::SyscallRow {}
 }
 
 #[cfg(test)]
@@ -157,24 +133,6 @@ mod tests {
         assert_eq!(core::mem::size_of::<ErrnoKey>(), 16);
         assert_eq!(core::mem::size_of::<SyscallStart>(), 24);
         assert_eq!(core::mem::size_of::<SyscallStats>(), 32 + 8 * HIST_BUCKETS);
-        assert_eq!(core::mem::size_of::<SyscallRow>(), 16 + 32 + 8 * HIST_BUCKETS);
-    }
-
-    #[test]
-    fn row_index_is_in_range_and_spreads() {
-        let mut seen = [0u32; 40];
-        let mut n = 0;
-        for tid in [1u32, 2, 1000, 32767, 4_194_303] {
-            for nr in 0..8 {
-                let i = syscall_row_index(tid, nr);
-                assert!(i < SYSCALL_ROW_COUNT);
-                if !seen[..n].contains(&i) {
-                    seen[n] = i;
-                    n += 1;
-                }
-            }
-        }
-        assert!(n >= 38, "{n} distinct rows of 40");
     }
 
     #[test]

@@ -21,7 +21,6 @@ mod cuda;
 mod process;
 mod python;
 mod sched;
-mod syscall_row;
 mod syscall_slot;
 mod syscalls;
 mod timeline;

@@ -16,7 +16,7 @@ use tracer_common::{
 };
 
 use crate::{
-    count_drop, emit_proc_event, global, is_target, python, syscall_row, syscall_slot, user_stack_id, window_closed, window_start_ns,
+    count_drop, emit_proc_event, global, is_target, python, syscall_slot, user_stack_id, window_closed, window_start_ns,
     SYSCALL_START, TARGETS,
 };
 use tracer_common::proc_events::KIND_MAPPED;
@@ -335,43 +335,21 @@ fn exit_nr(ctx: &BtfTracePointContext, ret: i64) -> Option<u32> {
 #[inline(always)]
 fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
     let key = SyscallKey { pid: tgid, tid, nr, _pad: 0 };
-    let row = syscall_row::owned(&key);
-    let stats = if !row.is_null() {
-        row
-    } else {
-        match SYSCALL_STATS.get_ptr_mut(&key) {
-            Some(p) => p,
-            None => new_stats(&key),
+    let stats = match SYSCALL_STATS.get_ptr_mut(&key) {
+        Some(p) => p,
+        None => {
+            let Some(zero) = ZERO_STATS.get(0) else { return };
+            // BPF_NOEXIST: another CPU cannot race us (key is per-thread).
+            if SYSCALL_STATS.insert(&key, zero, 1).is_err() {
+                count_drop(counters::SYSCALL_STATS_FULL);
+                return;
+            }
+            match SYSCALL_STATS.get_ptr_mut(&key) {
+                Some(p) => p,
+                None => return,
+            }
         }
     };
-    if stats.is_null() {
-        return;
-    }
-    account_into(stats, tgid, tid, nr, ns, errno);
-}
-
-/// A new entry for `key`: its row if free, else one in `SYSCALL_STATS`
-/// (null when that is full). A raw pointer, not an `Option` (see
-/// `syscall_in_flight`).
-#[inline(never)]
-fn new_stats(key: &SyscallKey) -> *mut SyscallStats {
-    if syscall_row::claim(key) {
-        let row = syscall_row::owned(key);
-        if !row.is_null() {
-            return row;
-        }
-    }
-    let Some(zero) = ZERO_STATS.get(0) else { return core::ptr::null_mut() };
-    // BPF_NOEXIST: another CPU cannot race us (key is per-thread).
-    if SYSCALL_STATS.insert(key, zero, 1).is_err() {
-        count_drop(counters::SYSCALL_STATS_FULL);
-        return core::ptr::null_mut();
-    }
-    SYSCALL_STATS.get_ptr_mut(key).unwrap_or(core::ptr::null_mut())
-}
-
-#[inline(always)]
-fn account_into(stats: *mut SyscallStats, tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
     // SAFETY: map value pointer; only this thread writes this key.
     unsafe {
         (*stats).count += 1;

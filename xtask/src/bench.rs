@@ -372,7 +372,36 @@ enum Outcome {
     Failed(String),
 }
 
-pub fn bench(build: bool, stop_only: bool) -> Result<()> {
+/// `bench --only WORKLOAD --modes A,B`: a part of the table (the untraced
+/// baseline of each workload kept is always run; the `stop` line is left
+/// out). For measuring one change without minutes of unrelated rows.
+#[derive(Debug, Default)]
+pub struct Filter {
+    /// The workload's name as in the table (`syscall loop`).
+    pub only: Option<String>,
+    /// Traced modes whose label contains one of these.
+    pub modes: Vec<String>,
+}
+
+impl Filter {
+    fn workload(&self, name: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == name)
+    }
+    fn mode(&self, label: &str) -> bool {
+        self.modes.is_empty() || self.modes.iter().any(|m| label.contains(m.as_str()))
+    }
+    fn is_set(&self) -> bool {
+        self.only.is_some() || !self.modes.is_empty()
+    }
+}
+
+pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
+    if let Some(only) = &filter.only {
+        if !BENCHES.iter().any(|b| b.name == only) {
+            let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+            bail!("no workload named {only:?} (hint: one of {})", names.join(", "));
+        }
+    }
     if build {
         tasks::build()?;
     }
@@ -389,7 +418,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     let started = Instant::now();
 
     let mut rows: Vec<(&Bench, &Mode, Outcome)> = Vec::new();
-    for b in BENCHES {
+    for b in BENCHES.iter().filter(|b| filter.workload(b.name)) {
         let script = util::workspace_root()
             .join("tests/workloads")
             .join(b.script);
@@ -411,7 +440,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
             Some(Untraced::default())
         };
         let mut group = Vec::new();
-        for mode in traced_modes {
+        for mode in traced_modes.iter().filter(|m| filter.mode(m.label)) {
             if let Some(u) = baseline.as_mut() {
                 u.run(&ctx, &script, b, untraced);
             }
@@ -585,7 +614,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
         let rate = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.0} calls/s", 1e9 / ns));
         println!("{label}: {} untraced, {} traced ({INFERTRACE})", rate(baseline(b)), rate(traced));
     }
-    let stop = stop_times(&ctx);
+    let stop = if filter.is_set() { Ok("stop: not measured (--only/--modes)".to_string()) } else { stop_times(&ctx) };
     match &stop {
         Ok(line) => println!("{line}"),
         Err(e) => println!("stop (SIGINT to exit): FAILED: {e:#}"),
@@ -599,6 +628,7 @@ pub fn bench(build: bool, stop_only: bool) -> Result<()> {
     // tool) has no ratios: an error.
     let no_baseline: Vec<&str> = BENCHES
         .iter()
+        .filter(|b| filter.workload(b.name))
         .filter(|b| {
             baseline(b).is_none()
                 && !rows.iter().any(|(rb, m, o)| {

@@ -53,6 +53,10 @@ commands:
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
              --stop        only the time from SIGINT to exit (~1 min)
+             --only NAME   only the workload NAME (e.g. 'syscall loop')
+             --modes A,B   only the traced modes whose label contains A or
+                           B (e.g. 'record -p,idle pid'); the untraced
+                           baseline always runs; no stop line
   soak     build, then N minutes of thread and process churn (850 threads/s,
            ~10 processes/s, tests/workloads/churn.c) under `infertrace
            record -p`: the tracer's RSS at each minute, the recording's
@@ -106,14 +110,26 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
         "test" => tasks::test(parse_test_args(rest)?),
         "bench" => {
             let (mut build, mut stop_only) = (true, false);
-            for a in rest {
+            let mut filter = bench::Filter::default();
+            let mut args = rest.iter();
+            while let Some(a) = args.next() {
                 match a.to_str() {
                     Some("--no-build") => build = false,
                     Some("--stop") => stop_only = true,
-                    _ => bail!("`bench` takes only --no-build and --stop; see `cargo xtask help`"),
+                    Some(flag @ ("--only" | "--modes")) => {
+                        let Some(v) = args.next().and_then(|v| v.to_str()) else {
+                            bail!("{flag} needs a value (hint: --only 'syscall loop' --modes 'record -p,idle pid')")
+                        };
+                        if flag == "--only" {
+                            filter.only = Some(v.to_string());
+                        } else {
+                            filter.modes = v.split(',').map(str::to_string).collect();
+                        }
+                    }
+                    _ => bail!("`bench` takes only --no-build, --stop, --only and --modes; see `cargo xtask help`"),
                 }
             }
-            bench::bench(build, stop_only)
+            bench::bench(build, stop_only, &filter)
         }
         "soak" => soak::soak(parse_soak_args(rest)?),
         "help" | "-h" | "--help" => {

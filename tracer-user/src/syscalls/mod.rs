@@ -17,7 +17,6 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
-mod rows;
 mod slots;
 
 use crate::{
@@ -119,8 +118,6 @@ fn forget_kernel_rows(ebpf: &mut Ebpf, rows: &[(Key, Acc)]) -> Result<(), ProbeE
     for &((pid, tid, nr), _) in rows {
         let _ = map.remove(&SyscallKey { pid, tid, nr, _pad: 0 });
     }
-    let keys: Vec<SyscallKey> = rows.iter().map(|&((pid, tid, nr), _)| SyscallKey { pid, tid, nr, _pad: 0 }).collect();
-    self::rows::free(ebpf, &keys)?;
     let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
     for ((pid, tid, nr), a) in rows {
         for &errno in a.errnos.keys() {
@@ -158,18 +155,13 @@ impl SyscallCollector {
         let mut dead_keys = Vec::new();
         let mut newly_dead: Vec<(u32, u32)> = Vec::new();
         {
-            // The hash map's entries, then the owned rows' (a key is in one
-            // of the two only).
-            let mut items = Vec::new();
-            for item in stats_map(ebpf)?.iter() {
-                items.push(item.map_err(|e| ProbeError::map("SYSCALL_STATS", e))?);
-            }
-            items.extend(rows::entries(ebpf)?);
-            for (k, v) in items {
+            let map = stats_map(ebpf)?;
+            for item in map.iter() {
+                let (k, v) = item.map_err(|e| ProbeError::map("SYSCALL_STATS", e))?;
                 let key = (k.pid, k.tid, k.nr);
                 let acc = Acc { stats: v, ..Acc::default() };
                 if alive(k.pid, k.tid) {
-                    live.entry(key).or_default().merge(&acc);
+                    live.insert(key, acc);
                 } else {
                     let (rows, waited) = self.pending.entry((k.pid, k.tid)).or_default();
                     if rows.is_empty() && *waited == 0 {
@@ -200,7 +192,6 @@ impl SyscallCollector {
         for k in &dead_keys {
             let _ = map.remove(k);
         }
-        rows::free(ebpf, &dead_keys)?;
         let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
         for k in &dead_errno {
             let _ = emap.remove(k);
