@@ -9,7 +9,8 @@ Usage: syscall_loop.py ITERATIONS [--wait]
 With --wait the script opens its files, prints `ready PID` on stdout and
 blocks until a line arrives on stdin, so that a tracer can attach to the
 already running process before the timed loop starts. The result is printed
-as `ns_per_iter VALUE` on stdout; with --wait the script then stays alive
+as `ns_per_iter VALUE` on stdout, followed by `cpu_ns_per_iter VALUE`
+(the process's CPU time per iteration); with --wait the script then stays alive
 until stdin is closed, so that the tracer can be stopped while its target
 still runs.
 """
@@ -38,11 +39,16 @@ def main() -> int:
         os.write(out, os.read(fd, 64))
 
     start = time.perf_counter_ns()
+    cpu_start = time.process_time_ns()
     for _ in range(iterations):
         os.write(out, os.read(fd, 64))
+    cpu = time.process_time_ns() - cpu_start
     elapsed = time.perf_counter_ns() - start
 
     print(f"ns_per_iter {elapsed / iterations:.1f}", flush=True)
+    # The process's CPU time (user + system, probes included: they run in
+    # its context), less moved by other load than wall time.
+    print(f"cpu_ns_per_iter {cpu / iterations:.1f}", flush=True)
     if wait:
         sys.stdin.read()  # until the driver closes stdin
     os.close(fd)

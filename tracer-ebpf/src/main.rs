@@ -18,6 +18,7 @@
 
 mod agent;
 mod cuda;
+mod overhead;
 mod process;
 mod python;
 mod sched;

@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 10] {
+pub fn tables() -> [&'static FamilyTable; 11] {
     [
         &programs::CORE,
         &process::TABLE,
@@ -27,6 +27,7 @@ pub fn tables() -> [&'static FamilyTable; 10] {
         &nvml::TABLE,
         &timeline::TABLE,
         &crate::agent_exec::TABLE,
+        &crate::overhead::TABLE,
     ]
 }
 
@@ -38,7 +39,11 @@ pub fn tables() -> [&'static FamilyTable; 10] {
 /// `syscalls` before `sched` (wall time reads the syscall table) and `cuda`
 /// before `nvml` (the GPU samples join the CUDA report).
 pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
-    let mut list: Vec<Box<dyn Collector>> = vec![Box::new(SyscallCollector::default())];
+    // The overhead pair: calibration before any probe is attached, the
+    // account once every other family has filled the recording.
+    static TABLES: std::sync::OnceLock<[&'static FamilyTable; 11]> = std::sync::OnceLock::new();
+    let (overhead_start, overhead_report) = crate::overhead::collectors(TABLES.get_or_init(tables));
+    let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::default())];
     if opts.sched.enabled {
         list.push(Box::new(SchedCollector::default()));
         list.push(Box::new(CpuSampleCollector::default()));
@@ -58,6 +63,7 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
         list.push(Box::new(TimelineCollector::default()));
     }
     list.push(Box::new(ProcessCollector::default()));
+    list.push(overhead_report);
     list
 }
 

@@ -19,6 +19,7 @@ pub mod ebpf_log;
 pub mod elf;
 pub mod families;
 pub mod nvml;
+pub mod overhead;
 pub mod probe;
 pub mod process;
 pub mod procfs;

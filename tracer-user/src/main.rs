@@ -141,7 +141,10 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         command: Vec<String>,
     },
     /// Print the current Python stack of every thread of a live process, like `py-spy dump`.
-    #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).")]
+    #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).\n\
+With --async: the task tree of every asyncio event loop instead, from the offsets CPython 3.14 and 3.15 publish \
+for debuggers (what `python -m asyncio pstree` reads); earlier versions are refused with a one-line error.\n\n\
+Examples:\n  infertrace dump -p 1234\n  infertrace dump -p 1234 --async --format json")]
     Dump {
         /// The process.
         #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid, allow_negative_numbers = true)]
@@ -151,6 +154,12 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// Also show native frames below the Python ones (text only).
         #[arg(long)]
         native: bool,
+        /// Instead of the threads' stacks, the asyncio task tree of every event loop (like
+        /// `python -m asyncio pstree`): each task's name and id, state (running, awaiting what,
+        /// ready, done), coroutine stack with the line of each `await`, the tasks awaiting it.
+        /// CPython 3.14+ (the asyncio offsets it publishes).
+        #[arg(long = "async", conflicts_with = "native")]
+        async_tasks: bool,
     },
     /// A live view of running processes, redrawn every second (like `top`): wall-time bars, verdict, hot code.
     #[command(after_help = "Shows, per thread, a bar of the wall-time split (on-CPU, syscalls, run-queue, GIL, io, lock, \
@@ -358,6 +367,30 @@ fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<V
     })
 }
 
+/// `dump --async`: the asyncio task tree (python/asyncio, report/async_dump).
+fn dump_async(interp: &mut python::Interpreter, format: DumpFormat) -> anyhow::Result<ExitCode> {
+    use infertrace::python::asyncio::AsyncioReader;
+    let pid = interp.pid();
+    let reader = AsyncioReader::new(interp).map_err(|e| anyhow::anyhow!("pid {pid}: {e} (hint: {})", e.hint()))?;
+    // A task list the loop is changing right now reads inconsistent: read again.
+    let mut tries = 0;
+    let loops = loop {
+        match reader.read(interp) {
+            Ok(l) => break l,
+            Err(python::asyncio::AsyncioError::Inconsistent { .. }) if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => bail!("reading the asyncio tasks of pid {pid} failed: {e} (hint: {})", e.hint()),
+        }
+    };
+    match format {
+        DumpFormat::Text => print!("{}", report::async_dump::render_async_text(&loops)),
+        DumpFormat::Json => print!("{}", report::async_dump::render_async_json(&loops)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent(args) => agent_cli::run(args),
@@ -366,7 +399,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{text}");
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Dump { pid, format, native } => {
+        Command::Dump { pid, format, native, async_tasks } => {
             infertrace::targets::validate_pid(pid).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
             let mut interp = match python::Interpreter::attach(pid) {
                 Ok(Some(i)) => i,
@@ -378,6 +411,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             if let Some(note) = interp.layout_note() {
                 eprintln!("note: {}", printable(note));
+            }
+            if async_tasks {
+                return dump_async(&mut interp, format);
             }
             let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
             match format {

@@ -287,6 +287,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
         notes: Vec::new(),
         cut: None,
         timeline: None,
+        tracer_overhead: None,
     };
     for c in collectors.iter_mut() {
         c.snapshot(cx, &mut rec)?;

@@ -68,7 +68,10 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::{tasks, util};
+use crate::{
+    bench_floors::{self, Floor},
+    tasks, util,
+};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -85,6 +88,9 @@ enum Kind {
     BpftraceOffcpu,
     /// `py-spy record --rate 99 --nonblocking --pid`.
     PySpy,
+    /// bpftrace with empty actions on the kernel mechanism alone
+    /// (bench_floors.rs).
+    Floor(Floor),
 }
 
 struct Mode {
@@ -95,6 +101,9 @@ struct Mode {
     iterations: u64,
     /// Largest acceptable slowdown (shown in the table, not enforced).
     goal: Option<f64>,
+    /// Largest acceptable ratio to the workload's floor (shown, not
+    /// enforced).
+    floor_goal: Option<f64>,
 }
 
 const fn mode(
@@ -109,6 +118,7 @@ const fn mode(
         tool,
         iterations,
         goal: None,
+        floor_goal: None,
     }
 }
 
@@ -132,6 +142,9 @@ struct Bench {
     /// ns/iter is per call of several threads: the line under the table
     /// gives calls per second, untraced and traced, under this name.
     calls_per_s: Option<&'static str>,
+    /// The floor mode that infertrace rows are compared with (one of
+    /// `modes`).
+    floor: Option<Kind>,
     /// The first mode is the untraced baseline.
     modes: &'static [Mode],
 }
@@ -143,6 +156,7 @@ const fn workload(name: &'static str, script: &'static str, modes: &'static [Mod
         args: &[],
         cuda_probe: None,
         calls_per_s: None,
+        floor: None,
         modes,
     }
 }
@@ -166,13 +180,35 @@ const fn infertrace_default(iterations: u64, goal: Option<f64>) -> Mode {
     }
 }
 
+/// `infertrace record -p` with its defaults and a goal as a ratio to the
+/// workload's floor.
+const fn infertrace_vs_floor(iterations: u64, floor_goal: f64) -> Mode {
+    Mode {
+        floor_goal: Some(floor_goal),
+        ..mode(Kind::Infertrace(&[]), INFERTRACE, None, iterations)
+    }
+}
+
+/// A floor mode (bpftrace, empty actions).
+const fn floor(f: Floor, label: &'static str, iterations: u64) -> Mode {
+    mode(Kind::Floor(f), label, Some("bpftrace"), iterations)
+}
+
 const BENCHES: &[Bench] = &[
-    workload(
+    Bench {
+        // Our own tp_btf floor: bpftrace 0.17 has no raw tracepoints, and
+        // its classic `tracepoint:` programs cost more than the tp_btf ones
+        // infertrace uses (the raw_syscalls row is shown for reference).
+        floor: Some(Kind::Infertrace(ELSEWHERE)),
+        ..workload(
         "syscall loop",
         "syscall_loop.py",
         &[
             mode(Kind::Untraced, "untraced", None, 1_000_000),
-            infertrace_default(500_000, Some(1.4)),
+            floor(Floor::Syscalls, "floor: raw_syscalls enter+exit, empty", 500_000),
+            // Issue 14: within +0.25x of the idle-pid floor's ratio to
+            // untraced (~1.58x): 1.83 / 1.58.
+            infertrace_vs_floor(500_000, 1.16),
             mode(
                 Kind::Infertrace(&["--no-sched"]),
                 "infertrace --no-sched -p",
@@ -210,7 +246,8 @@ const BENCHES: &[Bench] = &[
             ),
             mode(Kind::PySpy, PY_SPY, Some("py-spy"), 500_000),
         ],
-    ),
+    )
+    },
     workload(
         "cpu loop",
         "cpu_loop.py",
@@ -284,13 +321,16 @@ const BENCHES: &[Bench] = &[
     // (entry and return probes) and of a launch API (entry probe only).
     Bench {
         args: &["copy"],
+        floor: Some(Kind::Floor(Floor::UprobeUretprobe)),
         cuda_probe: Some("copy probe (entry+return)"),
         ..workload(
             "cuda copy",
             "bench_cuda.py",
             &[
                 mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
-                infertrace_default(50_000, None),
+                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
+                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
+                infertrace_vs_floor(50_000, 1.2),
                 mode(
                     Kind::Infertrace(&["--no-cuda-driver"]),
                     "infertrace --no-cuda-driver -p",
@@ -302,13 +342,16 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         args: &["launch"],
+        floor: Some(Kind::Floor(Floor::Uprobe)),
         cuda_probe: Some("launch probe (entry only)"),
         ..workload(
             "cuda launch",
             "bench_cuda.py",
             &[
                 mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
-                infertrace_default(50_000, None),
+                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
+                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
+                infertrace_vs_floor(50_000, 1.2),
                 mode(
                     Kind::Infertrace(&["--no-cuda-driver"]),
                     "infertrace --no-cuda-driver -p",
@@ -372,36 +415,9 @@ enum Outcome {
     Failed(String),
 }
 
-/// `bench --only WORKLOAD --modes A,B`: a part of the table (the untraced
-/// baseline of each workload kept is always run; the `stop` line is left
-/// out). For measuring one change without minutes of unrelated rows.
-#[derive(Debug, Default)]
-pub struct Filter {
-    /// The workload's name as in the table (`syscall loop`).
-    pub only: Option<String>,
-    /// Traced modes whose label contains one of these.
-    pub modes: Vec<String>,
-}
-
-impl Filter {
-    fn workload(&self, name: &str) -> bool {
-        self.only.as_deref().is_none_or(|o| o == name)
-    }
-    fn mode(&self, label: &str) -> bool {
-        self.modes.is_empty() || self.modes.iter().any(|m| label.contains(m.as_str()))
-    }
-    fn is_set(&self) -> bool {
-        self.only.is_some() || !self.modes.is_empty()
-    }
-}
-
-pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
-    if let Some(only) = &filter.only {
-        if !BENCHES.iter().any(|b| b.name == only) {
-            let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
-            bail!("no workload named {only:?} (hint: one of {})", names.join(", "));
-        }
-    }
+/// `only`: run the workloads whose name contains it (`--only`), without the
+/// `stop` line.
+pub fn bench(build: bool, stop_only: bool, only: Option<&str>) -> Result<()> {
     if build {
         tasks::build()?;
     }
@@ -418,7 +434,11 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
     let started = Instant::now();
 
     let mut rows: Vec<(&Bench, &Mode, Outcome)> = Vec::new();
-    for b in BENCHES.iter().filter(|b| filter.workload(b.name)) {
+    let selected = |b: &&Bench| only.is_none_or(|o| b.name.contains(o));
+    if BENCHES.iter().filter(selected).count() == 0 {
+        bail!("--only {:?} names no workload (hint: e.g. --only cuda, --only \"syscall loop\")", only.unwrap_or(""));
+    }
+    for b in BENCHES.iter().filter(selected) {
         let script = util::workspace_root()
             .join("tests/workloads")
             .join(b.script);
@@ -440,7 +460,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
             Some(Untraced::default())
         };
         let mut group = Vec::new();
-        for mode in traced_modes.iter().filter(|m| filter.mode(m.label)) {
+        for mode in traced_modes {
             if let Some(u) = baseline.as_mut() {
                 u.run(&ctx, &script, b, untraced);
             }
@@ -499,14 +519,27 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
     if util::is_root() {
         println!("  workloads and tracers at nice -20");
     }
-    const W: [usize; 6] = [12, 37, 10, 12, 12, 17];
+    // The floor of a workload (bench_floors.rs): its measured ns/iter.
+    let floor_ns = |b: &Bench| {
+        let f = b.floor?;
+        rows.iter().find_map(|(rb, m, o)| match o {
+            Outcome::Measured { ns_per_iter, .. }
+                if std::ptr::eq(*rb, b) && m.kind == f =>
+            {
+                Some(*ns_per_iter)
+            }
+            _ => None,
+        })
+    };
+    const W: [usize; 7] = [12, 37, 10, 12, 12, 9, 17];
     println!(
-        "{:<w0$} {:<w1$} {:>w2$} {:>w3$} {:>w4$} {:>w5$}",
+        "{:<w0$} {:<w1$} {:>w2$} {:>w3$} {:>w4$} {:>w5$} {:>w6$}",
         "workload",
         "mode",
         "iterations",
         "ns/iter",
         "vs untraced",
+        "vs floor",
         "goal",
         w0 = W[0],
         w1 = W[1],
@@ -514,6 +547,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
         w3 = W[3],
         w4 = W[4],
         w5 = W[5],
+        w6 = W[6],
     );
     println!("{}", "-".repeat(W.iter().sum::<usize>() + W.len() - 1));
     let mut notes = Vec::new();
@@ -523,7 +557,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
         let name = if prev == Some(b.name) { "" } else { b.name };
         prev = Some(b.name);
         let base = baseline(b);
-        let (ns, ratio, goal) = match outcome {
+        let (ns, ratio, vs_floor, goal) = match outcome {
             Outcome::Measured { ns_per_iter, note } => {
                 if let Some(n) = note {
                     notes.push(format!("{} / {}: {n}", b.name, mode.label));
@@ -537,7 +571,17 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
                     (Some(g), None) => format!("<= {g:.2}x"),
                     _ => String::new(),
                 };
-                (format!("{ns_per_iter:.1}"), ratio, goal)
+                // infertrace rows of a workload with a floor: the ratio to
+                // it, and the goal as that ratio.
+                let (vs_floor, floor_goal) = match mode.kind {
+                    Kind::Infertrace(_) if b.floor.is_some() && b.floor != Some(mode.kind) => bench_floors::cells(
+                        floor_ns(b).map(|f| ns_per_iter / f),
+                        mode.floor_goal,
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                let goal = if floor_goal.is_empty() { goal } else { floor_goal };
+                (format!("{ns_per_iter:.1}"), ratio, vs_floor, goal)
             }
             Outcome::Missing => {
                 println!(
@@ -553,16 +597,17 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
             }
             Outcome::Failed(why) => {
                 notes.push(format!("{} / {}: FAILED: {why}", b.name, mode.label));
-                ("failed".to_string(), String::new(), String::new())
+                ("failed".to_string(), String::new(), String::new(), String::new())
             }
         };
         println!(
-            "{:<w0$} {:<w1$} {:>w2$} {:>w3$} {:>w4$} {:>w5$}",
+            "{:<w0$} {:<w1$} {:>w2$} {:>w3$} {:>w4$} {:>w5$} {:>w6$}",
             name,
             mode.label,
             mode.iterations,
             ns,
             ratio,
+            vs_floor,
             goal,
             w0 = W[0],
             w1 = W[1],
@@ -570,6 +615,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
             w3 = W[3],
             w4 = W[4],
             w5 = W[5],
+            w6 = W[6],
         );
     }
     for n in &notes {
@@ -577,6 +623,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
     }
     let probes: Vec<String> = BENCHES
         .iter()
+        .filter(selected)
         .filter(|b| b.calls_per_s.is_none())
         .filter_map(|b| {
             let label = b.cuda_probe?;
@@ -605,7 +652,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
             probes.join("; ")
         );
     }
-    for b in BENCHES {
+    for b in BENCHES.iter().filter(selected) {
         let Some(label) = b.calls_per_s else { continue };
         let traced = rows.iter().find_map(|(rb, m, o)| match o {
             Outcome::Measured { ns_per_iter, .. } if std::ptr::eq(*rb, b) && m.kind == Kind::Infertrace(&[]) => Some(*ns_per_iter),
@@ -614,8 +661,13 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
         let rate = |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.0} calls/s", 1e9 / ns));
         println!("{label}: {} untraced, {} traced ({INFERTRACE})", rate(baseline(b)), rate(traced));
     }
-    let stop = if filter.is_set() { Ok("stop: not measured (--only/--modes)".to_string()) } else { stop_times(&ctx) };
+    let stop = if only.is_some() {
+        Ok(String::new())
+    } else {
+        stop_times(&ctx)
+    };
     match &stop {
+        Ok(line) if line.is_empty() => {}
         Ok(line) => println!("{line}"),
         Err(e) => println!("stop (SIGINT to exit): FAILED: {e:#}"),
     }
@@ -628,7 +680,7 @@ pub fn bench(build: bool, stop_only: bool, filter: &Filter) -> Result<()> {
     // tool) has no ratios: an error.
     let no_baseline: Vec<&str> = BENCHES
         .iter()
-        .filter(|b| filter.workload(b.name))
+        .filter(selected)
         .filter(|b| {
             baseline(b).is_none()
                 && !rows.iter().any(|(rb, m, o)| {
@@ -903,7 +955,12 @@ impl Workload {
             let dir = ctx.cudasim()?;
             cmd.env("CUDART", dir.join("libcudart.so.12"))
                 .env("FAKE_KERNELS", dir.join("libfakekernels.so"));
-            if matches!(mode.kind, Kind::Infertrace(f) if !f.contains(&"--no-cuda")) {
+            let probed = match mode.kind {
+                Kind::Infertrace(f) => !f.contains(&"--no-cuda"),
+                Kind::Floor(f) => f.probes_user_code(),
+                _ => false,
+            };
+            if probed {
                 cmd.arg("--probed");
             }
         }
@@ -1310,6 +1367,22 @@ fn traced(ctx: &Ctx, script: &Path, bench: &Bench, mode: &Mode) -> Result<Outcom
             // samples follow.
             t.wait_for_output("Sampling process")?;
             thread::sleep(Duration::from_secs(1));
+            t
+        }
+        Kind::Floor(f) => {
+            let program = if f.probes_user_code() {
+                let lib = ctx.cudasim()?.join("libcudart.so.12");
+                let function = bench_floors::cuda_function(bench.args)
+                    .with_context(|| format!("{}: a uprobe floor needs a CUDA workload", bench.name))?;
+                f.program(&lib.to_string_lossy(), function)
+            } else {
+                f.program("", "")
+            };
+            let mut cmd = boosted("bpftrace");
+            cmd.args(["-e", &program]);
+            let mut t = Tracer::spawn(cmd, log)?;
+            t.wait_for_output("Attaching")?;
+            t.wait_for_probes()?;
             t
         }
         Kind::Untraced => unreachable!("untraced runs do not come here"),

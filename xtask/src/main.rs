@@ -1,5 +1,6 @@
 //! Developer tasks for infertrace: `cargo xtask <command>`.
 mod bench;
+mod bench_floors;
 mod podman;
 mod pyroot;
 mod readers;
@@ -53,10 +54,13 @@ commands:
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
              --stop        only the time from SIGINT to exit (~1 min)
-             --only NAME   only the workload NAME (e.g. 'syscall loop')
-             --modes A,B   only the traced modes whose label contains A or
-                           B (e.g. 'record -p,idle pid'); the untraced
-                           baseline always runs; no stop line
+             --only NAME   only the workloads whose name contains NAME
+                           (e.g. cuda, \"syscall loop\"), no stop line
+           floors (same run): bpftrace with empty actions (raw_syscalls
+           enter+exit; uprobe and uprobe+uretprobe on the stand-in's copy
+           and launch functions) and infertrace on an idle pid (the
+           syscall loop's floor); infertrace rows show their ratio to the
+           floor (\"vs floor\"), goals as that ratio
   soak     build, then N minutes of thread and process churn (850 threads/s,
            ~10 processes/s, tests/workloads/churn.c) under `infertrace
            record -p`: the tracer's RSS at each minute, the recording's
@@ -109,27 +113,22 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
         }
         "test" => tasks::test(parse_test_args(rest)?),
         "bench" => {
-            let (mut build, mut stop_only) = (true, false);
-            let mut filter = bench::Filter::default();
-            let mut args = rest.iter();
-            while let Some(a) = args.next() {
+            let (mut build, mut stop_only, mut only) = (true, false, None);
+            let mut iter = rest.iter();
+            while let Some(a) = iter.next() {
                 match a.to_str() {
                     Some("--no-build") => build = false,
                     Some("--stop") => stop_only = true,
-                    Some(flag @ ("--only" | "--modes")) => {
-                        let Some(v) = args.next().and_then(|v| v.to_str()) else {
-                            bail!("{flag} needs a value (hint: --only 'syscall loop' --modes 'record -p,idle pid')")
-                        };
-                        if flag == "--only" {
-                            filter.only = Some(v.to_string());
-                        } else {
-                            filter.modes = v.split(',').map(str::to_string).collect();
+                    Some("--only") => {
+                        only = iter.next().and_then(|v| v.to_str()).map(str::to_string);
+                        if only.is_none() {
+                            bail!("--only needs a workload name (hint: --only cuda)");
                         }
                     }
-                    _ => bail!("`bench` takes only --no-build, --stop, --only and --modes; see `cargo xtask help`"),
+                    _ => bail!("`bench` takes only --no-build, --stop and --only NAME; see `cargo xtask help`"),
                 }
             }
-            bench::bench(build, stop_only, &filter)
+            bench::bench(build, stop_only, only.as_deref())
         }
         "soak" => soak::soak(parse_soak_args(rest)?),
         "help" | "-h" | "--help" => {

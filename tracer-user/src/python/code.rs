@@ -101,7 +101,7 @@ impl Interpreter {
 
     /// A `str` object (compact ASCII, compact, or legacy), and whether it
     /// was cut (a kernel copy shorter than the string: its text ends in `…`).
-    fn read_str(&self, m: &impl ReadMem, addr: u64) -> Result<(String, bool), PythonError> {
+    pub(super) fn read_str(&self, m: &impl ReadMem, addr: u64) -> Result<(String, bool), PythonError> {
         let o = &self.offsets;
         let hdr = m.bytes(addr, o.unicode_compact_data as usize + 8)?;
         let len = le_u64(&hdr, layout::UNICODE_LENGTH);

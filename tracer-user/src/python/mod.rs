@@ -38,6 +38,7 @@
 //! layouts and line tables. `dump`'s output is rendered by
 //! `crate::report::dump`.
 
+pub mod asyncio;
 mod attach;
 mod captured;
 mod code;

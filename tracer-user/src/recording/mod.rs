@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub mod cuda;
 pub mod limits;
 pub mod output;
+pub mod overhead;
 pub mod timeline;
 
 pub use limits::ReadLimits;
@@ -317,6 +318,11 @@ pub struct Recording {
     /// Timestamped events (`record --timeline`); absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<timeline::Timeline>,
+    /// What tracing cost: probe hits, the estimated time added to each
+    /// target, the tracer's own CPU and memory (`crate::overhead`); absent
+    /// from recordings made before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracer_overhead: Option<overhead::TracerOverhead>,
 }
 
 /// Why a recording ends before its window did.
@@ -529,6 +535,7 @@ pub(crate) mod tests {
             notes: vec![],
             cut: None,
             timeline: None,
+            tracer_overhead: None,
         }
     }
 

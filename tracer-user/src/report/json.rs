@@ -65,6 +65,9 @@ struct JsonReport<'a> {
     timeline: Option<crate::report::timeline_summary::TimelineSummary>,
     /// The bottleneck verdict (docs/verdict.md).
     verdict: super::verdict::Verdict,
+    /// What tracing cost (docs/overhead.md); null for recordings made
+    /// before it existed.
+    tracer_overhead: Option<&'a crate::recording::overhead::TracerOverhead>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -110,6 +113,7 @@ pub fn render(rec: &Recording) -> String {
         cut: rec.cut.as_ref(),
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
         verdict: super::verdict::verdict(rec),
+        tracer_overhead: rec.tracer_overhead.as_ref(),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

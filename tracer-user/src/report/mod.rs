@@ -6,6 +6,7 @@
 //! (durations, bytes, rates, histograms). [`speedscope`] and [`pprof`] write
 //! the profile formats of those tools, [`perfetto`] the timeline as a Perfetto trace.
 
+pub mod async_dump;
 pub mod diff;
 pub mod dump;
 pub mod fmt;

@@ -9,6 +9,7 @@
 
 pub mod cuda;
 pub mod nvml;
+pub mod overhead;
 pub mod python;
 pub mod syscalls;
 pub mod walltime;
@@ -81,6 +82,9 @@ pub fn render(rec: &Recording) -> String {
     let in_flight = saturating_sum(all_rows.iter().map(|r| r.in_flight));
     if in_flight > 0 {
         let _ = writeln!(out, "{in_flight} calls were still in flight when the window closed (counted, timed to its end)");
+    }
+    if let Some(o) = &rec.tracer_overhead {
+        overhead::render(&mut out, o);
     }
     if rec.lost_events() == 0 {
         out.push_str("lost events: 0\n");

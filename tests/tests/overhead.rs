@@ -1,0 +1,186 @@
+//! The tracer's own account of its cost (`tracer_overhead`, issue 14):
+//! present in every recording; on a syscall-bound loop its estimate of the
+//! time added agrees with the slowdown this test measures itself (untraced
+//! and traced runs interleaved, the fastest of each, in the loop's CPU
+//! time per iteration); and the kernel's `uretprobe`
+//! syscall, which every uretprobe'd process makes at each probed return, is
+//! reported there as tracer time, not in the target's syscall table.
+//!
+//! Needs root, the binary, the system's python3, gcc (the CUDA stand-in);
+//! under CI=true a missing one fails the test.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
+
+use infertrace_e2e::serde_json::Value;
+use infertrace_e2e::*;
+
+/// Iterations of the syscall loop per run (two syscalls each).
+const ITERATIONS: u64 = 300_000;
+/// Rounds of (untraced, traced).
+const ROUNDS: usize = 5;
+/// Largest acceptable error of the estimate, relative to the measured slowdown.
+const TOLERANCE: f64 = 0.30;
+
+/// The workload's `cpu_ns_per_iter VALUE` line: its CPU time per
+/// iteration (the probes run in its context), which other load on a
+/// shared machine moves less than its wall time.
+fn ns_per_iter(stdout: &str) -> f64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu_ns_per_iter ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no cpu_ns_per_iter line in:\n{stdout}"))
+}
+
+/// At nice -20 (as root), like the benchmark: load from elsewhere on a
+/// shared machine weighs less on both runs.
+fn boosted(program: &Path) -> Command {
+    let mut c = Command::new("nice");
+    c.args(["-n", "-20"]).arg(program);
+    c
+}
+
+/// The least disturbed of the runs: load from elsewhere on a shared
+/// machine only ever adds time (the calibration takes its fastest rounds
+/// for the same reason).
+fn fastest(v: &[f64]) -> f64 {
+    v.iter().copied().min_by(f64::total_cmp).unwrap_or(f64::NAN)
+}
+
+/// `tracer_overhead.targets[]` of `pid`.
+fn overhead_of(report: &Value, pid: u64) -> &Value {
+    report["tracer_overhead"]["targets"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["pid"].as_u64() == Some(pid)))
+        .unwrap_or_else(|| panic!("no tracer_overhead.targets entry for pid {pid}: {}", report["tracer_overhead"]))
+}
+
+/// Records `cmd` launched (text report on stdout, the workload's lines
+/// with it) and returns the run and the JSON report of the recording.
+fn record(out: &Path, options: &[&str], cmd: &[&OsStr]) -> (Run, Value) {
+    let mut args: Vec<&OsStr> = vec!["record".as_ref(), "-q".as_ref(), "-o".as_ref(), out.as_os_str()];
+    args.extend(options.iter().map(OsStr::new));
+    args.push("--".as_ref());
+    args.extend_from_slice(cmd);
+    let mut c = boosted(&bin());
+    c.args(&args);
+    let r = run_cmd(&mut c, RUN_TIMEOUT);
+    r.assert_ok();
+    let rep = run_infertrace(["report".as_ref(), out.as_os_str(), "--format".as_ref(), "json".as_ref()]);
+    rep.assert_ok();
+    let v: Value = infertrace_e2e::serde_json::from_str(&rep.stdout).expect("JSON report");
+    (r, v)
+}
+
+#[test]
+fn estimate_matches_the_measured_syscall_loop_slowdown() {
+    let test = "estimate_matches_the_measured_syscall_loop_slowdown";
+    require!(test, Root, Binary);
+    let Some((python, _)) = system_python() else {
+        return skip(test, "the system's python3 (not pyenv's)");
+    };
+    let script = workspace_root().join("tests/workloads/syscall_loop.py");
+    let tmp = TempDir::new("overhead-syscalls");
+    let n = ITERATIONS.to_string();
+    let (mut untraced, mut traced, mut estimated) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let r = run_cmd(boosted(&python).arg(&script).arg(&n), RUN_TIMEOUT);
+        r.assert_ok();
+        untraced.push(ns_per_iter(&r.stdout));
+
+        let out = tmp.join(format!("loop-{round}.itr"));
+        // --no-sched: the scheduler and CPU-sampling programs run at every
+        // context switch of the machine and are not in the per-target
+        // estimate (docs/overhead.md); a loaded machine switches the loop
+        // out often enough for them to matter.
+        let (r, rep) = record(&out, &["--no-sched"], &[python.as_os_str(), script.as_os_str(), n.as_ref()]);
+        traced.push(ns_per_iter(&r.stdout));
+        let o = &rep["tracer_overhead"];
+        assert_eq!(o["version"], 1, "{o}");
+        let cal = &o["calibration"];
+        for k in ["uprobe_ns", "uretprobe_ns", "syscall_tracepoints_ns"] {
+            assert!(cal[k].as_f64().is_some_and(|v| v > 0.0), "calibration.{k} not measured: {o}");
+        }
+        assert!(o["tracer"]["cpu_user_ns"].as_u64().unwrap_or(0) + o["tracer"]["cpu_system_ns"].as_u64().unwrap_or(0) > 0, "{o}");
+        assert!(o["tracer"]["peak_rss_bytes"].as_u64().unwrap_or(0) > 1 << 20, "{o}");
+        let pid = rep["targets"].as_array().and_then(|t| t.iter().find(|t| t["origin"] == "launched")).expect("launched target")["pid"]
+            .as_u64()
+            .expect("pid");
+        let t = overhead_of(&rep, pid);
+        // Hits: enter and exit of every syscall the table counted.
+        let syscalls: u64 = rep["syscalls"].as_array().expect("syscalls").iter().filter(|r| r["pid"].as_u64() == Some(pid)).map(|r| r["count"].as_u64().unwrap_or(0)).sum();
+        assert!(syscalls >= 2 * ITERATIONS, "{syscalls} syscalls counted");
+        assert_eq!(t["hits"]["syscalls"].as_u64(), Some(2 * syscalls), "{t}");
+        let machine_hits = o["families"].as_array().and_then(|f| f.iter().find(|f| f["family"] == "syscalls")).expect("syscalls family")["hits"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(machine_hits >= 2 * syscalls, "the kernel counted {machine_hits} runs of the syscall programs, fewer than the target's {syscalls} x 2");
+        // Per loop iteration: two syscalls at the estimated cost of one.
+        let per_syscall = t["added_ns"]["syscalls"].as_f64().expect("added_ns.syscalls") / syscalls as f64;
+        estimated.push(2.0 * per_syscall);
+        let share = t["share_percent"].as_f64().unwrap_or(0.0);
+        assert!(share > 0.0 && share < 100.0, "share {share}%: {t}");
+        eprintln!(
+            "round {round}: untraced {:.1} CPU ns/iter, traced {:.1} CPU ns/iter, estimated +{:.1} ns/iter ({share:.1}% of the target's wall time); calibration {cal}",
+            untraced[round], traced[round], estimated[round]
+        );
+    }
+    let measured = fastest(&traced) - fastest(&untraced);
+    let estimate = fastest(&estimated);
+    eprintln!("measured +{measured:.1} ns/iter (fastest of {untraced:?} and {traced:?}), estimated +{estimate:.1} ns/iter (fastest of {estimated:?})");
+    assert!(measured > 0.0, "tracing did not slow the loop down: untraced {untraced:?}, traced {traced:?}");
+    let error = (estimate - measured).abs() / measured;
+    assert!(
+        error <= TOLERANCE,
+        "estimate +{estimate:.1} ns/iter is {:.0}% off the measured +{measured:.1} ns/iter (untraced {untraced:?}, traced {traced:?})",
+        error * 100.0
+    );
+}
+
+#[test]
+fn uretprobe_syscalls_are_tracer_time() {
+    let test = "uretprobe_syscalls_are_tracer_time";
+    require!(test, Root, Binary, Gcc);
+    let Some((python, _)) = system_python() else {
+        return skip(test, "the system's python3 (not pyenv's)");
+    };
+    let Some(dir) = cuda_standin_dir(test) else { return };
+    let tmp = TempDir::new("overhead-uretprobe");
+    let out = tmp.join("copy.itr");
+    let script = workspace_root().join("tests/workloads/bench_cuda.py");
+    const COPIES: u64 = 2000;
+    let n = COPIES.to_string();
+    let mut args: Vec<&OsStr> = vec!["record".as_ref(), "-q".as_ref(), "-o".as_ref(), out.as_os_str(), "--".as_ref()];
+    let (cudart, kernels) = (dir.join("libcudart.so.12"), dir.join("libfakekernels.so"));
+    // bench_cuda.py --probed: the loop starts once the return probe is in place.
+    args.extend([python.as_os_str(), script.as_os_str(), "copy".as_ref(), n.as_ref(), "--probed".as_ref()]);
+    let mut c = infertrace(&args);
+    c.env("CUDART", &cudart).env("FAKE_KERNELS", &kernels);
+    let r = run_cmd(&mut c, RUN_TIMEOUT);
+    r.assert_ok();
+    let rep = run_infertrace(["report".as_ref(), out.as_os_str(), "--format".as_ref(), "json".as_ref()]);
+    rep.assert_ok();
+    let v: Value = infertrace_e2e::serde_json::from_str(&rep.stdout).expect("JSON report");
+    let pid = v["targets"].as_array().and_then(|t| t.iter().find(|t| t["origin"] == "launched")).expect("launched target")["pid"]
+        .as_u64()
+        .expect("pid");
+    let names: Vec<&str> = v["syscalls"].as_array().expect("syscalls").iter().filter_map(|r| r["name"].as_str()).collect();
+    assert!(!names.contains(&"uretprobe"), "the uretprobe syscall is in the target's table: {names:?}");
+    let t = overhead_of(&v, pid);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let (major, minor) = {
+        let mut it = kernel.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    };
+    // The syscall exists on x86_64 from Linux 6.11.
+    if cfg!(target_arch = "x86_64") && (major, minor) >= (6, 11) {
+        let calls = t["uretprobe_syscalls"].as_u64().unwrap_or(0);
+        assert!(calls >= COPIES, "{calls} uretprobe syscalls for at least {COPIES} probed returns: {t}");
+    } else {
+        eprintln!("note: {test}: kernel {} has no uretprobe syscall on this architecture; only its absence from the table is checked", kernel.trim());
+    }
+    // The CUDA probes' hits and cost are in the estimate.
+    assert!(t["hits"]["cuda"].as_u64().unwrap_or(0) >= 2 * COPIES, "{t}");
+    assert!(t["added_ns"]["cuda"].as_u64().unwrap_or(0) > 0, "{t}");
+}
