@@ -72,8 +72,14 @@ pub fn hist_bucket(ns: u64) -> usize {
     }
 }
 
-/// A syscall in flight: the per-CPU `SYSCALL_SLOT` and the per-thread
-/// `SYSCALL_START` map (calls whose thread left the CPU) hold these.
+/// Slots of the `SYSCALL_SLOTS` array (a power of two): a thread's
+/// syscall in flight lives in slot `tid % SYSCALL_SLOT_COUNT` when the
+/// thread owns that slot (`SYSCALL_SLOT_OWNER`), else in `SYSCALL_START`.
+pub const SYSCALL_SLOT_COUNT: u32 = 65536;
+
+/// A syscall in flight, per thread: the `SYSCALL_SLOTS` array (a slot the
+/// thread owns; `tid` is the owner's tag) or the `SYSCALL_START` hash map
+/// hold these.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyscallStart {

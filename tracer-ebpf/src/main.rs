@@ -23,6 +23,7 @@ mod overhead;
 mod process;
 mod python;
 mod sched;
+mod syscall_slot;
 mod syscalls;
 mod timeline;
 
@@ -153,7 +154,8 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
 }
 
 /// The syscall in flight, per thread (only the thread itself writes its
-/// entry): written by `syscalls` (sys_enter / sys_exit), read by `sched`
+/// entry), for the threads that own no slot in `syscall_slot` (the fast
+/// path): written by `syscalls` (sys_enter / sys_exit), read by `sched`
 /// (the off-CPU reason). Deliberately not a per-CPU slot: on this kernel
 /// the syscall tracepoints run preemptible, so a per-CPU protocol between
 /// sys_enter, sys_exit and sched_switch loses calls when a program is
@@ -170,6 +172,12 @@ pub const NO_SYSCALL: u32 = u32::MAX;
 /// may spill that register, which the verifier rejects as uninitialised.
 #[inline(always)]
 pub fn syscall_in_flight(tid: u32) -> (u32, u64) {
+    let slot = syscall_slot::owned(tid);
+    if !slot.is_null() {
+        // SAFETY: the thread's own slot (`syscall_slot`), read only.
+        let s = unsafe { *slot };
+        return if s.ts != 0 { (s.nr, s.arg0) } else { (NO_SYSCALL, 0) };
+    }
     // SAFETY: read-only use of the value.
     match unsafe { SYSCALL_START.get(&tid) } {
         Some(s) if s.ts != 0 => (s.nr, s.arg0),

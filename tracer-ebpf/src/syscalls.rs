@@ -16,8 +16,8 @@ use tracer_common::{
 };
 
 use crate::{
-    count_drop, emit_proc_event, global, is_target, python, user_stack_id, window_closed, window_start_ns, SYSCALL_START,
-    TARGETS,
+    count_drop, emit_proc_event, global, is_target, python, syscall_slot, user_stack_id, window_closed, window_start_ns,
+    SYSCALL_START, TARGETS,
 };
 use tracer_common::proc_events::KIND_MAPPED;
 
@@ -108,6 +108,15 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
         0
     };
     let start = SyscallStart { ts: now, nr, tid, arg0 };
+    let mut slot = syscall_slot::owned(tid);
+    if slot.is_null() && syscall_slot::claim(tid) {
+        slot = syscall_slot::owned(tid);
+    }
+    if !slot.is_null() {
+        // SAFETY: the thread's own slot; only it writes there.
+        unsafe { *slot = start };
+        return 0;
+    }
     match SYSCALL_START.get_ptr_mut(&tid) {
         // SAFETY: map value pointer; only this thread writes its entry.
         Some(p) => unsafe { *p = start },
@@ -231,11 +240,20 @@ const START_NONE: u8 = 0;
 const START_CONSUMED: u8 = 1;
 const START_FOUND: u8 = 2;
 
-/// The (state, start, nr, arg0) of `tid`'s syscall in flight, consumed. A
-/// tuple, not an `Option` (see `syscall_in_flight`).
+/// The (state, start, nr, arg0) of `tid`'s syscall in flight, consumed,
+/// from its slot if it owns one, else from `SYSCALL_START`. A tuple, not
+/// an `Option` (see `syscall_in_flight`).
 #[inline(always)]
 fn take_start(tid: u32) -> (u8, u64, u32, u64) {
-    let Some(p) = SYSCALL_START.get_ptr_mut(&tid) else { return (START_NONE, 0, 0, 0) };
+    let slot = syscall_slot::owned(tid);
+    let p = if !slot.is_null() {
+        slot
+    } else {
+        match SYSCALL_START.get_ptr_mut(&tid) {
+            Some(p) => p,
+            None => return (START_NONE, 0, 0, 0),
+        }
+    };
     // SAFETY: map value pointer, owned by this thread.
     unsafe {
         if (*p).ts == 0 {

@@ -17,6 +17,8 @@ use tracer_common::{
     syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
 };
 
+mod slots;
+
 use crate::{
     collect::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     probe::ProbeError,
@@ -200,6 +202,7 @@ impl SyscallCollector {
             for tid in stale {
                 let _ = smap.remove(&tid);
             }
+            slots::retire_dead(ebpf)?;
         }
         self.live = live;
         if !cx.opts.sched.enabled {
@@ -314,6 +317,12 @@ impl SyscallCollector {
             let starts: BpfHashMap<_, u32, SyscallStart> = crate::probe::hash_map(&mut cx.ebpf, "SYSCALL_START")?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
         }
+        // A thread that owns a slot keeps its calls there: its entry in
+        // SYSCALL_START, if any, is an older one (before the claim).
+        let slotted = slots::entries(&mut cx.ebpf)?;
+        let owners: HashSet<u32> = slotted.iter().map(|s| s.tid).collect();
+        in_flight.retain(|s| !owners.contains(&s.tid));
+        in_flight.extend(slotted);
         for start in in_flight.into_iter().filter(|s| s.ts != 0 && s.ts < end_ns) {
             let Some(pid) = procfs::tgid_of(start.tid) else { continue };
             if live_pids.contains(&pid) {
