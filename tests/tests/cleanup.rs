@@ -199,10 +199,12 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
         .filter_map(|l| l.strip_suffix(" functions probed")?.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     assert_eq!(functions, 66, "{test}\n{}", r.describe());
-    // One link per program and file (8 programs, 2 files), where perf
-    // events take one per function and kind (124).
+    // Multi-uprobe links: one per program for the runtime's file (8 programs),
+    // and one per function and kind for the driver, pid-scoped so that a
+    // driver function can be taken off per process (docs/cuda.md): at most
+    // 2 x 39; perf events take one per function and kind for both (124).
     if !perf_events {
-        assert!(linked <= 16, "{test}: {linked} links\n{}", r.describe());
+        assert!(linked <= 8 + 2 * 39, "{test}: {linked} links\n{}", r.describe());
     }
     // Released before exit: no breakpoint left in the target...
     assert_eq!(probed(), "0/3", "{test}: breakpoints left after infertrace exited\n{}", r.describe());
