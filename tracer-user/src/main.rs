@@ -169,7 +169,8 @@ Examples:\n  infertrace dump -p 1234\n  infertrace dump -p 1234 --async --format
         /// Instead of the threads' stacks, the asyncio task tree of every event loop (like
         /// `python -m asyncio pstree`): each task's name and id, state (running, awaiting what,
         /// ready, done), coroutine stack with the line of each `await`, the tasks awaiting it.
-        /// CPython 3.14+ (the asyncio offsets it publishes).
+        /// CPython 3.14+ (the asyncio offsets it publishes). The process is held still
+        /// (ptrace-seized, no signal) for the few milliseconds of the read, as py-spy's dump does.
         #[arg(long = "async", conflicts_with = "native")]
         async_tasks: bool,
     },
@@ -418,6 +419,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dump { pid, format, native, async_tasks } => {
             infertrace::targets::validate_pid(pid).map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
+            // --async: hold the process still from the attach (which checks its
+            // frames) to the end of the read (python/pause.rs); let go on return.
+            let _paused = async_tasks.then(|| {
+                let (paused, not_held) = python::pause::Paused::pause(pid);
+                if not_held > 0 {
+                    eprintln!("note: {not_held} thread(s) of pid {pid} could not be paused (already traced?): reading while they run");
+                }
+                paused
+            });
             let mut interp = match python::Interpreter::attach(pid) {
                 Ok(Some(i)) => i,
                 Ok(None) => bail!("pid {pid} is not running CPython (hint: `infertrace dump` reads CPython {} stacks)", python::SUPPORTED),

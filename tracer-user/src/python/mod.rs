@@ -39,6 +39,7 @@
 //! `crate::report::dump`.
 
 pub mod asyncio;
+pub mod pause;
 mod attach;
 mod captured;
 mod code;

@@ -242,7 +242,11 @@ impl AsyncioReader {
         for (lt, ids, tstate) in &mut lists {
             for &id in ids.iter() {
                 let running = lt.running_task == Some(id);
-                lt.tasks.push(self.task(interp, id, running.then_some(*tstate))?);
+                // None: a task being created or torn down (no name yet or
+                // any more); it is left out of this read.
+                if let Some(task) = self.task(interp, id, running.then_some(*tstate))? {
+                    lt.tasks.push(task);
+                }
             }
         }
         Ok(lists.into_iter().map(|l| l.0).collect())
@@ -295,8 +299,13 @@ impl AsyncioReader {
     }
 
     /// Task `id`; `running_in` is the thread state when it is the running task.
-    fn task(&self, interp: &mut Interpreter, id: u64, running_in: Option<u64>) -> Result<AsyncTask, AsyncioError> {
+    /// None for a task whose name is not set (being initialized, or
+    /// cleared on its way out while still linked in the list).
+    fn task(&self, interp: &mut Interpreter, id: u64, running_in: Option<u64>) -> Result<Option<AsyncTask>, AsyncioError> {
         let raw = self.raw_task(interp, id)?;
+        if raw.name_ptr == 0 {
+            return Ok(None);
+        }
         let name = self.task_name(interp, raw.name_ptr)?;
         let mut stack = match running_in {
             Some(ts) if raw.coro != 0 => self.running_stack(interp, ts, raw.coro + self.groups.gen_iframe),
@@ -317,7 +326,7 @@ impl AsyncioReader {
             0 => None,
             w => Some(Awaitable { id: w, type_name: self.type_name(interp, w).unwrap_or_else(|| "?".into()) }),
         };
-        Ok(AsyncTask { id, name, state, loop_id: raw.loop_.filter(|&l| l != 0), coroutine_stack: stack, awaited_by, waiting_on })
+        Ok(Some(AsyncTask { id, name, state, loop_id: raw.loop_.filter(|&l| l != 0), coroutine_stack: stack, awaited_by, waiting_on }))
     }
 
     /// `tp_flags` of the object at `obj`'s type.
@@ -370,7 +379,10 @@ impl AsyncioReader {
             }
             let gen_type = le_u64(&gen, 8);
             let iframe = cur + g.gen_iframe;
-            let f = interp.read_frame(iframe)?;
+            // A coroutine being finished or freed under the reader (its code
+            // already cleared): the chain ends here rather than failing the
+            // whole read, which a loop churning tasks would do every time.
+            let Ok(f) = interp.read_frame(iframe) else { break };
             if f.code != 0 && !f.skip {
                 let checksum = interp.mem.u32(f.code + interp.offsets.code_firstlineno).unwrap_or(0);
                 out.push(interp.resolve_frame(f.code, f.instr, checksum));
