@@ -33,7 +33,7 @@ use aya_ebpf::{
         generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, RingBuf},
+    maps::{Array, HashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -67,6 +67,21 @@ pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 
 /// (`tracer-user/src/cuda/driver_gate.rs`).
 #[map]
 pub static CUDA_DRV_ROUTE: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(16384, 0);
+
+/// `--max-overhead`: the launch-sampling slice `[start, end)`, CLOCK_MONOTONIC
+/// ns, and `[2]` 1 for a calibration slice, written by userspace
+/// (`tracer-user/src/cuda/slicer.rs`). `start` 0: launches are not
+/// sampled, every launch counts. Otherwise a launch counts only inside
+/// the slice (hits while the probes are being attached or released fall
+/// outside it), and not at all in a calibration slice.
+#[map]
+pub static CUDA_SLICE: Array<u64> = Array::with_max_entries(3, 0);
+
+/// `--max-overhead`: per thread, its launches (not the driver launches
+/// nested in them) seen inside slices, calibration slices too: what the
+/// slicer measures the per-launch cost and the untraced rate with.
+#[map]
+pub static CUDA_SLICE_HITS: HashMap<u32, u64> = HashMap::with_max_entries(32768, 0);
 
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
@@ -373,6 +388,50 @@ fn nested_launch(ctx: &ProbeContext, a: u32, tgid: u32) -> bool {
     (r[0] <= ret && ret < r[1]) || (r[2] <= ret && ret < r[3])
 }
 
+/// Where a launch falls under `--max-overhead` (`CUDA_SLICE`).
+#[derive(PartialEq, Eq, Clone, Copy)]
+enum Slice {
+    /// Launches not sampled: every one counts.
+    All,
+    /// Outside the slice: not counted.
+    Out,
+    /// Inside a slice: counted.
+    In,
+    /// Inside a calibration slice (each function probed twice): only the
+    /// thread's launches are counted, in `CUDA_SLICE_HITS`.
+    Calibrating,
+}
+
+#[inline(always)]
+fn launch_slice() -> Slice {
+    let start = CUDA_SLICE.get(0).copied().unwrap_or(0);
+    if start == 0 {
+        return Slice::All;
+    }
+    let end = CUDA_SLICE.get(1).copied().unwrap_or(0);
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now < start || now >= end {
+        return Slice::Out;
+    }
+    if CUDA_SLICE.get(2).copied().unwrap_or(0) != 0 {
+        Slice::Calibrating
+    } else {
+        Slice::In
+    }
+}
+
+/// One launch of thread `tid` seen in a slice.
+#[inline(always)]
+fn count_slice_hit(tid: u32) {
+    match CUDA_SLICE_HITS.get_ptr_mut(&tid) {
+        // SAFETY: per-thread key: this thread is the only writer.
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            let _ = CUDA_SLICE_HITS.insert(&tid, &1u64, 0);
+        }
+    }
+}
+
 /// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`,
 /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params,
 /// extra)`: the kernel is the first argument.
@@ -403,7 +462,18 @@ fn launch(ctx: &ProbeContext, func: u64) {
         return;
     }
     let a = cookie(ctx);
-    if nested_launch(ctx, a, tgid) {
+    let nested = nested_launch(ctx, a, tgid);
+    let slice = launch_slice();
+    if slice == Slice::Out {
+        return;
+    }
+    if !nested && slice != Slice::All {
+        count_slice_hit(pid_tgid as u32);
+    }
+    if slice == Slice::Calibrating {
+        return;
+    }
+    if nested {
         route(tgid, a, true);
         return;
     }

@@ -80,6 +80,10 @@ pub struct AgentArgs {
     /// No line on stderr per window.
     #[arg(short, long)]
     quiet: bool,
+    /// An overhead budget, 0.1 to 100 (percent of a target's time): past it, CUDA launches are probed in
+    /// time slices and their counts estimated (as `record --max-overhead`; docs/overhead.md).
+    #[arg(long, value_name = "PCT", value_parser = super::parse_max_overhead, allow_negative_numbers = true)]
+    max_overhead: Option<f64>,
 }
 
 fn parse_regex(s: &str) -> Result<Regex, String> {
@@ -107,6 +111,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         checkpoint_every: None,
         quiet: true,
         asyncio: infertrace::asyncio::AsyncOptions { enabled: false, ..Default::default() },
+        max_overhead: a.max_overhead,
         ..RecordOptions::default()
     };
     let opts = AgentOptions {

@@ -151,6 +151,13 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         /// in debug mode; 20 ms is one frame of a 50 Hz service).
         #[arg(long, value_parser = parse_blocked_loop, default_value = infertrace::asyncio::DEFAULT_BLOCKED_LOOP, value_name = "DURATION")]
         blocked_loop: Duration,
+        /// An overhead budget, 0.1 to 100 (percent of a target's time): when the CUDA launch probes would add
+        /// more, they are attached in time slices (for example 2 ms on, then off) sized to the budget, and the
+        /// launch counts are estimated from the slices and marked as estimates (experimental: their error today is in
+        /// docs/overhead.md, "An overhead budget"). Off by
+        /// default: every launch is probed and counted exactly.
+        #[arg(long, value_name = "PCT", value_parser = parse_max_overhead, allow_negative_numbers = true)]
+        max_overhead: Option<f64>,
     },
     /// Print the current Python stack of every thread of a live process, like `py-spy dump`.
     #[command(after_help = "Works on a process that is blocked, spinning or waiting for the GIL; the process is not stopped.\nCPython 3.8-3.15 with the GIL (shared libpython or static builds; a newer CPython through the layout it publishes).\n\
@@ -315,6 +322,19 @@ fn parse_slow_syscall(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     parse_span(s, collect::MIN_SLOW_SYSCALL, collect::MAX_SLOW_SYSCALL).map_err(|e| format!("{e}, or 0 to turn it off"))
+}
+
+/// `record --max-overhead`: a percentage, 0.1 to 100.
+pub(crate) fn parse_max_overhead(s: &str) -> Result<f64, String> {
+    let p = parse_pct(s)?;
+    if !(collect::MIN_MAX_OVERHEAD..=collect::MAX_MAX_OVERHEAD).contains(&p) {
+        return Err(format!(
+            "`{s}` is out of range: the budget is {} to {} (percent of a target's time)",
+            collect::MIN_MAX_OVERHEAD,
+            collect::MAX_MAX_OVERHEAD
+        ));
+    }
+    Ok(p)
 }
 
 /// `record --blocked-loop`: 1 ms to 1 h.
@@ -509,11 +529,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _ = writeln!(std::io::stderr(), "infertrace diff: {} {:.3} -> {:.3} ({change}): {verdict}", printable(&c.metric), c.before, c.after);
             Ok(if regressed { ExitCode::from(3) } else { ExitCode::SUCCESS })
         }
-        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop } => {
+        Command::Record { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead } => {
             let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
             let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
             let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: infertrace::asyncio::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop } };
+            let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: infertrace::asyncio::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead };
             let argv: Vec<String> = std::env::args().collect();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -130,7 +130,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let site = Site { function: "step".into(), file: Some("/srv/app.py".into()), line: Some(7) };
     let mut cuda = stacks.clone();
     cuda.cuda = Some(CudaReport {
-        launches: vec![CudaLaunch { pid: 10, kernel: "gemm".into(), count: 3, site, api: "cudaLaunchKernel".into() }],
+        launches: vec![CudaLaunch { pid: 10, kernel: "gemm".into(), count: 3, site, api: "cudaLaunchKernel".into(), estimated: false, sampled: None }],
         gpu_samples: vec![crate::report::text::nvml::tests::gpu(1, 0, 50.0, 1 << 30, Some((1, 2)))],
         libraries: vec![CudaLibrary { path: "/lib/libcudart.so.12".into(), functions: vec!["cudaMemcpy".into()], pids: vec![10] }],
         window_ns: 1_000_000_000,

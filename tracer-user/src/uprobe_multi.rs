@@ -72,6 +72,11 @@ impl MapFds {
             .collect();
         MapFds(fds)
     }
+
+    /// The descriptor of the map `name`.
+    pub fn get(&self, name: &str) -> Option<BorrowedFd<'_>> {
+        self.0.get(name).map(|fd| fd.as_fd())
+    }
 }
 
 /// The descriptor of any map (every variant holds its `MapData`).

@@ -44,13 +44,15 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
         })
         .collect();
     let launch_key = |l: &CudaLaunch| (l.pid, l.kernel.clone(), l.site.clone(), l.api.clone());
-    let prev_launches: HashMap<_, u64> = prev.launches.iter().map(|l| (launch_key(l), l.count)).collect();
+    let prev_launches: HashMap<_, (u64, Option<u64>)> = prev.launches.iter().map(|l| (launch_key(l), (l.count, l.sampled))).collect();
     out.launches = cur
         .launches
         .iter()
         .filter_map(|l| {
             let mut d = l.clone();
-            d.count = l.count.saturating_sub(prev_launches.get(&launch_key(l)).copied().unwrap_or(0));
+            let (count, sampled) = prev_launches.get(&launch_key(l)).copied().unwrap_or((0, None));
+            d.count = l.count.saturating_sub(count);
+            d.sampled = l.sampled.map(|s| s.saturating_sub(sampled.unwrap_or(0)));
             (d.count > 0).then_some(d)
         })
         .collect();

@@ -34,7 +34,7 @@ use aya::Ebpf;
 pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
 pub use options::{
     AsyncOptions, RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
-    MAX_SLOW_SYSCALL, MIN_SLOW_SYSCALL,
+    MAX_MAX_OVERHEAD, MAX_SLOW_SYSCALL, MIN_MAX_OVERHEAD, MIN_SLOW_SYSCALL,
 };
 pub use programs::{FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec};
 pub use sink::{Sink, Topic};
@@ -90,6 +90,9 @@ pub struct Context {
     /// took its map out of [`ebpf`](Self::ebpf): what programs loaded
     /// outside aya are relocated against ([`crate::uprobe_multi`]).
     pub map_fds: crate::uprobe_multi::MapFds,
+    /// What one probe hit costs here, measured at startup by the overhead
+    /// family (zeros until then, or where it could not be measured).
+    pub calibration: crate::recording::overhead::Calibration,
     events: VecDeque<TargetEvent>,
 }
 
@@ -112,6 +115,7 @@ impl Context {
             ebpf_log: None,
             mappings_followed: false,
             map_fds,
+            calibration: Default::default(),
             events: VecDeque::new(),
         }
     }

@@ -11,6 +11,9 @@ pub const DEFAULT_GPU_SAMPLE_HZ: u32 = 5;
 pub const DEFAULT_SLOW_SYSCALL: &str = "1ms";
 /// `record -F`: the most CPU samples per second (0 turns sampling off).
 pub const MAX_FREQUENCY: u64 = 10_000;
+/// `record --max-overhead`: the smallest and largest budget, percent.
+pub const MIN_MAX_OVERHEAD: f64 = 0.1;
+pub const MAX_MAX_OVERHEAD: f64 = 100.0;
 /// `record --duration`: the longest window.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// `record --slow-syscall`: the shortest threshold (0 turns it off)...
@@ -55,6 +58,10 @@ pub struct RecordOptions {
     pub timeline_limit: Option<u64>,
     /// asyncio event loops (`--async`, `--no-async`, `--blocked-loop`).
     pub asyncio: AsyncOptions,
+    /// `--max-overhead PCT`: the share of a target's time the probes may
+    /// add; past it, CUDA launches are probed in time slices and their
+    /// counts estimated (`crate::cuda::slicer`). None: every launch probed.
+    pub max_overhead: Option<f64>,
 }
 
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
@@ -82,6 +89,7 @@ impl Default for RecordOptions {
             quiet: false,
             timeline_limit: None,
             asyncio: AsyncOptions::default(),
+            max_overhead: None,
         }
     }
 }

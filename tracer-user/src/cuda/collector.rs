@@ -29,6 +29,7 @@ use super::{
     discovery,
     drain::EventDrain,
     driver_gate::DriverGate,
+    slicer::LaunchSlicer,
     findings::Thresholds,
     programs,
     search::{self, TargetFacts},
@@ -98,6 +99,8 @@ pub struct CudaCollector {
     /// Driver libraries probed per process and function, their probes
     /// taken off where only the runtime reaches them.
     pub(super) gate: DriverGate,
+    /// `--max-overhead`: the launch probes, attached in time slices.
+    pub(super) slicer: Option<LaunchSlicer>,
 }
 
 fn hash_text(s: &str) -> u64 {
@@ -278,7 +281,7 @@ impl CudaCollector {
         if uses {
             // Its own probes on the driver libraries probed per process.
             if let Some(probes) = self.probes.as_ref() {
-                for e in self.gate.attach_all(probes, pid) {
+                for e in self.gate.attach_all(probes, pid, self.slicer.as_ref()) {
                     cx.sink.note_on(Topic::Gpu, format!("pid {pid}: CUDA driver: {e}"));
                 }
             }
@@ -380,7 +383,7 @@ impl CudaCollector {
         if let Some(probes) = self.probes.as_ref().filter(|p| driver && p.per_process()) {
             if let Ok(kept) = file.try_clone() {
                 self.gate.register(identity, kept, shown, symbols);
-                return Ok(self.gate.attach(probes, pid, identity));
+                return Ok(self.gate.attach(probes, pid, identity, self.slicer.as_ref()));
             }
         }
         self.attach_file(cx, path, symbols)
@@ -393,9 +396,46 @@ impl CudaCollector {
         path: &Path,
         symbols: &[(u32, u64)],
     ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
-        match self.probes.as_mut() {
-            Some(p) => p.attach_file(&mut cx.ebpf, path, symbols),
-            None => Ok((Vec::new(), Vec::new())),
+        let Some(probes) = self.probes.as_mut() else { return Ok((Vec::new(), Vec::new())) };
+        let Some(slicer) = self.slicer.as_ref() else { return probes.attach_file(&mut cx.ebpf, path, symbols) };
+        // `--max-overhead`: the launch functions are the slicer's.
+        type Symbols = Vec<(u32, u64)>;
+        let (launches, rest): (Symbols, Symbols) = symbols.iter().partition(|(id, _)| api::is_launch(*id));
+        let (mut done, mut errors) = probes.attach_file(&mut cx.ebpf, path, &rest)?;
+        if !launches.is_empty() {
+            let shown = path.display().to_string();
+            let added = std::fs::File::open(path)
+                .map_err(|e| format!("opening {shown} to sample its launches: {e}"))
+                .and_then(|f| probes.slice_targets(&f, &shown, &launches, None))
+                .and_then(|ts| ts.into_iter().try_for_each(|t| slicer.add(t)));
+            match added {
+                Ok(()) => done.extend(launches.iter().map(|(id, _)| api::NAMES[*id as usize])),
+                Err(e) => errors.push(e),
+            }
+        }
+        Ok((done, errors))
+    }
+
+    /// `--max-overhead`: starts the slicer of the launch probes (multi-uprobe links only).
+    fn start_slicer(&mut self, cx: &mut Context, budget: f64) {
+        let Some(probes) = self.probes.as_ref() else { return };
+        let prog = match probes.program_fd("cuda_launch").map(|p| p.try_clone_to_owned()) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time: {e}"));
+                return;
+            }
+            None => {
+                cx.sink.note_on(
+                    Topic::Gpu,
+                    "--max-overhead: CUDA launches are probed all the time (sampling them needs multi-uprobe links, Linux 6.6+)",
+                );
+                return;
+            }
+        };
+        match LaunchSlicer::start(budget, cx.calibration.uprobe_ns, prog, &cx.map_fds) {
+            Ok(s) => self.slicer = Some(s),
+            Err(e) => cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time: {e}")),
         }
     }
 
@@ -409,6 +449,9 @@ impl CudaCollector {
                     cx.sink.note_on(Topic::Gpu, n);
                 }
                 self.probes = Some(probes);
+                if let Some(budget) = cx.opts.max_overhead {
+                    self.start_slicer(cx, budget);
+                }
             }
             Err(e) => {
                 cx.sink.note_on(Topic::Gpu, format!("CUDA probes disabled: {e}"));
@@ -455,7 +498,9 @@ impl CudaCollector {
             let dead: Vec<(LaunchKey, u64)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
             for (k, n) in dead {
                 let _ = map.remove(&k);
-                *self.retired_launches.entry(LaunchKey { tid: 0, ..k }).or_default() += n;
+                // Sampled launches keep their thread: its estimate is its own.
+                let tid = if self.slicer.is_some() { k.tid } else { 0 };
+                *self.retired_launches.entry(LaunchKey { tid, ..k }).or_default() += n;
             }
         }
         let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, "CUDA_INFLIGHT")?;
@@ -585,6 +630,9 @@ impl Collector for CudaCollector {
         }
         let Some(mut probes) = self.probes.take() else { return };
         probes.adopt(self.gate.take_links());
+        if let Some(slicer) = self.slicer.as_mut() {
+            probes.adopt(slicer.finish());
+        }
         let (_, errors) = probes.release(&mut cx.ebpf, cx.opts.quiet);
         for e in errors {
             cx.sink.note_on(Topic::Gpu, e);

@@ -36,7 +36,7 @@ use std::{
 use aya::maps::HashMap as BpfHashMap;
 use tracer_common::cuda::api;
 
-use super::programs::CudaProbes;
+use super::{programs::CudaProbes, slicer::LaunchSlicer};
 use crate::{
     clock,
     collect::{Context, Topic},
@@ -105,11 +105,15 @@ impl DriverGate {
     /// Probes every function of the driver library `identity` in `pid`
     /// (those not probed there yet). Returns the functions probed and what
     /// failed.
+    ///
+    /// With a `slicer` (`--max-overhead`), the launch functions go to it,
+    /// probed in time slices, and stay out of the gate's own decisions.
     pub fn attach(
         &mut self,
         probes: &CudaProbes,
         pid: u32,
         identity: Identity,
+        slicer: Option<&LaunchSlicer>,
     ) -> (Vec<&'static str>, Vec<String>) {
         let Some(f) = self.files.get(&identity) else {
             return (Vec::new(), Vec::new());
@@ -120,6 +124,20 @@ impl DriverGate {
         for &(id, offset) in &f.symbols {
             if fns.contains_key(&id) {
                 done.push(api::NAMES[id as usize]);
+                continue;
+            }
+            if let Some(slicer) = slicer.filter(|_| api::is_launch(id)) {
+                let added = probes
+                    .slice_targets(&f.file, &f.shown, &[(id, offset)], Some(pid))
+                    .and_then(|ts| ts.into_iter().try_for_each(|t| slicer.add(t)));
+                match added {
+                    // Inert here: no links, never off.
+                    Ok(()) => {
+                        fns.insert(id, FnState::default());
+                        done.push(api::NAMES[id as usize]);
+                    }
+                    Err(e) => errors.push(e),
+                }
                 continue;
             }
             match probes.attach_for_pid(&path, id, offset, pid) {
@@ -142,7 +160,7 @@ impl DriverGate {
     /// [`attach`](Self::attach) for every driver library known, in a target
     /// that uses CUDA (it may load the driver later: a pid-scoped probe on
     /// a file it never maps costs it nothing).
-    pub fn attach_all(&mut self, probes: &CudaProbes, pid: u32) -> Vec<String> {
+    pub fn attach_all(&mut self, probes: &CudaProbes, pid: u32, slicer: Option<&LaunchSlicer>) -> Vec<String> {
         let ids: Vec<Identity> = self
             .files
             .keys()
@@ -151,7 +169,7 @@ impl DriverGate {
             .collect();
         let mut errors = Vec::new();
         for id in ids {
-            errors.extend(self.attach(probes, pid, id).1);
+            errors.extend(self.attach(probes, pid, id, slicer).1);
         }
         errors
     }

@@ -15,6 +15,7 @@ pub mod programs;
 pub mod replay;
 mod report;
 pub mod search;
+pub mod slicer;
 mod timeline;
 
 pub use collector::CudaCollector;

@@ -114,6 +114,54 @@ impl CudaProbes {
         Ok((CudaProbes::Perf { links: Vec::new() }, note))
     }
 
+    /// The descriptor of a program loaded for multi-uprobe links.
+    pub fn program_fd(&self, name: &str) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            CudaProbes::Multi { programs, .. } => programs.get(name).map(|p| p.as_fd()),
+            CudaProbes::Perf { .. } => None,
+        }
+    }
+
+    /// `--max-overhead`: the launch functions among `symbols` of `file`, as
+    /// groups for the slicer (one per entry program), in process `pid` or
+    /// in every process. Multi-uprobe links only.
+    pub fn slice_targets(
+        &self,
+        file: &std::fs::File,
+        shown: &str,
+        symbols: &[(u32, u64)],
+        pid: Option<u32>,
+    ) -> Result<Vec<super::slicer::SliceTarget>, String> {
+        let file = std::sync::Arc::new(file.try_clone().map_err(|e| format!("keeping {shown} open: {e}"))?);
+        let mut out: Vec<(&'static str, super::slicer::SliceTarget)> = Vec::new();
+        for &(id, offset) in symbols.iter().filter(|(id, _)| api::is_launch(*id)) {
+            let program = entry_program(id);
+            if let Some((_, t)) = out.iter_mut().find(|(p, _)| *p == program) {
+                t.offsets.push(offset);
+                t.cookies.push(u64::from(id));
+                t.what = format!("{}, {}", t.what, api::NAMES[id as usize]);
+                continue;
+            }
+            let prog = self
+                .program_fd(program)
+                .ok_or_else(|| format!("sampling launches needs multi-uprobe links ({program})"))?
+                .try_clone_to_owned()
+                .map_err(|e| format!("duplicating {program}: {e}"))?;
+            out.push((
+                program,
+                super::slicer::SliceTarget {
+                    prog,
+                    file: file.clone(),
+                    offsets: vec![offset],
+                    cookies: vec![u64::from(id)],
+                    pid,
+                    what: format!("{} ({shown})", api::NAMES[id as usize]),
+                },
+            ));
+        }
+        Ok(out.into_iter().map(|(_, t)| t).collect())
+    }
+
     /// Whether driver functions can be probed per process and function
     /// ([`attach_for_pid`](Self::attach_for_pid)): with multi-uprobe links.
     pub fn per_process(&self) -> bool {

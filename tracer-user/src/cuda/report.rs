@@ -105,8 +105,8 @@ impl CudaCollector {
             b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
         });
 
-        // Launches, by (pid, kernel, site, api).
-        let mut by_kernel: BTreeMap<(u32, String, Site, u32), u64> = BTreeMap::new();
+        // Launches, by (pid, kernel, site, api): (seen, estimated).
+        let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
         for (k, n) in &launches {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
             let site = sites.resolve(raw, cx)?;
@@ -119,12 +119,27 @@ impl CudaCollector {
                     None => symbolize_function(&mut cx.stacks.symbolizer, k.pid, k.func),
                 }
             };
-            *by_kernel.entry((k.pid, name, site, k.api)).or_default() += n;
+            let e = by_kernel.entry((k.pid, name, site, k.api)).or_default();
+            e.0 += n;
+            e.1 += self.slicer.as_ref().map_or(*n as f64, |s| s.estimate(k.tid, *n, end));
         }
+        let estimated = self.slicer.as_ref().is_some_and(|s| s.estimating());
+        let sampled = self.slicer.is_some();
         report.launches = by_kernel
             .into_iter()
-            .map(|((pid, kernel, site, a), count)| CudaLaunch { pid, kernel, count, site, api: api_name(a) })
+            .map(|((pid, kernel, site, a), (seen, est))| CudaLaunch {
+                pid,
+                kernel,
+                count: if estimated { est.round() as u64 } else { seen },
+                site,
+                api: api_name(a),
+                estimated,
+                sampled: sampled.then_some(seen),
+            })
             .collect();
+        if let Some(s) = &self.slicer {
+            report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
+        }
         report.launches.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
 
         // The detector, per resolved site.

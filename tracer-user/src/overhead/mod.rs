@@ -111,6 +111,7 @@ impl Collector for OverheadStart {
         }
         let mut notes = Vec::new();
         s.calibration = calibrate::calibrate(cx, &TABLE, &mut notes);
+        cx.calibration = s.calibration.clone();
         s.notes.extend(notes);
         // The calibration is not part of the window: nothing is attached
         // yet, and the window opens now (its length stays what `--duration`
@@ -279,8 +280,9 @@ pub fn assemble(
             e.0 = e.0.saturating_add(call.count);
             e.1 = e.1.saturating_add(call.count);
         }
+        // Sampled launches (`--max-overhead`): the hits are those seen.
         for l in &c.launches {
-            cuda.entry(l.pid).or_default().0 += l.count;
+            cuda.entry(l.pid).or_default().0 += l.sampled.unwrap_or(l.count);
         }
     }
     // The runs the kernel counted against those the recording explains: a
@@ -384,6 +386,8 @@ mod tests {
             count: 50,
             site: Default::default(),
             api: "cudaLaunchKernel".into(),
+            estimated: false,
+            sampled: None,
         });
         rec.cuda = Some(cuda);
         let cal = Calibration { uprobe_ns: 5000.0, uretprobe_ns: 1000.0, syscall_tracepoints_ns: 100.0, took_ms: 1.0 };

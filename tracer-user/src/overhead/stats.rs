@@ -41,6 +41,13 @@ pub fn own_programs() -> BTreeMap<u32, Runs> {
     out
 }
 
+/// The counters of one program descriptor of ours.
+pub fn of_fd(fd: std::os::fd::BorrowedFd<'_>) -> Option<Runs> {
+    use std::os::fd::AsRawFd;
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    parse_fdinfo(&info).map(|(_, r)| r)
+}
+
 /// `prog_id`, `run_cnt` and `run_time_ns` of a program descriptor's fdinfo.
 fn parse_fdinfo(text: &str) -> Option<(u32, Runs)> {
     let field = |name: &str| {

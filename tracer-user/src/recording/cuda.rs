@@ -74,10 +74,53 @@ pub struct CudaLaunch {
     pub pid: u32,
     /// The kernel's host stub, symbolized and demangled; else its address in hex.
     pub kernel: String,
+    /// Launches; an estimate when `estimated` (`--max-overhead`).
     pub count: u64,
     pub site: Site,
     /// `cudaLaunchKernel` or `cudaLaunchKernel_ptsz`.
     pub api: String,
+    /// `--max-overhead` sampled the launches and part of the window went
+    /// unprobed: `count` is estimated from `sampled`, the launches seen in
+    /// the slices (schema 1.x addition; `cuda.launch_sampling`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<u64>,
+}
+
+/// `--max-overhead`: how the launches were sampled (docs/overhead.md, "An
+/// overhead budget").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct LaunchSampling {
+    /// The budget, percent of a target thread's time.
+    pub budget_percent: f64,
+    /// Time the launch probes were on and launches counted.
+    pub probed_ns: u64,
+    /// Time in calibration slices (each launch function probed twice, to
+    /// measure the probes' cost per launch in the targets; not counted).
+    #[serde(default)]
+    pub calibration_ns: u64,
+    /// From the first slice to the window's end: what the estimates stand for.
+    pub span_ns: u64,
+    pub slices: u64,
+    #[serde(default)]
+    pub calibration_slices: u64,
+    /// The last share of the time the probes were on (1: on all the time).
+    pub duty: f64,
+    /// The largest share of a target thread's time the launch probes
+    /// took while they were on (what the duty is sized from).
+    #[serde(default)]
+    pub probe_share: f64,
+    /// The probes' cost per launch (largest over threads): measured by
+    /// the calibration slices, else the startup calibration's guess.
+    pub per_hit_ns: f64,
+    /// Launches seen in the slices.
+    pub sampled_launches: u64,
+    /// Whether the launch counts are estimates (some of the span unprobed).
+    pub estimated: bool,
+    /// Slices whose probes could not be attached (first few).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
 }
 
 /// One NVML reading of one GPU (`crate::nvml`): whole-device figures, all
@@ -188,6 +231,10 @@ pub struct CudaReport {
     /// such a function while it was off (`off_s` in all) are not counted.
     #[serde(default)]
     pub driver_probes_off: Vec<DriverProbesOff>,
+    /// `--max-overhead`: launches probed in time slices, their counts
+    /// estimated (schema 1.x addition). None: every launch was probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_sampling: Option<LaunchSampling>,
 }
 
 /// One driver function a process reached only through its runtime, whose

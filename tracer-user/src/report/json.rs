@@ -37,6 +37,10 @@ struct JsonCuda<'a> {
     calls_lost: u64,
     /// Driver functions no longer probed in a process (docs/cuda.md).
     driver_probes_off: &'a [crate::recording::cuda::DriverProbesOff],
+    /// `--max-overhead`: launches probed in time slices, `launches[].count`
+    /// estimated where `launches[].estimated` (absent without the budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    launch_sampling: Option<&'a crate::recording::cuda::LaunchSampling>,
 }
 
 #[derive(Serialize)]
@@ -111,6 +115,7 @@ pub fn render(rec: &Recording) -> String {
             events_lost: c.events_lost,
             calls_lost: c.calls_lost,
             driver_probes_off: &c.driver_probes_off,
+            launch_sampling: c.launch_sampling.as_ref(),
         }),
         findings: rec.cuda.as_ref().map(|c| c.findings.as_slice()).unwrap_or(&[]),
         lost_events: rec.lost_events(),

@@ -206,10 +206,16 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
 
     if !cuda.launches.is_empty() {
         let total = saturating_sum(cuda.launches.iter().map(|l| l.count));
-        let _ = writeln!(out, "\nkernel launches by kernel and site ({total} in all):");
+        let estimated = cuda.launches.iter().any(|l| l.estimated);
+        let tilde = if estimated { "~" } else { "" };
+        let _ = writeln!(out, "\nkernel launches by kernel and site ({tilde}{total} in all):");
+        if let Some(s) = cuda.launch_sampling.as_ref() {
+            let _ = writeln!(out, "  {}", launch_sampling_line(s));
+        }
         let _ = writeln!(out, "  {:>8}  {:<48} SITE", "CALLS", "KERNEL");
         for l in cuda.launches.iter().take(MAX_ROWS) {
-            let _ = writeln!(out, "  {:>8}  {:<48} {}", l.count, printable(&l.kernel), short_site(&l.site));
+            let count = if l.estimated { format!("~{}", l.count) } else { l.count.to_string() };
+            let _ = writeln!(out, "  {:>8}  {:<48} {}", count, printable(&l.kernel), short_site(&l.site));
         }
         more(out, cuda.launches.len());
         incomplete(out, cuda, &[], "");
@@ -229,6 +235,29 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     for n in &cuda.notes {
         let _ = writeln!(out, "note: {}", printable(n));
     }
+}
+
+/// What `--max-overhead` did to the launch counts, in one line.
+fn launch_sampling_line(s: &crate::recording::cuda::LaunchSampling) -> String {
+    let share = if s.span_ns > 0 { 100.0 * s.probed_ns as f64 / s.span_ns as f64 } else { 100.0 };
+    let mut line = if s.estimated {
+        format!(
+            "ESTIMATES (--max-overhead {}%): launches counted {share:.1}% of the time in {} slices ({} seen; \
+             probes {:.0}% of a thread's time while on, {:.1} us per launch), extrapolated per thread at its \
+             untraced rate (~ marks them)",
+            s.budget_percent,
+            s.slices,
+            s.sampled_launches,
+            100.0 * s.probe_share,
+            s.per_hit_ns / 1000.0
+        )
+    } else {
+        format!("exact (--max-overhead {}%): the launch probes stayed within the budget, on all the time", s.budget_percent)
+    };
+    for e in &s.errors {
+        line.push_str(&format!("; {}", printable(e)));
+    }
+    line
 }
 
 #[cfg(test)]
@@ -255,7 +284,7 @@ mod tests {
                 pageable: Some(100),
                 events_lost: 0,
             }],
-            launches: vec![CudaLaunch { pid: 7, kernel: "k".into(), count: 5, site: site.clone(), api: "cudaLaunchKernel".into() }],
+            launches: vec![CudaLaunch { pid: 7, kernel: "k".into(), count: 5, site: site.clone(), api: "cudaLaunchKernel".into(), estimated: false, sampled: None }],
             findings: vec![Finding {
                 kind: "small_htod_copies".into(),
                 severity: "medium".into(),
