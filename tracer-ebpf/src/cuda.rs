@@ -69,17 +69,16 @@ pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 
 pub static CUDA_DRV_ROUTE: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(16384, 0);
 
 /// `--max-overhead`: the launch-sampling slice `[start, end)`, CLOCK_MONOTONIC
-/// ns, and `[2]` 1 for a calibration slice, written by userspace
-/// (`tracer-user/src/cuda/slicer.rs`). `start` 0: launches are not
-/// sampled, every launch counts. Otherwise a launch counts only inside
-/// the slice (hits while the probes are being attached or released fall
-/// outside it), and not at all in a calibration slice.
+/// ns, written by userspace (`tracer-user/src/cuda/slicer.rs`). `start` 0:
+/// launches are not sampled, every launch counts. Otherwise a launch
+/// counts only inside the slice (hits while the probes are being attached
+/// or released fall outside it).
 #[map]
-pub static CUDA_SLICE: Array<u64> = Array::with_max_entries(3, 0);
+pub static CUDA_SLICE: Array<u64> = Array::with_max_entries(2, 0);
 
 /// `--max-overhead`: per thread, its launches (not the driver launches
-/// nested in them) seen inside slices, calibration slices too: what the
-/// slicer measures the per-launch cost and the untraced rate with.
+/// nested in them) seen inside slices: what the slicer sizes the slices
+/// by and extrapolates from.
 #[map]
 pub static CUDA_SLICE_HITS: HashMap<u32, u64> = HashMap::with_max_entries(32768, 0);
 
@@ -395,11 +394,8 @@ enum Slice {
     All,
     /// Outside the slice: not counted.
     Out,
-    /// Inside a slice: counted.
+    /// Inside a slice: counted, and in `CUDA_SLICE_HITS`.
     In,
-    /// Inside a calibration slice (each function probed twice): only the
-    /// thread's launches are counted, in `CUDA_SLICE_HITS`.
-    Calibrating,
 }
 
 #[inline(always)]
@@ -413,11 +409,7 @@ fn launch_slice() -> Slice {
     if now < start || now >= end {
         return Slice::Out;
     }
-    if CUDA_SLICE.get(2).copied().unwrap_or(0) != 0 {
-        Slice::Calibrating
-    } else {
-        Slice::In
-    }
+    Slice::In
 }
 
 /// One launch of thread `tid` seen in a slice.
@@ -469,9 +461,6 @@ fn launch(ctx: &ProbeContext, func: u64) {
     }
     if !nested && slice != Slice::All {
         count_slice_hit(pid_tgid as u32);
-    }
-    if slice == Slice::Calibrating {
-        return;
     }
     if nested {
         route(tgid, a, true);

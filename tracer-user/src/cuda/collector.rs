@@ -14,6 +14,7 @@
 //! threads that exited out of the kernel maps.
 
 use std::{
+    os::fd::OwnedFd,
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -419,23 +420,22 @@ impl CudaCollector {
     /// `--max-overhead`: starts the slicer of the launch probes (multi-uprobe links only).
     fn start_slicer(&mut self, cx: &mut Context, budget: f64) {
         let Some(probes) = self.probes.as_ref() else { return };
-        let prog = match probes.program_fd("cuda_launch").map(|p| p.try_clone_to_owned()) {
-            Some(Ok(p)) => p,
-            Some(Err(e)) => {
-                cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time: {e}"));
-                return;
-            }
-            None => {
-                cx.sink.note_on(
-                    Topic::Gpu,
-                    "--max-overhead: CUDA launches are probed all the time (sampling them needs multi-uprobe links, Linux 6.6+)",
-                );
-                return;
-            }
-        };
-        match LaunchSlicer::start(budget, cx.calibration.uprobe_ns, prog, &cx.map_fds) {
+        let progs: Result<Vec<OwnedFd>, String> = ["cuda_launch", "cuda_launch_ex"]
+            .iter()
+            .map(|name| {
+                probes
+                    .program_fd(name)
+                    .ok_or_else(|| "sampling them needs multi-uprobe links, Linux 6.6+".to_owned())?
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("duplicating {name}: {e}"))
+            })
+            .collect();
+        let started = progs.and_then(|p| {
+            LaunchSlicer::start(budget, cx.calibration.uprobe_ns, p, &cx.map_fds).map_err(|e| e.to_string())
+        });
+        match started {
             Ok(s) => self.slicer = Some(s),
-            Err(e) => cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time: {e}")),
+            Err(e) => cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time ({e})")),
         }
     }
 

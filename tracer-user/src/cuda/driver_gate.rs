@@ -45,12 +45,7 @@ use crate::{
     recording::cuda::DriverProbesOff,
 };
 
-/// Calls of a driver function made inside runtime calls (and none direct)
-/// after which its probes come off in that process: below this, its traps
-/// cost at most ~10 ms in all on a slow VM, not worth a blind spot.
-pub const HOT_NESTED: u64 = 1000;
-/// How long a function stays off before it is probed again for a re-check.
-pub const RECHECK_EVERY_NS: u64 = 5_000_000_000;
+use super::{HOT_NESTED, RECHECK_EVERY_NS};
 /// How long a re-check probes it.
 pub const RECHECK_SLICE_NS: u64 = 200_000_000;
 

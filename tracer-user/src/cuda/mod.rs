@@ -3,8 +3,9 @@
 //! [`programs`] (the kernel programs and globals), [`report`] (the CUDA part
 //! of a recording), [`discovery`] (which mapped files hold CUDA),
 //! [`search`] (which files a target could load CUDA from), [`replay`]
-//! (per-call events in order, drained by a thread of their own: [`drain`])
-//! and [`findings`] (the detector's rules).
+//! (per-call events in order, drained by a thread of their own: [`drain`]),
+//! [`findings`] (the detector's rules) and [`slicer`] (`--max-overhead`:
+//! the launch probes in time slices).
 
 mod collector;
 pub mod discovery;
@@ -17,6 +18,13 @@ mod report;
 pub mod search;
 pub mod slicer;
 mod timeline;
+
+/// Calls of a driver function made inside runtime calls (and none direct)
+/// after which its probes come off in that process: below this, its traps
+/// cost at most ~10 ms in all on a slow VM, not worth a blind spot.
+pub const HOT_NESTED: u64 = 1000;
+/// How long a function stays off before it is probed again for a re-check.
+pub const RECHECK_EVERY_NS: u64 = 5_000_000_000;
 
 pub use collector::CudaCollector;
 pub use findings::Thresholds;

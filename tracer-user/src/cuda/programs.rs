@@ -140,6 +140,7 @@ impl CudaProbes {
                 t.offsets.push(offset);
                 t.cookies.push(u64::from(id));
                 t.what = format!("{}, {}", t.what, api::NAMES[id as usize]);
+                t.route = None;
                 continue;
             }
             let prog = self
@@ -155,6 +156,7 @@ impl CudaProbes {
                     offsets: vec![offset],
                     cookies: vec![u64::from(id)],
                     pid,
+                    route: pid.filter(|_| api::is_driver(id)).map(|p| (u64::from(p) << 32) | u64::from(id)),
                     what: format!("{} ({shown})", api::NAMES[id as usize]),
                 },
             ));

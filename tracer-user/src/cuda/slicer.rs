@@ -7,23 +7,29 @@
 //! more than the launch itself. With a budget, every launch function
 //! (runtime and driver) is probed by a thread of its own, not by the
 //! collector: it attaches their links, opens the kernel's slice
-//! (`CUDA_SLICE`: only launches inside it count), and measures, per thread
-//! of the targets, the share of its time the hits took (hits in the slice
-//! x the per-hit cost: the calibrated uprobe trap plus our program's
-//! measured mean run time). While that share is within the budget the
+//! (`CUDA_SLICE`: only launches inside it count, per thread in
+//! `CUDA_SLICE_HITS`), and measures what the probes cost per launch: the
+//! hits of our launch programs in the slice (their run statistics: a
+//! runtime launch whose driver launch is probed too is two hits) times the
+//! trap's calibrated cost, plus our programs' measured run time, over the
+//! launches counted. A thread's share is its launches x that cost over
+//! the slice's length. While the largest share is within the budget the
 //! probes stay on and every launch counts. Past it, the probes are taken
 //! off and put back in slices: on for `duty x 1 s` (2 ms to 100 ms), then
 //! off for the rest of the period, `duty = budget / share`, re-sized after
 //! every slice.
 //!
-//! The estimate, per thread: its launches seen in the slices, times the
-//! time it was traced over the untraced time the slices stood for. During
-//! a slice the thread ran slower (the traps are in its time), so its
-//! untraced-equivalent on-time is the slices' length minus its hits x the
-//! per-hit cost: `count x (1 + (W - on) / (on - hits x cost))`, where `W`
-//! runs from the first slice to the window's end. A thread that lived for
-//! part of the window only is estimated as if it had lived through it (an
-//! over-estimate; said in the docs).
+//! A driver launch function that a process reaches only through its
+//! runtime (the driver gate's rule, `driver_gate.rs`: [`HOT_NESTED`]
+//! nested calls, at most one direct per [`DIRECT_TOLERANCE`]) is left out of the slices, but for one
+//! slice every [`RECHECK_EVERY_NS`]: each runtime launch then traps once.
+//!
+//! The estimate, per thread: during the slices it ran slower (the traps
+//! are in its time), so its untraced time per launch is `g0 = t1 - cost`
+//! (`t1`: the counting time since its first slice over its launches
+//! counted), and the launches it made while not counted are that time over
+//! `g0`. A thread that stops launching for good is taken as idle from then
+//! until it exits.
 
 use std::{
     collections::HashMap,
@@ -40,9 +46,13 @@ use std::{
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
 
-use crate::{clock, overhead::stats, probe::ProbeError, procfs, recording::cuda::LaunchSampling, uprobe_multi};
+use super::{HOT_NESTED, RECHECK_EVERY_NS};
+use crate::{clock, overhead::{calibrate, stats}, probe::ProbeError, procfs, recording::cuda::LaunchSampling, uprobe_multi};
 
-/// The period a slice's on-time is a share of.
+/// The period a slice's on-time is a share of. Each attachment and release
+/// costs the target too, beyond the traps (page copies, TLB flushes, its
+/// mmap lock): with a 250 ms period the stand-in's loop ran 9-64% slower
+/// in CPU time per iteration, against 2-15% with 1 s.
 const PERIOD_NS: u64 = 1_000_000_000;
 /// The shortest and longest slice.
 const MIN_ON_NS: u64 = 2_000_000;
@@ -51,21 +61,24 @@ const MAX_ON_NS: u64 = 100_000_000;
 const MIN_DUTY: f64 = 0.001;
 /// While the probes stay on: how often the share is measured.
 const CHECK_NS: u64 = 10_000_000;
-/// A calibration slice while the probes are otherwise on.
-const CAL_NS: u64 = 20_000_000;
-/// Every this many counting slices, one calibration slice.
-const CAL_EVERY: u64 = 3;
-/// What the calibration slices (each hit twice) add to the probes' cost.
-const CAL_WEIGHT: f64 = 1.0 + 1.0 / CAL_EVERY as f64;
-/// Before any calibration slice, a guessed share past this part of the
-/// budget is measured in the targets (the guess can be several times low).
-const GUESS_MARGIN: f64 = 0.25;
-/// A slice's untraced-equivalent time is at least this part of it.
+/// A thread's untraced time per launch is at least this part of its
+/// traced time per launch.
 const MIN_EFFECTIVE: f64 = 0.05;
-/// The per-hit cost when the calibration could not measure it (ns).
+/// The trap's cost when the calibration could not measure it (ns).
 const FALLBACK_UPROBE_NS: f64 = 5_000.0;
-/// Thread ids kept (the oldest dropped past it).
+/// Thread ids kept (the ended first, then the oldest, dropped past it).
 const MAX_THREADS: usize = 65_536;
+/// Samples of the trap's cost taken when slicing starts, each the fastest
+/// of this many rounds of this many calls (~5 ms of the tracer's time at
+/// 25 us a trap).
+const TRAP_SAMPLES: usize = 8;
+const TRAP_ROUNDS: usize = 3;
+const TRAP_CALLS: u32 = 60;
+/// A driver launch function with at most one direct call per this many
+/// nested ones counts as reached only through the runtime.
+const DIRECT_TOLERANCE: u64 = 100;
+/// Slices between sweeps of the threads that exited.
+const SWEEP_EVERY: u32 = 20;
 
 /// One group of launch functions to probe in slices: a loaded program,
 /// the file (kept open: attached through `/proc/self/fd/N`), the functions'
@@ -76,6 +89,10 @@ pub struct SliceTarget {
     pub offsets: Vec<u64>,
     pub cookies: Vec<u64>,
     pub pid: Option<u32>,
+    /// A driver launch function in one process: its `CUDA_DRV_ROUTE` key
+    /// (`pid << 32 | api id`), to leave it out where the process reaches
+    /// it only through its runtime.
+    pub route: Option<u64>,
     /// For the notes: the functions and the file.
     pub what: String,
 }
@@ -91,29 +108,66 @@ impl SliceTarget {
     }
 }
 
+/// Our programs' work over some slices.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Runs {
+    runs: u64,
+    run_ns: u64,
+    launches: u64,
+}
+
+impl Runs {
+    /// Program runs (probe hits) and run time per launch.
+    fn per_launch(&self) -> Option<(f64, f64)> {
+        (self.launches > 0).then(|| (self.runs as f64 / self.launches as f64, self.run_ns as f64 / self.launches as f64))
+    }
+}
+
+/// One thread, since the first slice (or check) in which it launched.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ThreadAcc {
+    /// Launches counted.
+    n: u64,
+    /// Counting time since its first.
+    on: u64,
+    /// What the probes cost it in that time: the hits of its launches
+    /// (each slice's launches of it times that slice's hits per launch:
+    /// its driver launch probed too, or not), and our programs' run time
+    /// for them (ns).
+    hits: f64,
+    program_ns: f64,
+    /// Start of the first slice (or check) it launched in; its last
+    /// launch seen; when it was found gone.
+    first: u64,
+    last: u64,
+    end: Option<u64>,
+}
+
 #[derive(Default)]
 struct Inner {
     targets: Vec<SliceTarget>,
     /// Attached now (an on phase).
     links: Vec<OwnedFd>,
-    /// The slice open since then (ns), and whether it calibrates.
-    open_since: Option<(u64, bool)>,
-    /// The first slice's start: what the estimates extrapolate from.
-    first: Option<u64>,
-    /// Length of the closed counting slices, and of the calibration ones.
+    /// The slice open since then (ns).
+    open_since: Option<u64>,
+    /// Counting time of the closed slices, and their number.
     on_ns: u64,
-    cal_ns: u64,
     slices: u64,
-    cal_slices: u64,
-    /// Time with the probes off (closed slices' gaps).
+    /// Off phases so far (the counts are estimates once there is one).
     off_phases: u64,
-    /// Per thread seen launching: what the slices saw of it.
     threads: HashMap<u32, ThreadAcc>,
     /// The kernel's count per thread at the last read.
     seen: HashMap<u32, u64>,
-    /// The calibrated cost of one hit (trap + our program), until the
-    /// calibration slices measured it in the targets.
-    guess_ns: f64,
+    /// Our launch programs' runs and run time in the slices, and the
+    /// launches counted there.
+    runs: Runs,
+    /// The trap's cost: the mean of the samples (the startup calibration's,
+    /// then [`TRAP_SAMPLES`] when slicing starts), each taken on our own
+    /// binary with the probe attached anew (its cost was seen to differ
+    /// from one attachment to the next, 19-28 us here, while a target's
+    /// slices, each attached anew, average them).
+    uprobe_ns: f64,
+    trap_samples: u64,
     duty: f64,
     /// The largest share of a thread's time the probes took while on.
     share: f64,
@@ -123,77 +177,64 @@ struct Inner {
     done: bool,
 }
 
-/// One thread in the slices since the first in which it launched (a
-/// thread that starts launching late, or stops living, is not taken as
-/// idle before or after).
-#[derive(Clone, Copy, Debug, Default)]
-struct ThreadAcc {
-    /// Launches in counting slices, and in calibration slices (each
-    /// counted twice there: probed twice).
-    n1: u64,
-    n2: u64,
-    /// Counting and calibration time since its first.
-    on: u64,
-    cal: u64,
-    /// Start of the first slice (or check) it launched in; when it was
-    /// found gone.
-    first: u64,
-    end: Option<u64>,
-}
-
-/// What the slices say of one thread: its time per launch traced (`t1`)
-/// and untraced (`g0`), and the probes' cost per launch.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Model {
-    t1: f64,
-    g0: f64,
-    cost: f64,
-}
-
 impl Inner {
-    /// The model of thread `tid` (None before it was seen in a counting slice).
-    fn model(&self, tid: u32) -> Option<Model> {
-        let a = self.threads.get(&tid)?;
-        let n1 = a.n1 as f64;
-        if n1 <= 0.0 || a.on == 0 {
-            return None;
-        }
-        let t1 = a.on as f64 / n1;
-        // Each launch counted twice in a calibration slice (probed twice).
-        let n2 = a.n2 as f64 / 2.0;
-        let measured = (n2 > 0.0 && a.cal > 0).then(|| a.cal as f64 / n2 - t1).filter(|c| *c > 0.0);
-        let cost = measured.unwrap_or(self.guess_ns);
-        let g0 = (t1 - cost).clamp(t1 * MIN_EFFECTIVE, t1);
-        Some(Model { t1, g0, cost })
+    /// The probes' cost per launch counted: our launch programs' runs
+    /// per launch (a runtime launch whose driver launch is probed too is
+    /// two) times the trap's calibrated cost, plus their measured run time.
+    fn cost_per_launch(&self) -> f64 {
+        let (hits, program) = self.runs.per_launch().unwrap_or((1.0, 1000.0));
+        hits * self.uprobe_ns + program
     }
 
-    /// The largest share of a thread's time the probes take while on.
+    /// What the probes cost a thread so far (ns).
+    fn probes_ns(&self, a: &ThreadAcc) -> f64 {
+        a.hits * self.uprobe_ns + a.program_ns
+    }
+
+    /// Thread `tid`'s untraced time per launch (None before it was
+    /// counted): its counting time less what the probes cost it, per launch.
+    fn g0(&self, tid: u32) -> Option<f64> {
+        let a = self.threads.get(&tid).filter(|a| a.n > 0 && a.on > 0)?;
+        let t1 = a.on as f64 / a.n as f64;
+        Some(((a.on as f64 - self.probes_ns(a)) / a.n as f64).clamp(t1 * MIN_EFFECTIVE, t1))
+    }
+
+    /// Takes one more sample of the trap's cost.
+    fn trap_sample(&mut self, ns: f64) {
+        self.trap_samples += 1;
+        self.uprobe_ns += (ns - self.uprobe_ns) / self.trap_samples as f64;
+    }
+
+    /// The largest share of a live thread's time the probes take while on.
     fn max_share(&self) -> f64 {
-        self.threads.keys().filter_map(|t| self.model(*t)).map(|m| (m.cost / m.t1).min(1.0)).fold(0.0, f64::max)
+        self.threads
+            .values()
+            .filter(|a| a.end.is_none() && a.n > 0 && a.on > 0)
+            .map(|a| (self.probes_ns(a) / a.on as f64).min(1.0))
+            .fold(0.0, f64::max)
     }
 
-    /// Takes what the kernel counted over `[start, now)` (a slice, or part
-    /// of one) into the threads' accounts; returns the fresh launches.
-    fn account(&mut self, fresh: &HashMap<u32, u64>, start: u64, now: u64, cal: bool) {
+    /// Takes the launches counted over `[start, now)` (a slice, or part of
+    /// one), each with `hits` probe hits and `program_ns` of our programs,
+    /// into the threads' accounts.
+    fn account(&mut self, fresh: &HashMap<u32, u64>, start: u64, now: u64, (hits, program_ns): (f64, f64)) {
         let length = now.saturating_sub(start);
         for tid in fresh.keys() {
             self.threads.entry(*tid).or_insert(ThreadAcc { first: start, ..Default::default() });
         }
         for (tid, a) in self.threads.iter_mut().filter(|(_, a)| a.end.is_none()) {
-            let n = fresh.get(tid).copied().unwrap_or(0);
-            if cal {
-                a.cal += length;
-                a.n2 += n;
-            } else {
-                a.on += length;
-                a.n1 += n;
+            a.on += length;
+            if let Some(n) = fresh.get(tid) {
+                a.n += n;
+                a.hits += *n as f64 * hits;
+                a.program_ns += *n as f64 * program_ns;
+                a.last = now;
             }
         }
         for (tid, n) in fresh {
             *self.seen.entry(*tid).or_default() += n;
         }
         if self.threads.len() > MAX_THREADS {
-            // The ended first.
             let mut old: Vec<(bool, u64, u32)> = self.threads.iter().map(|(t, a)| (a.end.is_none(), a.first, *t)).collect();
             old.sort_unstable();
             for (_, _, t) in old.into_iter().take(self.threads.len() - MAX_THREADS) {
@@ -224,25 +265,36 @@ fn map_from(fds: &uprobe_multi::MapFds, name: &'static str) -> Result<Map, Probe
 
 impl LaunchSlicer {
     /// Starts the slicing thread. `uprobe_ns`: the calibrated trap cost
-    /// (0: not measured); `launch_prog`: the launch program, whose run
-    /// statistics give our own part of a hit.
+    /// (0: not measured); `launch_progs`: the launch programs, whose run
+    /// statistics count the hits and give our own part of their cost.
     pub fn start(
         budget_pct: f64,
         uprobe_ns: f64,
-        launch_prog: OwnedFd,
+        launch_progs: Vec<OwnedFd>,
         fds: &uprobe_multi::MapFds,
     ) -> Result<Self, ProbeError> {
         let mut slice: Array<MapData, u64> =
             Array::try_from(map_from(fds, "CUDA_SLICE")?).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
         let hits: BpfHashMap<MapData, u32, u64> =
             BpfHashMap::try_from(map_from(fds, "CUDA_SLICE_HITS")?).map_err(|e| ProbeError::map("CUDA_SLICE_HITS", e))?;
+        let route: BpfHashMap<MapData, u64, [u64; 2]> =
+            BpfHashMap::try_from(map_from(fds, "CUDA_DRV_ROUTE")?).map_err(|e| ProbeError::map("CUDA_DRV_ROUTE", e))?;
         // Sampled from now on: nothing counts until a slice opens.
         slice.set(1, 1, 0).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
         slice.set(0, 1, 0).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
         let uprobe_ns = if uprobe_ns > 0.0 { uprobe_ns } else { FALLBACK_UPROBE_NS };
-        let inner = Arc::new(Mutex::new(Inner { guess_ns: uprobe_ns, duty: 1.0, ..Default::default() }));
+        let inner = Arc::new(Mutex::new(Inner { uprobe_ns, trap_samples: 1, duty: 1.0, ..Default::default() }));
         let stop = Arc::new(AtomicBool::new(false));
-        let worker = Worker { inner: inner.clone(), stop: stop.clone(), slice, hits, budget: budget_pct / 100.0, uprobe_ns, launch_prog };
+        let worker = Worker {
+            inner: inner.clone(),
+            stop: stop.clone(),
+            slice,
+            hits,
+            route,
+            budget: budget_pct / 100.0,
+            launch_progs,
+            rechecked: 0,
+        };
         let thread = std::thread::Builder::new()
             .name("cuda-slicer".into())
             .spawn(move || worker.run())
@@ -254,12 +306,9 @@ impl LaunchSlicer {
     /// once when a slice is open).
     pub fn add(&self, t: SliceTarget) -> Result<(), String> {
         let mut s = lock(&self.inner);
-        if let Some((_, cal)) = s.open_since.filter(|_| !s.done) {
-            let times = if cal { 2 } else { 1 };
-            for _ in 0..times {
-                let link = t.attach()?;
-                s.links.push(link);
-            }
+        if s.open_since.is_some() && !s.done {
+            let link = t.attach()?;
+            s.links.push(link);
         }
         s.targets.push(t);
         Ok(())
@@ -287,17 +336,16 @@ impl LaunchSlicer {
     /// What the report says of the sampling, `sampled` launches seen.
     pub fn summary(&self, now: u64, sampled: u64) -> LaunchSampling {
         let s = lock(&self.inner);
-        let span = s.first.map_or(0, |f| now.saturating_sub(f));
+        let first = s.threads.values().map(|a| a.first).min();
         LaunchSampling {
             budget_percent: self.budget_pct,
-            probed_ns: s.on_ns,
-            calibration_ns: s.cal_ns,
-            span_ns: span,
+            probed_ns: s.on_ns + s.open_since.map_or(0, |o| now.saturating_sub(o)),
+            span_ns: first.map_or(0, |f| now.saturating_sub(f)),
             slices: s.slices,
-            calibration_slices: s.cal_slices,
             duty: s.duty,
             probe_share: s.share,
-            per_hit_ns: s.threads.keys().filter_map(|t| s.model(*t)).map(|m| m.cost).fold(0.0, f64::max),
+            per_launch_ns: s.cost_per_launch(),
+            trap_ns: s.uprobe_ns,
             sampled_launches: sampled,
             estimated: estimating(&s),
             errors: s.errors.clone(),
@@ -310,27 +358,30 @@ impl LaunchSlicer {
     }
 }
 
+fn estimating(s: &Inner) -> bool {
+    s.off_phases > 0
+}
+
 impl Drop for LaunchSlicer {
     fn drop(&mut self) {
         drop(self.finish());
     }
 }
 
-fn estimating(s: &Inner) -> bool {
-    s.off_phases > 0 || s.cal_slices > 0
-}
-
-/// A thread's launches seen, `n`, stand for `n + (span - counting time)
-/// / g0`: those of the time not counted at its untraced rate. The factor
-/// (applied to each of its kernels and sites).
+/// A thread's launches seen, `n`, stand for `n + (its span - its counting
+/// time) / g0`: those of the time not counted at its untraced rate. Its
+/// span ends at its last launch seen when it was found gone (or stopped
+/// launching before the last slices). The factor, applied to each of its
+/// kernels and sites.
 fn scale_of(s: &Inner, tid: u32, now: u64) -> f64 {
     if !estimating(s) {
         return 1.0;
     }
-    let (Some(m), Some(a)) = (s.model(tid), s.threads.get(&tid)) else { return 1.0 };
-    let span = a.end.unwrap_or(now).min(now).saturating_sub(a.first);
+    let (Some(g0), Some(a)) = (s.g0(tid), s.threads.get(&tid)) else { return 1.0 };
+    let end = a.end.unwrap_or(now).min(now);
+    let span = end.saturating_sub(a.first);
     let uncounted = span.saturating_sub(a.on) as f64;
-    1.0 + uncounted / (m.g0 * a.n1 as f64)
+    1.0 + uncounted / (g0 * a.n as f64)
 }
 
 struct Worker {
@@ -338,60 +389,53 @@ struct Worker {
     stop: Arc<AtomicBool>,
     slice: Array<MapData, u64>,
     hits: BpfHashMap<MapData, u32, u64>,
+    route: BpfHashMap<MapData, u64, [u64; 2]>,
     budget: f64,
-    uprobe_ns: f64,
-    launch_prog: OwnedFd,
+    launch_progs: Vec<OwnedFd>,
+    /// When the driver launches left out were last put in a slice.
+    rechecked: u64,
 }
 
 impl Worker {
     fn run(mut self) {
+        // The trap's cost over several attachments, before any slice (our
+        // own calls then do not count as the targets').
+        for _ in 0..TRAP_SAMPLES {
+            if let Some(ns) = self.measure_trap() {
+                lock(&self.inner).trap_sample(ns);
+            }
+        }
         // Probes on all the time while within the budget; else slices.
         let mut sliced: Option<(u64, u64)> = None;
-        let mut next_cal = false;
         let mut since_sweep = 0u32;
         while !self.stopped() {
-            let cal = next_cal;
-            let mut checked = self.open(cal);
+            let mut checked = self.open();
             match sliced {
                 Some((on, _)) => {
                     self.sleep(on);
-                }
-                None if cal => {
-                    self.sleep(CAL_NS);
                 }
                 None => loop {
                     if self.sleep(CHECK_NS) {
                         break;
                     }
-                    // A share over the budget (measured, or guessed
-                    // before any calibration) ends the phase.
-                    let now = clock::monotonic_ns();
-                    let share = self.share_since(checked, now);
-                    checked = now;
-                    if share > self.budget * if self.calibrated() { 1.0 } else { GUESS_MARGIN } {
+                    // Measured in the part since the last check.
+                    let share = self.take(checked, false);
+                    checked = (clock::monotonic_ns(), self.runs());
+                    if share > self.budget {
                         break;
                     }
                 },
             }
-            self.close(checked, cal);
+            self.close(checked);
             if self.stopped() {
                 break;
             }
-            let (share, calibrated, slices) = {
-                let s = lock(&self.inner);
-                (s.max_share(), s.cal_slices > 0, s.slices)
-            };
-            if !calibrated {
-                // Measure the cost in the targets before deciding.
-                next_cal = true;
-                continue;
-            }
-            let duty = if share <= 0.0 { 1.0 } else { (self.budget / (share * CAL_WEIGHT)).clamp(MIN_DUTY, 1.0) };
+            let share = lock(&self.inner).max_share();
+            let duty = if share <= 0.0 { 1.0 } else { (self.budget / share).clamp(MIN_DUTY, 1.0) };
             sliced = (duty < 1.0).then(|| {
                 let on = ((duty * PERIOD_NS as f64) as u64).clamp(MIN_ON_NS, MAX_ON_NS);
                 (on, ((on as f64 / duty) as u64).saturating_sub(on))
             });
-            next_cal = sliced.is_some() && !cal && slices % CAL_EVERY == 0;
             {
                 let mut s = lock(&self.inner);
                 s.duty = duty;
@@ -400,7 +444,7 @@ impl Worker {
             if let Some((_, off)) = sliced {
                 lock(&self.inner).off_phases += 1;
                 since_sweep += 1;
-                if since_sweep >= 20 {
+                if since_sweep >= SWEEP_EVERY {
                     since_sweep = 0;
                     self.sweep();
                 }
@@ -413,10 +457,6 @@ impl Worker {
 
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
-    }
-
-    fn calibrated(&self) -> bool {
-        lock(&self.inner).cal_slices > 0
     }
 
     /// Sleeps `ns` or until stopped (true then).
@@ -434,21 +474,62 @@ impl Worker {
         }
     }
 
-    /// Attaches every group (twice to calibrate) and opens the slice;
-    /// returns when it opened.
-    fn open(&mut self, cal: bool) -> u64 {
+    /// One sample of the trap's cost: our launch program attached anew to
+    /// our own calibration function, in this process only (not a target:
+    /// the program returns at once), timed against the same calls
+    /// unprobed.
+    fn measure_trap(&self) -> Option<f64> {
+        let (path, offset) = calibrate::target_location().ok()?;
+        let prog = self.launch_progs.first()?;
+        let plain = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_target(TRAP_CALLS * 10)).collect());
+        let link = uprobe_multi::attach_pid(prog.as_fd(), std::path::Path::new(&path), &[offset], &[0], false, std::process::id()).ok()?;
+        let probed = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_target(TRAP_CALLS)).collect());
+        drop(link);
+        Some((probed - plain).max(0.0))
+    }
+
+    /// Our launch programs' runs and run time so far.
+    fn runs(&self) -> (u64, u64) {
+        self.launch_progs
+            .iter()
+            .filter_map(|p| stats::of_fd(p.as_fd()))
+            .fold((0, 0), |(n, t), r| (n + r.runs, t + r.run_ns))
+    }
+
+    /// Whether a target is a driver launch function its process reaches
+    /// only through its runtime (left out of the slices but for a
+    /// re-check).
+    fn nested_only(&self, t: &SliceTarget) -> bool {
+        let Some(key) = t.route else { return false };
+        let [nested, direct] = self.route.get(&key, 0).unwrap_or([0, 0]);
+        // A few "direct" ones are nested launches seen before the
+        // process's code ranges were known (CUDA_TEXT).
+        nested >= HOT_NESTED && direct.saturating_mul(DIRECT_TOLERANCE) <= nested
+    }
+
+    /// Attaches the groups and opens the slice; returns when it opened,
+    /// and our programs' runs then.
+    fn open(&mut self) -> (u64, (u64, u64)) {
+        let now = clock::monotonic_ns();
+        let recheck = now.saturating_sub(self.rechecked) >= RECHECK_EVERY_NS;
         let mut s = lock(&self.inner);
         // Groups of one process that exited go.
         s.targets.retain(|t| t.pid.is_none_or(procfs::exists));
-        let mut links = Vec::with_capacity(s.targets.len() * 2);
+        let mut links = Vec::with_capacity(s.targets.len());
         let mut errors = Vec::new();
+        let mut left_out = false;
         for t in &s.targets {
-            for _ in 0..if cal { 2 } else { 1 } {
-                match t.attach() {
-                    Ok(l) => links.push(l),
-                    Err(e) => errors.push(e),
-                }
+            if !recheck && self.nested_only(t) {
+                left_out = true;
+                continue;
             }
+            match t.attach() {
+                Ok(l) => links.push(l),
+                Err(e) => errors.push(e),
+            }
+        }
+        if recheck || !left_out {
+            self.rechecked = now;
         }
         for e in errors {
             if s.errors.len() < 4 && !s.errors.contains(&e) {
@@ -457,12 +538,11 @@ impl Worker {
         }
         s.links = links;
         let now = clock::monotonic_ns();
-        let _ = self.slice.set(2, u64::from(cal), 0);
         let _ = self.slice.set(1, u64::MAX, 0);
         let _ = self.slice.set(0, now, 0);
-        s.open_since = Some((now, cal));
-        s.first.get_or_insert(now);
-        now
+        s.open_since = Some(now);
+        drop(s);
+        (now, self.runs())
     }
 
     /// The kernel's per-thread launches now, less those already taken.
@@ -475,41 +555,41 @@ impl Worker {
             .collect()
     }
 
-    /// The per-hit cost guessed from the calibration at startup: the trap
-    /// plus our launch program's mean run time.
-    fn guess_ns(&self) -> f64 {
-        let prog = stats::of_fd(self.launch_prog.as_fd())
-            .filter(|r| r.runs > 0)
-            .map_or(0.0, |r| r.run_ns as f64 / r.runs as f64);
-        self.uprobe_ns + prog
-    }
-
-    /// Accounts `[since, now)` of a counting phase left on, and returns
-    /// the largest share of a thread's time the probes took in it: its
-    /// launches x the cost per launch (measured by the calibration
-    /// slices, else guessed).
-    fn share_since(&self, since: u64, now: u64) -> f64 {
+    /// Takes the launches and our programs' runs since `since` (a slice's
+    /// opening or its last check) into the accounts; returns the largest
+    /// share of a thread's time the probes took then. `closing`: the slice
+    /// closed, it counts as one.
+    fn take(&self, (since, (runs0, run_ns0)): (u64, (u64, u64)), closing: bool) -> f64 {
+        let now = clock::monotonic_ns();
+        let (runs, run_ns) = self.runs();
         let mut s = lock(&self.inner);
         let fresh = self.new_hits(&s.seen);
-        s.account(&fresh, since, now, false);
+        let launches: u64 = fresh.values().sum();
+        // This part's own hits per launch (a driver launch probed too, or
+        // not) and its programs' run time.
+        let part = Runs { runs: runs.saturating_sub(runs0), run_ns: run_ns.saturating_sub(run_ns0), launches };
+        let per_launch = part.per_launch().or_else(|| s.runs.per_launch()).unwrap_or((1.0, 1000.0));
+        let cost = per_launch.0 * s.uprobe_ns + per_launch.1;
+        if launches > 0 {
+            s.runs.runs += part.runs;
+            s.runs.run_ns += part.run_ns;
+            s.runs.launches += launches;
+        }
+        s.account(&fresh, since, now, per_launch);
         s.on_ns += now.saturating_sub(since);
-        if now <= since {
+        s.slices += u64::from(closing);
+        let length = now.saturating_sub(since);
+        if length == 0 {
             return 0.0;
         }
-        fresh
-            .iter()
-            .map(|(tid, n)| {
-                let cost = s.model(*tid).map_or(s.guess_ns, |m| m.cost);
-                (*n as f64 * cost / (now - since) as f64).min(1.0)
-            })
-            .fold(0.0, f64::max)
+        fresh.values().map(|n| (*n as f64 * cost / length as f64).min(1.0)).fold(0.0, f64::max)
     }
 
-    /// Closes the slice, releases the probes, takes the slice's launches
-    /// since `opened` (its start, or its last check).
-    fn close(&mut self, opened: u64, cal: bool) {
-        let now = clock::monotonic_ns();
-        let _ = self.slice.set(1, now, 0);
+    /// Closes the slice (the part since `since` is taken), then releases
+    /// the probes.
+    fn close(&mut self, since: (u64, (u64, u64))) {
+        let _ = self.slice.set(1, clock::monotonic_ns(), 0);
+        self.take(since, true);
         let links = {
             let mut s = lock(&self.inner);
             s.open_since = None;
@@ -517,32 +597,19 @@ impl Worker {
         };
         // Closing waits for the kernel; the breakpoints go first.
         drop(links);
-        let guess = self.guess_ns();
-        let mut s = lock(&self.inner);
-        let fresh = self.new_hits(&s.seen);
-        let length = now.saturating_sub(opened);
-        s.account(&fresh, opened, now, cal);
-        if cal {
-            s.cal_ns += length;
-            s.cal_slices += 1;
-        } else {
-            s.on_ns += length;
-            s.slices += 1;
-        }
-        s.guess_ns = guess;
     }
 
-    /// Forgets the kernel's entries of threads that exited (between
-    /// slices: nothing counts then).
+    /// Ends the accounts of threads that exited, at their last launch, and
+    /// forgets their kernel entries (between slices: nothing counts then).
     fn sweep(&mut self) {
         let gone: Vec<u32> = self.hits.keys().filter_map(Result::ok).filter(|t| !procfs::exists(*t)).collect();
-        let now = clock::monotonic_ns();
         let mut s = lock(&self.inner);
         for t in gone {
             let _ = self.hits.remove(&t);
             s.seen.remove(&t);
             if let Some(a) = s.threads.get_mut(&t) {
-                a.end.get_or_insert(now);
+                let last = a.last;
+                a.end.get_or_insert(last);
             }
         }
     }
@@ -552,54 +619,74 @@ impl Worker {
 mod tests {
     use super::*;
 
-    fn inner(on_ns: u64, cal_ns: u64, counted: u64, calibrating: u64, guess: f64) -> Inner {
-        let acc = ThreadAcc { n1: counted, n2: calibrating, on: on_ns, cal: cal_ns, first: 0, end: None };
+    /// A thread: untraced 10 us per launch; 2 hits per launch at 8 us of
+    /// trap and 2 us of program each: 30 us per launch counted; 100 ms
+    /// counted.
+    fn inner() -> Inner {
+        let acc = ThreadAcc { n: 3333, on: 100_000_000, hits: 6666.0, program_ns: 3333.0 * 4000.0, first: 0, last: 0, end: None };
         Inner {
-            on_ns,
-            cal_ns,
-            first: Some(0),
+            on_ns: acc.on,
             off_phases: 1,
             slices: 1,
-            cal_slices: u64::from(cal_ns > 0),
             threads: [(7, acc)].into_iter().collect(),
-            guess_ns: guess,
+            runs: Runs { runs: 6666, run_ns: 3333 * 4000, launches: 3333 },
+            uprobe_ns: 8000.0,
             ..Default::default()
         }
     }
 
     #[test]
-    fn the_calibration_slices_measure_the_cost_per_launch() {
-        // Untraced 10 us per launch, 20 us of probes: 30 us traced, 50 us
-        // probed twice. 100 ms counting (3333 launches), 100 ms calibrating
-        // (2000 launches, each counted twice).
-        let s = inner(100_000_000, 100_000_000, 3333, 4000, 5000.0);
-        let m = s.model(7).expect("model");
-        assert!((m.cost - 20_000.0).abs() < 100.0, "{m:?}");
-        assert!((m.g0 - 10_000.0).abs() < 100.0, "{m:?}");
+    fn untraced_rate_extrapolates_the_time_not_counted() {
+        let s = inner();
+        assert!((s.cost_per_launch() - 20_000.0).abs() < 100.0);
+        assert!((s.g0(7).expect("g0") - 10_000.0).abs() < 100.0);
         assert!((s.max_share() - 2.0 / 3.0).abs() < 0.01);
-        // 1 s in all: 3333 seen + 900 ms not counted (the calibration's
-        // launches are not counted either) at 10 us = 93,333.
+        // 1 s in all: 3333 seen + 900 ms not counted at 10 us.
         let e = 3333.0 * scale_of(&s, 7, 1_000_000_000);
-        assert!((e - 93_333.0).abs() < 200.0, "{e}");
+        assert!((e - 93_333.0).abs() < 300.0, "{e}");
     }
 
     #[test]
-    fn without_calibration_the_guess_is_used_and_exact_counts_stay() {
-        let s = inner(100_000_000, 0, 3333, 0, 20_000.0);
-        assert!((s.model(7).expect("model").g0 - 10_000.0).abs() < 100.0);
-        let mut exact = inner(1_000_000_000, 0, 10, 0, 5000.0);
-        exact.off_phases = 0;
-        exact.cal_slices = 0;
-        assert_eq!(scale_of(&exact, 7, 1_000_000_000), 1.0);
-        // A thread never seen in a counting slice keeps its count.
+    fn exact_while_never_off_and_unknown_threads_keep_their_count() {
+        let mut s = inner();
+        s.off_phases = 0;
+        assert_eq!(scale_of(&s, 7, 1_000_000_000), 1.0);
+        s.off_phases = 1;
         assert_eq!(scale_of(&s, 8, 1_000_000_000), 1.0);
     }
 
     #[test]
     fn untraced_time_is_never_below_a_floor() {
-        // A cost measured above the traced time (noise) leaves 5% of it.
-        let s = inner(100_000_000, 100_000_000, 1000, 200, 5000.0);
-        let m = s.model(7).expect("model");
-        assert!((m.g0 - m.t1 * MIN_EFFECTIVE).abs() < 1e-6, "{m:?}");
+        let mut s = inner();
+        s.threads.get_mut(&7).expect("thread").hits = 1e12;
+        let t1 = 100_000_000.0 / 3333.0;
+        assert!((s.g0(7).expect("g0") - t1 * MIN_EFFECTIVE).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_thread_gone_is_extrapolated_to_its_last_launch_only() {
+        let mut s = inner();
+        s.threads.get_mut(&7).expect("thread").end = Some(500_000_000);
+        let e = 3333.0 * scale_of(&s, 7, 1_000_000_000);
+        // 400 ms not counted before its last launch, at 10 us.
+        assert!((e - (3333.0 + 40_000.0)).abs() < 300.0, "{e}");
+    }
+
+    #[test]
+    fn accounting_starts_at_a_threads_first_launch() {
+        let mut s = Inner::default();
+        s.account(&HashMap::new(), 0, 10, (1.0, 1.0));
+        s.account(&[(5, 3)].into_iter().collect(), 10, 30, (2.0, 5.0));
+        s.account(&HashMap::new(), 30, 40, (4.0, 4.0));
+        let a = s.threads[&5];
+        assert_eq!((a.n, a.on, a.first, a.last, a.hits, a.program_ns), (3, 30, 10, 30, 6.0, 15.0));
+    }
+
+    #[test]
+    fn the_trap_cost_is_the_mean_of_its_samples() {
+        let mut s = Inner { uprobe_ns: 20.0, trap_samples: 1, ..Default::default() };
+        s.trap_sample(26.0);
+        s.trap_sample(26.0);
+        assert!((s.uprobe_ns - 24.0).abs() < 1e-9);
     }
 }

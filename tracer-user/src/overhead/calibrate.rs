@@ -38,7 +38,7 @@ pub extern "C" fn infertrace_calibration_target(x: u64) -> u64 {
 }
 
 /// ns per call of `n` calls of the target.
-fn time_target(n: u32) -> f64 {
+pub(crate) fn time_target(n: u32) -> f64 {
     let t = Instant::now();
     let mut acc = 0u64;
     for i in 0..n {
@@ -60,12 +60,12 @@ fn time_getppid(n: u32) -> f64 {
 
 /// The fastest round: what the mechanism costs with nothing else in its
 /// way (other load on the machine only ever adds time to a round).
-fn fastest(v: Vec<f64>) -> f64 {
+pub(crate) fn fastest(v: Vec<f64>) -> f64 {
     v.into_iter().min_by(f64::total_cmp).unwrap_or(0.0)
 }
 
 /// The file and offset of [`infertrace_calibration_target`] in this process.
-fn target_location() -> Result<(String, u64), String> {
+pub(crate) fn target_location() -> Result<(String, u64), String> {
     let addr = infertrace_calibration_target as *const () as usize as u64;
     let maps = crate::procfs::maps(std::process::id()).map_err(|e| format!("reading /proc/self/maps: {e}"))?;
     let line = maps

@@ -96,24 +96,22 @@ pub struct LaunchSampling {
     pub budget_percent: f64,
     /// Time the launch probes were on and launches counted.
     pub probed_ns: u64,
-    /// Time in calibration slices (each launch function probed twice, to
-    /// measure the probes' cost per launch in the targets; not counted).
-    #[serde(default)]
-    pub calibration_ns: u64,
-    /// From the first slice to the window's end: what the estimates stand for.
+    /// From the first launch seen to the window's end: what the estimates
+    /// stand for.
     pub span_ns: u64,
     pub slices: u64,
-    #[serde(default)]
-    pub calibration_slices: u64,
     /// The last share of the time the probes were on (1: on all the time).
     pub duty: f64,
     /// The largest share of a target thread's time the launch probes
     /// took while they were on (what the duty is sized from).
-    #[serde(default)]
     pub probe_share: f64,
-    /// The probes' cost per launch (largest over threads): measured by
-    /// the calibration slices, else the startup calibration's guess.
-    pub per_hit_ns: f64,
+    /// The probes' cost per launch counted, measured in the slices: our
+    /// launch programs' hits there (a runtime launch whose driver launch
+    /// is probed too is two) times the calibrated trap, plus their
+    /// measured run time.
+    pub per_launch_ns: f64,
+    /// One uprobe trap's cost, calibrated at startup (`tracer_overhead`).
+    pub trap_ns: f64,
     /// Launches seen in the slices.
     pub sampled_launches: u64,
     /// Whether the launch counts are estimates (some of the span unprobed).

@@ -249,7 +249,7 @@ fn launch_sampling_line(s: &crate::recording::cuda::LaunchSampling) -> String {
             s.slices,
             s.sampled_launches,
             100.0 * s.probe_share,
-            s.per_hit_ns / 1000.0
+            s.per_launch_ns / 1000.0
         )
     } else {
         format!("exact (--max-overhead {}%): the launch probes stayed within the budget, on all the time", s.budget_percent)
