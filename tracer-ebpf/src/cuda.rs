@@ -453,12 +453,14 @@ fn launch(ctx: &ProbeContext, func: u64) {
     if !is_target(tgid) {
         return;
     }
-    let a = cookie(ctx);
-    let nested = nested_launch(ctx, a, tgid);
+    // Out of the slice first: a hit there (the probes being attached or
+    // released) does nothing more.
     let slice = launch_slice();
     if slice == Slice::Out {
         return;
     }
+    let a = cookie(ctx);
+    let nested = nested_launch(ctx, a, tgid);
     if !nested && slice != Slice::All {
         count_slice_hit(pid_tgid as u32);
     }

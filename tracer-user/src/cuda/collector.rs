@@ -232,16 +232,22 @@ impl CudaCollector {
         st.maps_hash = h;
         let maps = procfs::maps_as_seen_by(pid, discovery::parse_maps(&text));
         let libpython = maps.iter().find(|m| m.basename().starts_with("libpython")).map(|m| m.path().to_owned());
-        self.search(cx, pid, TargetFacts::read(pid, libpython))?;
         let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
         // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
         let mut text: [Option<(u64, u64)>; 2] = [None, None];
         let driver = cx.opts.cuda_driver;
-        for cand in discovery::candidates(&maps, exe.as_deref())
+        let mut cands: Vec<discovery::Candidate> = discovery::candidates(&maps, exe.as_deref())
             .into_iter()
             .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
-        {
+            .collect();
+        // Runtimes first, each one's code range in `CUDA_TEXT` before the
+        // next file is probed: the driver's launch probe, attached for this
+        // process when its file is examined, then never takes a runtime
+        // launch's nested driver launch for a direct one (a double count,
+        // and a "direct call" that kept the driver gate from acting).
+        cands.sort_by_key(|c| discovery::is_driver_name(c.line.basename()));
+        for cand in cands {
             let key = cand.line.file_key();
             let identity = match self.examined.get(&key) {
                 Some(known) => *known,
@@ -251,34 +257,32 @@ impl CudaCollector {
                     id
                 }
             };
-            if let Some(id) = identity {
-                if let Some(a) = self.attached.get_mut(&id) {
-                    a.pids.insert(pid);
-                    uses = true;
-                    // Where its code is in this process: a driver launch
-                    // returning into it is a probed call's own.
-                    // (For a runtime linked into the executable that is the
-                    // whole program's code: a driver launch the program
-                    // itself makes is then taken for the runtime's.)
-                    let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
-                    if let Some(r) = discovery::text_range(&maps, &cand.line) {
-                        text[slot] = Some(r);
-                    }
+            let Some(a) = identity.and_then(|id| self.attached.get_mut(&id)) else { continue };
+            a.pids.insert(pid);
+            uses = true;
+            // Where its code is in this process: a driver launch
+            // returning into it is a probed call's own.
+            // (For a runtime linked into the executable that is the
+            // whole program's code: a driver launch the program
+            // itself makes is then taken for the runtime's.)
+            let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
+            if let Some(r) = discovery::text_range(&maps, &cand.line) {
+                text[slot] = Some(r);
+                let flat = [
+                    text[0].map_or(0, |r| r.0),
+                    text[0].map_or(0, |r| r.1),
+                    text[1].map_or(0, |r| r.0),
+                    text[1].map_or(0, |r| r.1),
+                ];
+                let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
+                if let Err(e) = map.insert(pid, flat, 0) {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
                 }
             }
         }
-        if text.iter().any(Option::is_some) {
-            let flat = [
-                text[0].map_or(0, |r| r.0),
-                text[0].map_or(0, |r| r.1),
-                text[1].map_or(0, |r| r.0),
-                text[1].map_or(0, |r| r.1),
-            ];
-            let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
-            if let Err(e) = map.insert(pid, flat, 0) {
-                cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
-            }
-        }
+        // Then what it could load later (after the mapped files, so that
+        // their code ranges are known before any driver probe of its own).
+        self.search(cx, pid, TargetFacts::read(pid, libpython))?;
         if uses {
             // Its own probes on the driver libraries probed per process.
             if let Some(probes) = self.probes.as_ref() {

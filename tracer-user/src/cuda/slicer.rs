@@ -21,7 +21,7 @@
 //!
 //! A driver launch function that a process reaches only through its
 //! runtime (the driver gate's rule, `driver_gate.rs`: [`HOT_NESTED`]
-//! nested calls, at most one direct per [`DIRECT_TOLERANCE`]) is left out of the slices, but for one
+//! nested calls, none direct) is left out of the slices, but for one
 //! slice every [`RECHECK_EVERY_NS`]: each runtime launch then traps once.
 //!
 //! The estimate, per thread: during the slices it ran slower (the traps
@@ -74,9 +74,6 @@ const MAX_THREADS: usize = 65_536;
 const TRAP_SAMPLES: usize = 8;
 const TRAP_ROUNDS: usize = 3;
 const TRAP_CALLS: u32 = 60;
-/// A driver launch function with at most one direct call per this many
-/// nested ones counts as reached only through the runtime.
-const DIRECT_TOLERANCE: u64 = 100;
 /// Slices between sweeps of the threads that exited.
 const SWEEP_EVERY: u32 = 20;
 
@@ -502,9 +499,7 @@ impl Worker {
     fn nested_only(&self, t: &SliceTarget) -> bool {
         let Some(key) = t.route else { return false };
         let [nested, direct] = self.route.get(&key, 0).unwrap_or([0, 0]);
-        // A few "direct" ones are nested launches seen before the
-        // process's code ranges were known (CUDA_TEXT).
-        nested >= HOT_NESTED && direct.saturating_mul(DIRECT_TOLERANCE) <= nested
+        direct == 0 && nested >= HOT_NESTED
     }
 
     /// Attaches the groups and opens the slice; returns when it opened,
