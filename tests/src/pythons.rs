@@ -120,6 +120,22 @@ pub fn chroot_pythons() -> (Vec<PythonExe>, Vec<String>) {
     (found, missing)
 }
 
+/// [`chroot_pythons`] for `test`: those present; with none, or with some
+/// missing under `CI=true`, the test is skipped (a failure under CI) and
+/// this is empty.
+pub fn chroot_pythons_or_skip(test: &str) -> Vec<PythonExe> {
+    let (found, missing) = chroot_pythons();
+    if found.is_empty() {
+        crate::skip(test, &missing.join(", "));
+        return Vec::new();
+    }
+    if crate::skip_some(test, &missing) {
+        found
+    } else {
+        Vec::new()
+    }
+}
+
 /// The supported CPythons every test of Python attribution runs on: pyenv's
 /// 3.8 .. 3.13, the system's python3 (see [`system_python`]) and sid's 3.14
 /// and 3.15 in a chroot ([`chroot_pythons`]). Returns those present and the

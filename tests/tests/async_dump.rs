@@ -31,16 +31,7 @@ fn chroot_or_skip(test: &str) -> Vec<PythonExe> {
         skip(test, "nsenter (util-linux)");
         return Vec::new();
     }
-    let (found, missing) = chroot_pythons();
-    if found.is_empty() {
-        skip(test, &missing.join(", "));
-        return Vec::new();
-    }
-    if skip_some(test, &missing) {
-        found
-    } else {
-        Vec::new()
-    }
+    chroot_pythons_or_skip(test)
 }
 
 /// `async_tree.py MODE` under `python`, once it printed its ready line

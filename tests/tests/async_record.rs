@@ -141,7 +141,7 @@ fn blocked_loop_is_charged_to_the_blocking_line_only() {
         if !lines.iter().any(|x| u(&x["line"]) == m["cpu"] || u(&x["line"]) == m["blocking"]) {
             return Err(format!("neither the CPU nor the blocking line in the busy lines: {lines:?}"));
         }
-        check_tasks(l, &measured, m["await_sleep"])?;
+        check_tasks(py, l, &measured, m["await_sleep"])?;
         Ok(format!(
             "{} iterations, busy {:.0} ms, idle {:.0} ms, finding count {} total {:.0} ms",
             l["iterations"],
@@ -173,7 +173,7 @@ fn service_without_blocking_has_no_blocked_loop() {
         if !found.is_empty() {
             return Err(format!("no step blocks the loop, yet: {found:?}"));
         }
-        check_tasks(&loops[0], &measured, m["await_sleep"])?;
+        check_tasks(py, &loops[0], &measured, m["await_sleep"])?;
         Ok(format!("{} iterations, lag p99 {:.1} ms", loops[0]["iterations"], u(&loops[0]["lag_p99_ns"]) as f64 / 1e6))
     });
 }
@@ -185,8 +185,16 @@ fn service_without_blocking_has_no_blocked_loop() {
 /// states are sampled (200 Hz) and one idle CI-like run of 3.15 read +12.6%
 /// over the measured (5210 ms against 4626); the 10% the issue asks for is
 /// not met every run (said in docs/python.md).
-fn check_tasks(l: &Value, measured: &Value, await_line: u64) -> Result<(), String> {
-    let Some(tasks) = l["tasks"].as_array().filter(|t| !t.is_empty()) else { return Ok(()) };
+fn check_tasks(py: &PythonExe, l: &Value, measured: &Value, await_line: u64) -> Result<(), String> {
+    // Tasks are read from 3.14 on (the `_asyncio` debug offsets): there,
+    // none read is a failure, not a pass.
+    let tasks = l["tasks"].as_array().cloned().unwrap_or_default();
+    if py.minor < 14 {
+        return Ok(());
+    }
+    if tasks.is_empty() {
+        return Err(format!("CPython 3.{}: no asyncio task was read", py.minor));
+    }
     let at_sleep: u64 = tasks
         .iter()
         .flat_map(|t| t["awaiting"].as_array().cloned().unwrap_or_default())

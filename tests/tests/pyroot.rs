@@ -18,20 +18,6 @@ use std::time::Duration;
 
 use infertrace_e2e::*;
 
-/// The chroot interpreters (all of them under CI=true).
-fn chroot_or_skip(test: &str) -> Vec<PythonExe> {
-    let (found, missing) = chroot_pythons();
-    if found.is_empty() {
-        skip(test, &missing.join(", "));
-        return Vec::new();
-    }
-    if skip_some(test, &missing) {
-        found
-    } else {
-        Vec::new()
-    }
-}
-
 const PROBE: &str = r#"
 import os, sys, ctypes
 print("ready", os.getpid(), os.getcwd(), flush=True)
@@ -50,7 +36,7 @@ time.sleep(60)
 fn wrapper_is_the_interpreter() {
     let test = "wrapper_is_the_interpreter";
     require!(test, Root);
-    for p in chroot_or_skip(test) {
+    for p in chroot_pythons_or_skip(test) {
         let label = &p.label;
         let root = p.root.clone().expect("a chroot interpreter has a root").canonicalize().unwrap();
         let dir = TempDir::new("pyroot");
@@ -120,7 +106,7 @@ fn py_spy_dumps_a_chroot_interpreter() {
         skip(test, "py-spy on PATH (pip install py-spy)");
         return;
     }
-    for p in chroot_or_skip(test) {
+    for p in chroot_pythons_or_skip(test) {
         let mut child = Command::new(&p.exe)
             .args(["-c", "import time\ndef napping():\n    time.sleep(60)\nprint('ready', flush=True)\nnapping()"])
             .stdout(Stdio::piped())
