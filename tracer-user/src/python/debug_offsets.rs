@@ -205,6 +205,22 @@ type Member = (&'static str, u64, u64);
 /// (structure, position of its size, its members).
 type Group<'a> = (&'static str, u64, &'a [Member]);
 
+/// Checks a structure as a process published it: its size is plausible
+/// (16 bytes to `max_size`) and each `(member, offset, width)` lies inside
+/// it, at or past `first` (16 where the structure starts with a `PyObject`
+/// header). The error names what is wrong.
+pub(crate) fn check_struct(strukt: &str, size: u64, max_size: u64, first: u64, members: &[(&str, u64, u64)]) -> Result<(), String> {
+    if !(16..max_size).contains(&size) {
+        return Err(format!("sizeof({strukt}) is {size}"));
+    }
+    for (member, off, width) in members {
+        if *off < first || off.checked_add(*width).is_none_or(|end| end > size) {
+            return Err(format!("{strukt}.{member} at {off} is outside its {size} bytes"));
+        }
+    }
+    Ok(())
+}
+
 /// The values a process published, for the members we use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DebugOffsets {
@@ -304,18 +320,8 @@ impl DebugOffsets {
             ),
         ];
         for (strukt, size_pos, members) in groups {
-            let size = at(size_pos);
-            if !(16..1 << 20).contains(&size) {
-                return Err(DebugOffsetsError::Implausible(format!("sizeof({strukt}) is {size}")));
-            }
-            for (member, pos, width) in members {
-                let off = at(*pos);
-                if off.checked_add(*width).is_none_or(|end| end > size) {
-                    return Err(DebugOffsetsError::Implausible(format!(
-                        "{strukt}.{member} at {off} is outside its {size} bytes"
-                    )));
-                }
-            }
+            let members: Vec<(&str, u64, u64)> = members.iter().map(|(m, pos, width)| (*m, at(*pos), *width)).collect();
+            check_struct(strukt, at(size_pos), 1 << 20, 0, &members).map_err(DebugOffsetsError::Implausible)?;
         }
         let ascii = at(rev.unicode_ascii_size);
         let compact = rev.unicode_compact_size.map(at);

@@ -22,7 +22,7 @@
 //! the future state, `task_fut_waiter`), which are derived from the
 //! published ones only when those are exactly the known layout.
 
-use crate::python::proc::le_u64;
+use crate::python::{debug_offsets::check_struct, proc::le_u64};
 
 /// `sizeof(_Py_AsyncioModuleDebugOffsets)` (13 members of 8 bytes) in 3.14 and 3.15.
 pub const SECTION_LEN: usize = 104;
@@ -94,14 +94,7 @@ impl AsyncioDebug {
             ),
         ];
         for (strukt, size, members) in groups {
-            if !(16..1 << 24).contains(&size) {
-                return Err(format!("{SECTION}: sizeof({strukt}) is {size}"));
-            }
-            for (name, off, width) in members {
-                if *off < 16 || off.checked_add(*width).is_none_or(|end| end > size) {
-                    return Err(format!("{SECTION}: {strukt}.{name} at {off} is outside its {size} bytes"));
-                }
-            }
+            check_struct(strukt, size, 1 << 24, 16, members).map_err(|e| format!("{SECTION}: {e}"))?;
         }
         Ok(d)
     }
