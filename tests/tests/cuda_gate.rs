@@ -222,46 +222,18 @@ fn hot_runtime_calls_hit_one_probe_and_direct_driver_calls_stay_counted() {
     let launches = cuda["launches"].as_array().expect("cuda.launches");
     // Exact: runtime calls, and direct driver calls of functions that
     // stayed probed (direct calls seen before the runtime made them hot).
-    assert_eq!(
-        count_at(calls, "cudaMemcpyAsync", "hot_rt_copy1"),
-        phase1,
-        "{calls:#?}"
-    );
-    assert_eq!(
-        count_at(calls, "cudaMemcpyAsync", "hot_rt_copy"),
-        n,
-        "{calls:#?}"
-    );
-    assert_eq!(
-        count_at(launches, "cudaLaunchKernel", "hot_rt_launch1"),
-        phase1,
-        "{launches:#?}"
-    );
-    assert_eq!(
-        count_at(launches, "cudaLaunchKernel", "hot_rt_launch"),
-        n,
-        "{launches:#?}"
-    );
-    assert_eq!(
-        count_at(launches, "cuLaunchKernel", "hot_drv_launch0"),
-        5,
-        "{launches:#?}"
-    );
-    assert_eq!(
-        count_at(launches, "cuLaunchKernel", "hot_drv_launch"),
-        n / 10,
-        "{launches:#?}"
-    );
-    assert_eq!(
-        count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d0"),
-        5,
-        "{calls:#?}"
-    );
-    assert_eq!(
-        count_at(calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d"),
-        n / 10,
-        "{calls:#?}"
-    );
+    for (list, api, marker, want) in [
+        (calls, "cudaMemcpyAsync", "hot_rt_copy1", phase1),
+        (calls, "cudaMemcpyAsync", "hot_rt_copy", n),
+        (launches, "cudaLaunchKernel", "hot_rt_launch1", phase1),
+        (launches, "cudaLaunchKernel", "hot_rt_launch", n),
+        (launches, "cuLaunchKernel", "hot_drv_launch0", 5),
+        (launches, "cuLaunchKernel", "hot_drv_launch", n / 10),
+        (calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d0", 5),
+        (calls, "cuMemcpyHtoDAsync_v2", "hot_drv_h2d", n / 10),
+    ] {
+        assert_eq!(count_at(list, api, marker), want, "{api} at {marker}: {list:#?}");
+    }
     // The runtime's own driver calls are not counted.
     let all_launches: u64 = launches.iter().map(|l| u(&l["count"])).sum();
     assert_eq!(all_launches, phase1 + n + 5 + n / 10, "{launches:#?}");

@@ -52,7 +52,8 @@ use crate::{clock, overhead::{calibrate, stats}, probe::ProbeError, procfs, reco
 /// The period a slice's on-time is a share of. Each attachment and release
 /// costs the target too, beyond the traps (page copies, TLB flushes, its
 /// mmap lock): with a 250 ms period the stand-in's loop ran 9-64% slower
-/// in CPU time per iteration, against 2-15% with 1 s.
+/// in CPU time per iteration (5 runs), with 1 s 6-40% (10 runs), where the
+/// same loop recorded with `--no-cuda` read -23% to +32%.
 const PERIOD_NS: u64 = 1_000_000_000;
 /// The shortest and longest slice.
 const MIN_ON_NS: u64 = 2_000_000;
