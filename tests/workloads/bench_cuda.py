@@ -9,6 +9,10 @@ what infertrace's probes add to each call:
           API, probed on entry and on return
   launch  cudaLaunchKernel(kernel, grid, block, NULL, 0, 0): a launch API,
           probed on entry only
+  step    a launch and STEP_WORK (300) iterations of Python arithmetic, a
+          model step's framework work between launches (`record
+          --max-overhead`): in 5 chunks, each long enough (~2 s) to hold
+          whole slicing periods (1 s), not 20
 
 The library is $CUDART, meant to be tests/cudasim's stand-in (NOT CUDA; see
 tests/cudasim/cudasim.c), where both calls are near-free: a 0-byte
@@ -18,7 +22,7 @@ the call path and the probes, not a simulated GPU. Kernel host stubs come
 from $FAKE_KERNELS (tests/cudasim/kernels.c). Any tracer's uprobes on the
 library file count, so the bench builds a private copy for itself.
 
-Usage: bench_cuda.py copy|launch ITERATIONS [--wait] [--probed]
+Usage: bench_cuda.py copy|launch|step ITERATIONS [--wait] [--probed]
 
 With --probed the timed loop starts only once the probed function's first
 byte is int3 (the uprobe is in place; as in cuda_patterns.py), then
@@ -37,7 +41,9 @@ import time
 import benchlib
 
 DtoD = 3
-FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel"}
+FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel", "step": "cudaLaunchKernel"}
+STEP_WORK = 300
+STEP_CHUNKS = 5
 
 
 class dim3(ctypes.Structure):
@@ -76,6 +82,17 @@ def launches(lib, kernel, n):
         f(kernel, grid, block, None, zero, None)
 
 
+def steps(lib, kernel, n):
+    f = lib.cudaLaunchKernel
+    grid, block = dim3(1, 1, 1), dim3(32, 1, 1)
+    zero = ctypes.c_size_t(0)
+    for _ in range(n):
+        f(kernel, grid, block, None, zero, None)
+        x = 0
+        for i in range(STEP_WORK):
+            x += i
+
+
 def main() -> int:
     if len(sys.argv) < 3 or sys.argv[1] not in FUNCTIONS:
         print(__doc__, file=sys.stderr)
@@ -90,8 +107,10 @@ def main() -> int:
     kernel = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
     if what == "copy":
         loop = lambda n: copies(lib, n)  # noqa: E731
-    else:
+    elif what == "launch":
         loop = lambda n: launches(lib, kernel, n)  # noqa: E731
+    else:
+        loop = lambda n: steps(lib, kernel, n)  # noqa: E731
 
     if wait:
         if not benchlib.handshake():
@@ -99,7 +118,8 @@ def main() -> int:
     if probed:
         wait_for_probe(lib, FUNCTIONS[what])
 
-    return benchlib.time_chunks(loop, iterations, min(iterations // 10, 10_000), wait)
+    chunks = STEP_CHUNKS if what == "step" else benchlib.CHUNKS
+    return benchlib.time_chunks(loop, iterations, min(iterations // 10, 10_000), wait, chunks)
 
 
 if __name__ == "__main__":

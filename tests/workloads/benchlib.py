@@ -19,14 +19,14 @@ def handshake():
     return bool(sys.stdin.readline())
 
 
-def time_chunks(body, iterations, warmup, wait):
-    """Runs body(n) once for warm-up (n = warmup) and then in CHUNKS chunks;
+def time_chunks(body, iterations, warmup, wait, chunks=CHUNKS):
+    """Runs body(n) once for warm-up (n = warmup) and then in `chunks` chunks;
     prints `ns_per_iter VALUE`; with `wait`, stays alive until the driver
     closes stdin."""
     body(warmup)
-    per_chunk = max(iterations // CHUNKS, 1)
+    per_chunk = max(iterations // chunks, 1)
     samples = []
-    for _ in range(CHUNKS):
+    for _ in range(chunks):
         start = time.perf_counter_ns()
         body(per_chunk)
         samples.append((time.perf_counter_ns() - start) / per_chunk)

@@ -47,6 +47,20 @@ impl SyscallStats {
         }
     }
 
+    /// Field by field the larger of `self` and `other`: two reads of the
+    /// same growing counts, of which either may have missed calls that
+    /// were moving from `SYSCALL_PENDING` to `SYSCALL_STATS` (a read never
+    /// counts a call twice).
+    pub fn max_with(&mut self, other: &SyscallStats) {
+        self.count = self.count.max(other.count);
+        self.errors = self.errors.max(other.errors);
+        self.total_ns = self.total_ns.max(other.total_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+        for (a, b) in self.hist.iter_mut().zip(other.hist.iter()) {
+            *a = (*a).max(*b);
+        }
+    }
+
     /// Accounts one call of `ns` nanoseconds.
     pub fn record(&mut self, ns: u64, is_error: bool) {
         self.count += 1;
@@ -92,6 +106,33 @@ pub struct SyscallStart {
     pub arg0: u64,
 }
 
+/// Rows of a [`SyscallPending`]: a call of number `nr` goes to row
+/// `nr % PENDING_ROWS` (a power of two).
+pub const PENDING_ROWS: usize = 4;
+
+/// One syscall number's calls not yet in `SYSCALL_STATS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingRow {
+    pub nr: u32,
+    pub _pad: u32,
+    pub stats: SyscallStats,
+}
+
+/// The `SYSCALL_PENDING` per-CPU array's one value: the latest calls of the
+/// thread running on this CPU, summed here (an array read) instead of in
+/// `SYSCALL_STATS` (a hash lookup per call). They move into
+/// `SYSCALL_STATS` when the thread is switched out or exits, when another
+/// thread's call returns on this CPU, and when a call of another number
+/// needs the row. `tid` 0: empty. Readers add these to `SYSCALL_STATS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallPending {
+    pub pid: u32,
+    pub tid: u32,
+    pub rows: [PendingRow; PENDING_ROWS],
+}
+
 /// Key of the `SYSCALL_ERRNO` map: how often a syscall failed with one errno.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +149,7 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallStats {}
     unsafe impl aya::Pod for super::SyscallStart {}
     unsafe impl aya::Pod for super::ErrnoKey {}
+    unsafe impl aya::Pod for super::SyscallPending {}
 }
 
 #[cfg(test)]
@@ -133,6 +175,8 @@ mod tests {
         assert_eq!(core::mem::size_of::<ErrnoKey>(), 16);
         assert_eq!(core::mem::size_of::<SyscallStart>(), 24);
         assert_eq!(core::mem::size_of::<SyscallStats>(), 32 + 8 * HIST_BUCKETS);
+        assert_eq!(core::mem::size_of::<PendingRow>(), 8 + core::mem::size_of::<SyscallStats>());
+        assert_eq!(core::mem::size_of::<SyscallPending>(), 8 + PENDING_ROWS * core::mem::size_of::<PendingRow>());
     }
 
     #[test]
@@ -145,5 +189,20 @@ mod tests {
         a.merge(&b);
         assert_eq!((a.count, a.errors, a.total_ns, a.max_ns), (3, 1, 112, 100));
         assert_eq!(a.hist.iter().sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn max_with_keeps_the_later_of_two_reads_field_by_field() {
+        // A read that missed a call in transit, then one that did not.
+        let mut missed = SyscallStats::default();
+        missed.record(5, false);
+        let mut full = missed;
+        full.record(300, true);
+        let mut a = missed;
+        a.max_with(&full);
+        assert_eq!(a, full);
+        let mut b = full;
+        b.max_with(&missed);
+        assert_eq!(b, full);
     }
 }

@@ -5,7 +5,7 @@
 //! of targets too). Rare events only.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -15,7 +15,7 @@ use tracer_common::{
     target_flags,
 };
 
-use crate::{bump_targets_gen, count_drop, emit_proc_event, is_target, python, TARGETS};
+use crate::{bump_targets_gen, count_drop, emit_proc_event, is_target, python, window_closed, TARGETS};
 
 /// Field offsets in the `task/task_newtask` tracepoint record, read by
 /// userspace from tracefs before load (formats differ between kernels).
@@ -70,6 +70,11 @@ pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
+    // Its last syscalls go to the shared table before /proc forgets it
+    // (not after the window: the final read sees them where they are).
+    if !window_closed(unsafe { bpf_ktime_get_ns() }) {
+        crate::syscalls::flush_pending_of(pid_tgid as u32);
+    }
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
         return 0;

@@ -162,6 +162,9 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     if window_closed(now) {
         return 0;
     }
+    // The syscalls it returned from on this CPU, summed since it came on,
+    // go to the shared table before it may run elsewhere.
+    crate::syscalls::flush_pending_of(prev_tid);
     let prev_tgid = (pid_tgid >> 32) as u32;
     if prev_tid != 0 && is_target(prev_tgid) {
         let prev: u64 = ctx.arg(1);

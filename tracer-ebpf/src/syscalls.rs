@@ -5,14 +5,14 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
 use tracer_common::{
     counters,
     python::{SlowKey, SlowStats},
     target_flags,
-    syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
+    syscalls::{hist_bucket, ErrnoKey, PendingRow, SyscallKey, SyscallPending, SyscallStart, SyscallStats, PENDING_ROWS},
 };
 
 use crate::{
@@ -35,6 +35,20 @@ pub static SYSCALL_ERRNO: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(163
 /// build on the 512-byte BPF stack).
 #[map]
 pub static ZERO_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
+
+/// The latest calls of the thread running on each CPU, not yet in
+/// `SYSCALL_STATS` (see `SyscallPending`): a call's return is then an
+/// array read, not a hash lookup. Used when `SYSCALL_PENDING_ON` is set.
+#[map]
+pub static SYSCALL_PENDING: PerCpuArray<SyscallPending> = PerCpuArray::with_max_entries(1, 0);
+
+/// 1 when the scheduler programs are attached: `sched_switch` moves a
+/// thread's pending calls into `SYSCALL_STATS` when it leaves its CPU (and
+/// `sched_process_exit` when it exits), so that a CPU holds only the
+/// calls of the thread running there. 0: every call goes to
+/// `SYSCALL_STATS` directly.
+#[unsafe(no_mangle)]
+static SYSCALL_PENDING_ON: u32 = 0;
 
 /// Syscall numbers of exit and exit_group for this arch (they never return).
 #[unsafe(no_mangle)]
@@ -334,36 +348,10 @@ fn exit_nr(ctx: &BtfTracePointContext, ret: i64) -> Option<u32> {
 
 #[inline(always)]
 fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
-    let key = SyscallKey { pid: tgid, tid, nr, _pad: 0 };
-    let stats = match SYSCALL_STATS.get_ptr_mut(&key) {
-        Some(p) => p,
-        None => {
-            let Some(zero) = ZERO_STATS.get(0) else { return };
-            // BPF_NOEXIST: another CPU cannot race us (key is per-thread).
-            if SYSCALL_STATS.insert(&key, zero, 1).is_err() {
-                count_drop(counters::SYSCALL_STATS_FULL);
-                return;
-            }
-            match SYSCALL_STATS.get_ptr_mut(&key) {
-                Some(p) => p,
-                None => return,
-            }
-        }
-    };
-    // SAFETY: map value pointer; only this thread writes this key.
-    unsafe {
-        (*stats).count += 1;
-        (*stats).total_ns += ns;
-        if ns > (*stats).max_ns {
-            (*stats).max_ns = ns;
-        }
-        let b = hist_bucket(ns);
-        if let Some(slot) = (*stats).hist.get_mut(b) {
-            *slot += 1;
-        }
-        if errno != 0 {
-            (*stats).errors += 1;
-        }
+    if !account_pending(tgid, tid, nr, ns, errno != 0) {
+        let Some(stats) = stats_entry(tgid, tid, nr) else { return };
+        // SAFETY: map value pointer; only this thread writes this key.
+        unsafe { add_call(&mut *stats, ns, errno != 0) };
     }
     if errno != 0 {
         let ek = ErrnoKey { pid: tgid, tid, nr, errno };
@@ -376,4 +364,119 @@ fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
             }
         }
     }
+}
+
+#[inline(always)]
+fn add_call(stats: &mut SyscallStats, ns: u64, error: bool) {
+    stats.count += 1;
+    stats.total_ns += ns;
+    if ns > stats.max_ns {
+        stats.max_ns = ns;
+    }
+    if let Some(slot) = stats.hist.get_mut(hist_bucket(ns)) {
+        *slot += 1;
+    }
+    if error {
+        stats.errors += 1;
+    }
+}
+
+/// The `SYSCALL_STATS` entry of (tgid, tid, nr), created empty if absent.
+#[inline(always)]
+fn stats_entry(tgid: u32, tid: u32, nr: u32) -> Option<*mut SyscallStats> {
+    let key = SyscallKey { pid: tgid, tid, nr, _pad: 0 };
+    if let Some(p) = SYSCALL_STATS.get_ptr_mut(&key) {
+        return Some(p);
+    }
+    let zero = ZERO_STATS.get(0)?;
+    // BPF_NOEXIST: another CPU cannot race us (key is per-thread).
+    if SYSCALL_STATS.insert(&key, zero, 1).is_err() {
+        count_drop(counters::SYSCALL_STATS_FULL);
+        return None;
+    }
+    SYSCALL_STATS.get_ptr_mut(&key)
+}
+
+/// Adds the call to this CPU's pending calls; false when they are not in
+/// use (the caller accounts it in `SYSCALL_STATS`).
+#[inline(always)]
+fn account_pending(tgid: u32, tid: u32, nr: u32, ns: u64, error: bool) -> bool {
+    if global(&SYSCALL_PENDING_ON) == 0 {
+        return false;
+    }
+    let Some(p) = SYSCALL_PENDING.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's value; the programs that touch it (sys_enter,
+    // sys_exit, sched_switch, sched_process_exit) never run nested on one CPU.
+    let p = unsafe { &mut *p };
+    if p.tid != tid || p.pid != tgid {
+        // Another thread's calls, left by a switch the scheduler program
+        // did not see.
+        flush(p);
+        p.pid = tgid;
+        p.tid = tid;
+    }
+    let Some(row) = p.rows.get_mut(nr as usize & (PENDING_ROWS - 1)) else { return false };
+    if row.stats.count != 0 && row.nr != nr {
+        flush_row(tgid, tid, row);
+    }
+    row.nr = nr;
+    add_call(&mut row.stats, ns, error);
+    true
+}
+
+/// Moves this CPU's pending calls into `SYSCALL_STATS` if they are
+/// thread `tid`'s (it is leaving the CPU, or exiting).
+#[inline(never)]
+pub fn flush_pending_of(tid: u32) {
+    if global(&SYSCALL_PENDING_ON) == 0 || tid == 0 {
+        return;
+    }
+    let Some(p) = SYSCALL_PENDING.get_ptr_mut(0) else { return };
+    // SAFETY: as in `account_pending`.
+    let p = unsafe { &mut *p };
+    if p.tid == tid {
+        flush(p);
+    }
+}
+
+/// Moves every row of `p` into `SYSCALL_STATS` and empties it.
+#[inline(never)]
+fn flush(p: &mut SyscallPending) {
+    if p.tid != 0 {
+        let (pid, tid) = (p.pid, p.tid);
+        for row in p.rows.iter_mut() {
+            if row.stats.count != 0 {
+                flush_row(pid, tid, row);
+            }
+        }
+    }
+    p.tid = 0;
+}
+
+/// Adds `row` to its `SYSCALL_STATS` entry and empties it (counted as
+/// lost when the map is full).
+#[inline(never)]
+fn flush_row(pid: u32, tid: u32, row: &mut PendingRow) {
+    if let Some(dst) = stats_entry(pid, tid, row.nr) {
+        // SAFETY: map value pointer; only this thread's calls go there.
+        let dst = unsafe { &mut *dst };
+        dst.count += row.stats.count;
+        dst.errors += row.stats.errors;
+        dst.total_ns += row.stats.total_ns;
+        if row.stats.max_ns > dst.max_ns {
+            dst.max_ns = row.stats.max_ns;
+        }
+        for (d, s) in dst.hist.iter_mut().zip(row.stats.hist.iter_mut()) {
+            *d += *s;
+            *s = 0;
+        }
+    } else {
+        for s in row.stats.hist.iter_mut() {
+            *s = 0;
+        }
+    }
+    row.stats.count = 0;
+    row.stats.errors = 0;
+    row.stats.total_ns = 0;
+    row.stats.max_ns = 0;
 }

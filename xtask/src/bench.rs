@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: slowdown of Python workloads under infertrace and
 //! under the usual alternatives, in one table.
 //!
-//! Six workloads (tests/workloads/), each printing its cost per iteration:
+//! The workloads (tests/workloads/), each printing its cost per iteration:
 //!
 //! - `syscall loop` (syscall_loop.py): `os.write(out, os.read(fd, 64))`, two
 //!   syscalls per iteration (goal: infertrace <= 1.4x); also infertrace with
@@ -27,6 +27,11 @@
 //!   libcudart (built into target/bench/cudasim), where both calls are
 //!   near-free; the line under the table gives infertrace's cost per call,
 //!   traced minus untraced ns/call.
+//! - `cuda budget` (bench_cuda.py step): a launch and 300 iterations of
+//!   Python arithmetic per step (a model step's framework work between
+//!   launches), untraced, under `record -p` and under `record -p
+//!   --max-overhead 2` (goal: 1.02x untraced, issue 14); median of 5
+//!   chunks of ~2 s, so that each chunk holds whole slicing periods.
 //! - `cuda burst` (bench_cuda_burst.py running tests/cudasim/cuda_burst.c):
 //!   4 threads making pinned 256-byte copies and stream syncs on the
 //!   stand-in as fast as they can for 10 s (the iterations column is
@@ -361,6 +366,24 @@ const BENCHES: &[Bench] = &[
             ],
         )
     },
+    // Issue 14: `--max-overhead 2` on a launch-heavy step (a launch and
+    // ~10 us of Python), against untraced and against the default probes.
+    Bench {
+        args: &["step"],
+        cuda_probe: Some("budget"),
+        ..workload(
+            "cuda budget",
+            "bench_cuda.py",
+            &[
+                mode(Kind::Untraced, "untraced", Some("gcc"), 1_000_000),
+                mode(Kind::Infertrace(&[]), INFERTRACE, None, 200_000),
+                Mode {
+                    goal: Some(1.02),
+                    ..mode(Kind::Infertrace(&["--max-overhead", "2"]), "infertrace --max-overhead 2 -p", None, 1_000_000)
+                },
+            ],
+        )
+    },
     // A burst of CUDA calls from 4 threads (the rate at which per-call
     // events must not be lost); iterations are seconds.
     Bench {
@@ -387,6 +410,8 @@ const LEGEND: &[&str] = &[
     "cuda copy    = ctypes cudaMemcpyAsync of 0 bytes device-to-device on the stand-in \
      libcudart (tests/cudasim), median of 20 chunks",
     "cuda launch  = ctypes cudaLaunchKernel on the stand-in libcudart, median of 20 chunks",
+    "cuda budget  = a cudaLaunchKernel as above and 300 iterations of Python arithmetic, median \
+     of 5 chunks of ~2 s (each holds whole 1 s slicing periods of --max-overhead)",
     "cuda burst   = one CUDA call of 4 C threads (pinned 256 B cudaMemcpyAsync + \
      cudaStreamSynchronize) on the stand-in libcudart over 10 s (iterations: seconds)",
 ];
@@ -624,7 +649,7 @@ pub fn bench(build: bool, stop_only: bool, only: Option<&str>) -> Result<()> {
     let probes: Vec<String> = BENCHES
         .iter()
         .filter(selected)
-        .filter(|b| b.calls_per_s.is_none())
+        .filter(|b| b.modes.iter().any(|m| m.kind == Kind::Infertrace(&["--no-cuda-driver"])))
         .filter_map(|b| {
             let label = b.cuda_probe?;
             let traced = |kind: Kind| {
@@ -955,8 +980,9 @@ impl Workload {
             let dir = ctx.cudasim()?;
             cmd.env("CUDART", dir.join("libcudart.so.12"))
                 .env("FAKE_KERNELS", dir.join("libfakekernels.so"));
+            // With a budget the launch probes come and go: no wait.
             let probed = match mode.kind {
-                Kind::Infertrace(f) => !f.contains(&"--no-cuda"),
+                Kind::Infertrace(f) => !f.contains(&"--no-cuda") && !f.contains(&"--max-overhead"),
                 Kind::Floor(f) => f.probes_user_code(),
                 _ => false,
             };

@@ -9,12 +9,12 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
     Ebpf,
 };
 use tracer_common::{
     python::{SlowKey, SlowStats},
-    syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallStart, SyscallStats},
+    syscalls::{hist_bucket, ErrnoKey, SyscallKey, SyscallPending, SyscallStart, SyscallStats},
 };
 
 mod slots;
@@ -66,6 +66,8 @@ pub static TABLE: FamilyTable = FamilyTable {
         GlobalSpec { name: "TASK_START_TIME_OFFSET", value: |i| i.task_member("start_time").map(GlobalValue::U64) },
         GlobalSpec { name: "PT_REGS_ARG2_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg2_offset)) },
         GlobalSpec { name: "PT_REGS_ARG4_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_arg4_offset)) },
+        // Pending calls per CPU need the scheduler programs to empty them.
+        GlobalSpec { name: "SYSCALL_PENDING_ON", value: |i| Ok(GlobalValue::U32(u32::from(i.opts.sched.enabled))) },
         GlobalSpec {
             name: "SLOW_SYSCALL_NS",
             value: |i| Ok(GlobalValue::U64(i.opts.slow_syscall.map(|d| d.as_nanos() as u64).unwrap_or(0))),
@@ -110,6 +112,15 @@ type KeptRows = (u32, u32, Box<[(u32, Acc)]>);
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
     crate::probe::hash_map(ebpf, "SYSCALL_STATS")
+}
+
+/// Every CPU's pending calls (`SYSCALL_PENDING`), the empty ones left out.
+fn pending_rows(ebpf: &mut Ebpf) -> Result<Vec<SyscallPending>, ProbeError> {
+    let map = ebpf.map_mut("SYSCALL_PENDING").ok_or(ProbeError::MissingMap("SYSCALL_PENDING"))?;
+    let arr: PerCpuArray<&mut MapData, SyscallPending> =
+        PerCpuArray::try_from(map).map_err(|e| ProbeError::map("SYSCALL_PENDING", e))?;
+    let values = arr.get(&0, 0).map_err(|e| ProbeError::map("SYSCALL_PENDING", e))?;
+    Ok(values.iter().filter(|p| p.tid != 0).copied().collect())
 }
 
 /// Deletes the kernel entries (counts and errnos) of `rows`.
@@ -170,6 +181,22 @@ impl SyscallCollector {
                     rows.entry(k.nr).or_default().merge(&acc);
                     dead_keys.push(k);
                 }
+            }
+        }
+        // The calls still summed per CPU (after the table: a call moving
+        // between the two meanwhile is missed by this read, never counted
+        // twice). A thread that exited has none left there.
+        for p in pending_rows(ebpf)? {
+            for row in p.rows.iter().filter(|r| r.stats.count != 0) {
+                if alive(p.pid, p.tid) {
+                    live.entry((p.pid, p.tid, row.nr)).or_default().stats.merge(&row.stats);
+                }
+            }
+        }
+        // A read that missed calls in transit is never below the last one.
+        for (key, acc) in live.iter_mut() {
+            if let Some(last) = self.live.get(key) {
+                acc.stats.max_with(&last.stats);
             }
         }
         let mut dead_errno = Vec::new();
