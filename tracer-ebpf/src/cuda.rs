@@ -232,7 +232,11 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     let sp = user_sp(ctx);
     // The thread's pending async copy survives the slot's reuse.
     let mut last = (0u32, CudaKey::default(), 0u64);
+    // The thread's slot, rewritten in place below when it has one (an
+    // insert would copy it into a new element and free the old one).
+    let mut own: *mut CudaInflight = core::ptr::null_mut();
     if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
+        own = slot;
         // SAFETY: map value owned by this thread.
         unsafe {
             last = ((*slot).last_copy_active, (*slot).last_copy, (*slot).last_copy_stream);
@@ -277,14 +281,21 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         last_copy: last.1,
         last_copy_stream: last.2,
     };
-    if CUDA_INFLIGHT.insert(&tid, &rec, 0).is_err() {
-        count_drop(counters::CUDA_LOST);
-        return;
+    if own.is_null() {
+        if CUDA_INFLIGHT.insert(&tid, &rec, 0).is_err() {
+            count_drop(counters::CUDA_LOST);
+            return;
+        }
+        match CUDA_INFLIGHT.get_ptr_mut(&tid) {
+            Some(slot) => own = slot,
+            None => return,
+        }
+    } else {
+        // SAFETY: the thread's own slot (only it writes there).
+        unsafe { *own = rec };
     }
     // Timed from here: the stack captures above are not the call's time.
-    if let Some(slot) = CUDA_INFLIGHT.get_ptr_mut(&tid) {
-        unsafe { (*slot).start_ns = bpf_ktime_get_ns() };
-    }
+    unsafe { (*own).start_ns = bpf_ktime_get_ns() };
 }
 
 /// The user stack id when there is no Python stack, else -1 (a function of

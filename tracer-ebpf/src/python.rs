@@ -511,12 +511,20 @@ fn chain_signature(pid: u32, tstate: u64) -> u64 {
     if layout.cframe_current_frame != ABSENT && frame != 0 {
         frame = read_u64(frame + layout.cframe_current_frame as u64);
     }
+    let (code, instr, back) = (layout.frame_code as u64, layout.frame_instr as u64, layout.frame_back as u64);
+    // One read per frame where the three fields lie within 64 bytes, 8-byte
+    // aligned with each other (3.11+: 32 or 64 bytes), else three.
+    let lo = code.min(instr).min(back);
+    let span = code.max(instr).max(back) + 8 - lo;
+    let aligned = (code - lo) % 8 == 0 && (instr - lo) % 8 == 0 && (back - lo) % 8 == 0;
     let mut ctx = SigCtx {
         frame,
         sig: (0xcbf2_9ce4_8422_2325 ^ pid as u64).wrapping_mul(0x0000_0100_0000_01b3),
-        code: layout.frame_code as u64,
-        instr: layout.frame_instr as u64,
-        back: layout.frame_back as u64,
+        code,
+        instr,
+        back,
+        lo,
+        span: if aligned && span <= SIG_BLOCK { span } else { 0 },
     };
     // A `bpf_loop` (its callback verified once): an unrolled walk here
     // made loading the CUDA programs seconds slower.
@@ -537,7 +545,14 @@ struct SigCtx {
     code: u64,
     instr: u64,
     back: u64,
+    /// The three fields in one read of `span` bytes from `frame + lo`
+    /// (`span` 0: three reads).
+    lo: u64,
+    span: u64,
 }
+
+/// The largest block a frame's fields are read in at once (bytes).
+const SIG_BLOCK: u64 = 64;
 
 /// `bpf_loop` callback: hashes one frame's address, code and instruction
 /// into `ctx.sig` and moves to its caller; stops at the bottom.
@@ -547,11 +562,24 @@ extern "C" fn sig_frame(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if c.frame == 0 {
         return 1;
     }
-    let code = read_u64(c.frame + c.code);
-    let instr = read_u64(c.frame + c.instr);
+    let (code, instr, back) = if c.span != 0 && c.span <= SIG_BLOCK {
+        let mut block = [0u64; (SIG_BLOCK / 8) as usize];
+        // SAFETY: at most `SIG_BLOCK` bytes into the block.
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                block.as_mut_ptr().cast(),
+                c.span as u32,
+                (c.frame + c.lo) as *const core::ffi::c_void,
+            )
+        };
+        let at = |off: u64| block[(((off - c.lo) / 8) & (SIG_BLOCK / 8 - 1)) as usize];
+        (at(c.code), at(c.instr), at(c.back))
+    } else {
+        (read_u64(c.frame + c.code), read_u64(c.frame + c.instr), read_u64(c.frame + c.back))
+    };
     c.sig = (c.sig ^ c.frame).wrapping_mul(0x0000_0100_0000_01b3);
     c.sig = (c.sig ^ code).wrapping_mul(0x0000_0100_0000_01b3);
     c.sig = (c.sig ^ instr).wrapping_mul(0x0000_0100_0000_01b3);
-    c.frame = read_u64(c.frame + c.back);
+    c.frame = back;
     0
 }

@@ -153,8 +153,8 @@ Probes are owned by this process: however it ends (even kill -9), the kernel rem
         blocked_loop: Duration,
         /// An overhead budget, 0.1 to 100 (percent of a target's time): when the CUDA launch probes would add
         /// more, they are attached in time slices (for example 2 ms on, then off) sized to the budget, and the
-        /// launch counts are estimated from the slices and marked as estimates (experimental: their error today is in
-        /// docs/overhead.md, "An overhead budget"). Off by
+        /// launch counts are estimated from the slices and marked as estimates (their measured error and the
+        /// slowdown left are in docs/overhead.md, "An overhead budget"). Off by
         /// default: every launch is probed and counted exactly.
         #[arg(long, value_name = "PCT", value_parser = parse_max_overhead, allow_negative_numbers = true)]
         max_overhead: Option<f64>,
