@@ -645,15 +645,29 @@ fn gil_four_threads_each_wait_75_percent() {
     for_each_python(test, &pythons, |py| {
         let (rep, pid, workers, desc) = gil_run(py, 4)?;
         let mut problems = Vec::new();
+        // Four spinning threads, one GIL: three of them wait for it at any
+        // moment, so their GIL waits average 75% of the wall time. How the
+        // interpreter shares it out is its own (one run: 64.5% and 75.9%
+        // in one process), so each thread is held to its own time off CPU
+        // and out of the run queue, all of which is GIL wait.
+        let mut shares = Vec::new();
         for t in &workers {
-            let share = pct(gil_ns(t)?, t.wall_ns);
-            if (share - 75.0).abs() > 10.0 {
+            let gil = gil_ns(t)?;
+            let share = pct(gil, t.wall_ns);
+            shares.push(share);
+            let waiting = t.wall_ns.saturating_sub(t.on_cpu_ns + t.runqueue_ns);
+            if pct(gil, waiting) < 90.0 {
                 problems.push(format!(
-                    "tid {}: gil {share:.1}% of wall, expected 75 +- 10: {}",
+                    "tid {}: gil {:.1}% of its time neither on a CPU nor runnable, expected >= 90: {}",
                     t.tid,
+                    pct(gil, waiting),
                     t.describe()
                 ));
             }
+        }
+        let mean = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
+        if (mean - 75.0).abs() > 10.0 {
+            problems.push(format!("the workers' gil waits average {mean:.1}% of wall, expected 75 +- 10: {shares:?}"));
         }
         // The GIL waits point at the spinning function.
         let tids: BTreeSet<u64> = workers.iter().map(|t| t.tid).collect();
