@@ -74,22 +74,15 @@ def copies(lib, n):
         f(dst, src, zero, kind, None)
 
 
-def launches(lib, kernel, n):
-    f = lib.cudaLaunchKernel
-    grid, block = dim3(1, 1, 1), dim3(32, 1, 1)
-    zero = ctypes.c_size_t(0)
-    for _ in range(n):
-        f(kernel, grid, block, None, zero, None)
-
-
-def steps(lib, kernel, n):
+def launches(lib, kernel, n, work=0):
+    """n launches, each followed by `work` iterations of Python arithmetic."""
     f = lib.cudaLaunchKernel
     grid, block = dim3(1, 1, 1), dim3(32, 1, 1)
     zero = ctypes.c_size_t(0)
     for _ in range(n):
         f(kernel, grid, block, None, zero, None)
         x = 0
-        for i in range(STEP_WORK):
+        for i in range(work):
             x += i
 
 
@@ -110,7 +103,7 @@ def main() -> int:
     elif what == "launch":
         loop = lambda n: launches(lib, kernel, n)  # noqa: E731
     else:
-        loop = lambda n: steps(lib, kernel, n)  # noqa: E731
+        loop = lambda n: launches(lib, kernel, n, STEP_WORK)  # noqa: E731
 
     if wait:
         if not benchlib.handshake():
