@@ -217,7 +217,7 @@ fn chunks(lines: &[String]) -> Vec<Chunk> {
 /// made in the span they stand for (issue 14); the probes' cost the tracer
 /// accounts for stays within the budget (+50%); and the loop's own CPU time
 /// per iteration over the window (slices and gaps together) is at most 2%
-/// above the chunks before and after it, plus a noise margin: 3%, plus
+/// above the chunks before and after it, plus a noise margin: 4%, plus
 /// twice how far the chunks before and after the window (both untraced)
 /// differ from each other. Without the budget the same loop runs ~1.5x
 /// slower (the probes take a third of its time while on).
@@ -308,10 +308,10 @@ fn max_overhead_samples_launches_within_the_budget() {
         before.is_finite() && after.is_finite() && inside.is_finite(),
         "chunks missing before, inside or after the window: {before} {inside} {after}"
     );
-    let bound = 0.02 + 0.03 + 2.0 * noise;
+    let bound = 0.02 + 0.04 + 2.0 * noise;
     assert!(
         slowdown <= bound,
-        "the loop ran {:+.1}% slower in the window (bound {:.1}%: 2% + 3% + twice the {:.1}% between before and after)",
+        "the loop ran {:+.1}% slower in the window (bound {:.1}%: 2% + 4% + twice the {:.1}% between before and after)",
         100.0 * slowdown,
         100.0 * bound,
         100.0 * noise
