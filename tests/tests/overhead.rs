@@ -10,7 +10,7 @@
 //! under CI=true a missing one fails the test.
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -144,14 +144,23 @@ fn estimate_matches_the_measured_syscall_loop_slowdown() {
     );
 }
 
+/// The prerequisites of the tests on the CUDA stand-in: the system's
+/// python3 and the stand-in's directory (None: skipped, or failed under CI).
+fn standin_python(test: &str) -> Option<(PathBuf, PathBuf)> {
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return None;
+    }
+    let Some((python, _)) = system_python() else {
+        skip(test, "the system's python3 (not pyenv's)");
+        return None;
+    };
+    Some((python, cuda_standin_dir(test)?))
+}
+
 #[test]
 fn uretprobe_syscalls_are_tracer_time() {
     let test = "uretprobe_syscalls_are_tracer_time";
-    require!(test, Root, Binary, Gcc);
-    let Some((python, _)) = system_python() else {
-        return skip(test, "the system's python3 (not pyenv's)");
-    };
-    let Some(dir) = cuda_standin_dir(test) else { return };
+    let Some((python, dir)) = standin_python(test) else { return };
     let tmp = TempDir::new("overhead-uretprobe");
     let out = tmp.join("copy.itr");
     let script = workspace_root().join("tests/workloads/bench_cuda.py");
@@ -224,11 +233,7 @@ fn chunks(lines: &[String]) -> Vec<Chunk> {
 #[test]
 fn max_overhead_samples_launches_within_the_budget() {
     let test = "max_overhead_samples_launches_within_the_budget";
-    require!(test, Root, Binary, Gcc);
-    let Some((python, _)) = system_python() else {
-        return skip(test, "the system's python3 (not pyenv's)");
-    };
-    let Some(dir) = cuda_standin_dir(test) else { return };
+    let Some((python, dir)) = standin_python(test) else { return };
     let tmp = TempDir::new("overhead-budget");
     let out = tmp.join("budget.itr");
     let script = workspace_root().join("tests/workloads/launch_budget.py");

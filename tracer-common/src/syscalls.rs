@@ -71,7 +71,21 @@ impl SyscallStats {
         if ns > self.max_ns {
             self.max_ns = ns;
         }
-        self.hist[hist_bucket(ns)] += 1;
+        // `get_mut`: no bounds-check panic in the kernel programs.
+        if let Some(b) = self.hist.get_mut(hist_bucket(ns)) {
+            *b += 1;
+        }
+    }
+
+    /// Back to no calls.
+    pub fn clear(&mut self) {
+        self.count = 0;
+        self.errors = 0;
+        self.total_ns = 0;
+        self.max_ns = 0;
+        for b in self.hist.iter_mut() {
+            *b = 0;
+        }
     }
 }
 

@@ -85,6 +85,11 @@ pub static CUDA_SLICE_HITS: HashMap<u32, u64> = HashMap::with_max_entries(32768,
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
 
+/// 1 with `--max-overhead`: launches may be sampled (`CUDA_SLICE`). 0, the
+/// default: the verifier drops the slice's read from every launch.
+#[unsafe(no_mangle)]
+static CUDA_LAUNCH_SLICING: u32 = 0;
+
 /// 0: no per-call events (aggregates only; the detector then sees less).
 #[unsafe(no_mangle)]
 static CUDA_EVENTS_ENABLED: u32 = 1;
@@ -411,6 +416,9 @@ enum Slice {
 
 #[inline(always)]
 fn launch_slice() -> Slice {
+    if global(&CUDA_LAUNCH_SLICING) == 0 {
+        return Slice::All;
+    }
     let start = CUDA_SLICE.get(0).copied().unwrap_or(0);
     if start == 0 {
         return Slice::All;

@@ -12,7 +12,7 @@ use tracer_common::{
     counters,
     python::{SlowKey, SlowStats},
     target_flags,
-    syscalls::{hist_bucket, ErrnoKey, PendingRow, SyscallKey, SyscallPending, SyscallStart, SyscallStats, PENDING_ROWS},
+    syscalls::{ErrnoKey, PendingRow, SyscallKey, SyscallPending, SyscallStart, SyscallStats, PENDING_ROWS},
 };
 
 use crate::{
@@ -351,7 +351,7 @@ fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
     if !account_pending(tgid, tid, nr, ns, errno != 0) {
         let Some(stats) = stats_entry(tgid, tid, nr) else { return };
         // SAFETY: map value pointer; only this thread writes this key.
-        unsafe { add_call(&mut *stats, ns, errno != 0) };
+        unsafe { (*stats).record(ns, errno != 0) };
     }
     if errno != 0 {
         let ek = ErrnoKey { pid: tgid, tid, nr, errno };
@@ -363,21 +363,6 @@ fn account(tgid: u32, tid: u32, nr: u32, ns: u64, errno: u32) {
                 }
             }
         }
-    }
-}
-
-#[inline(always)]
-fn add_call(stats: &mut SyscallStats, ns: u64, error: bool) {
-    stats.count += 1;
-    stats.total_ns += ns;
-    if ns > stats.max_ns {
-        stats.max_ns = ns;
-    }
-    if let Some(slot) = stats.hist.get_mut(hist_bucket(ns)) {
-        *slot += 1;
-    }
-    if error {
-        stats.errors += 1;
     }
 }
 
@@ -420,7 +405,7 @@ fn account_pending(tgid: u32, tid: u32, nr: u32, ns: u64, error: bool) -> bool {
         flush_row(tgid, tid, row);
     }
     row.nr = nr;
-    add_call(&mut row.stats, ns, error);
+    row.stats.record(ns, error);
     true
 }
 
@@ -459,24 +444,7 @@ fn flush(p: &mut SyscallPending) {
 fn flush_row(pid: u32, tid: u32, row: &mut PendingRow) {
     if let Some(dst) = stats_entry(pid, tid, row.nr) {
         // SAFETY: map value pointer; only this thread's calls go there.
-        let dst = unsafe { &mut *dst };
-        dst.count += row.stats.count;
-        dst.errors += row.stats.errors;
-        dst.total_ns += row.stats.total_ns;
-        if row.stats.max_ns > dst.max_ns {
-            dst.max_ns = row.stats.max_ns;
-        }
-        for (d, s) in dst.hist.iter_mut().zip(row.stats.hist.iter_mut()) {
-            *d += *s;
-            *s = 0;
-        }
-    } else {
-        for s in row.stats.hist.iter_mut() {
-            *s = 0;
-        }
+        unsafe { (*dst).merge(&row.stats) };
     }
-    row.stats.count = 0;
-    row.stats.errors = 0;
-    row.stats.total_ns = 0;
-    row.stats.max_ns = 0;
+    row.stats.clear();
 }

@@ -14,9 +14,11 @@
 //! threads that exited out of the kernel maps.
 
 use std::{
-    os::fd::OwnedFd,
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
 };
 
@@ -109,6 +111,22 @@ fn hash_text(s: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     s.hash(&mut h);
     h.finish()
+}
+
+/// Writes the code ranges of `pid`'s probed runtime ([0]) and driver ([1])
+/// to `CUDA_TEXT` (a driver launch returning into the runtime's is nested).
+fn publish_text(cx: &mut Context, pid: u32, text: &[Option<(u64, u64)>; 2]) -> Result<(), ProbeError> {
+    let flat = [
+        text[0].map_or(0, |r| r.0),
+        text[0].map_or(0, |r| r.1),
+        text[1].map_or(0, |r| r.0),
+        text[1].map_or(0, |r| r.1),
+    ];
+    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
+    if let Err(e) = map.insert(pid, flat, 0) {
+        cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
+    }
+    Ok(())
 }
 
 impl CudaCollector {
@@ -268,16 +286,7 @@ impl CudaCollector {
             let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
             if let Some(r) = discovery::text_range(&maps, &cand.line) {
                 text[slot] = Some(r);
-                let flat = [
-                    text[0].map_or(0, |r| r.0),
-                    text[0].map_or(0, |r| r.1),
-                    text[1].map_or(0, |r| r.0),
-                    text[1].map_or(0, |r| r.1),
-                ];
-                let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
-                if let Err(e) = map.insert(pid, flat, 0) {
-                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
-                }
+                publish_text(cx, pid, &text)?;
             }
         }
         // Then what it could load later (after the mapped files, so that

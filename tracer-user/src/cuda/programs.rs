@@ -54,6 +54,10 @@ pub static TABLE: FamilyTable = FamilyTable {
     globals: &[
         GlobalSpec { name: "CUDA_REGS_SP_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_sp_offset)) },
         GlobalSpec { name: "CUDA_REGS_LR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_lr_offset)) },
+        GlobalSpec {
+            name: "CUDA_LAUNCH_SLICING",
+            value: |i| Ok(GlobalValue::U32(u32::from(i.opts.max_overhead.is_some()))),
+        },
     ],
 };
 
