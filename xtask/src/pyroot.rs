@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{setup, util};
+use crate::util;
 
 /// The interpreters the root must hold; debootstrap `--include`s them.
 const PYTHONS: &[&str] = &["python3.14", "python3.15"];
@@ -44,12 +44,12 @@ fn complete(root: &Path) -> bool {
 
 pub fn pyroot() -> Result<String> {
     let root = pyroot_dir();
-    let cudart = setup::real_cudart_path();
+    let cudart = util::real_cudart_path();
     let copy = root.join(CUDART_IN_ROOT);
     let build = !complete(&root);
     let copy_needed = build || !same_contents(&cudart, &copy)?;
     if !build && !copy_needed {
-        return Ok(setup::ALREADY.into());
+        return Ok(util::ALREADY.into());
     }
     if !util::is_root() {
         // debootstrap, and writing into a root-owned tree, need root.
@@ -58,9 +58,7 @@ pub fn pyroot() -> Result<String> {
         } else {
             copy.display().to_string()
         };
-        eprintln!(
-            "WARNING: missing {what}\n         run `cargo xtask setup` as root to build it"
-        );
+        eprintln!("WARNING: missing {what}\n         run `cargo xtask setup` as root to build it");
         return Ok(format!("MISSING {what} (not root, not built)"));
     }
     let mut done = Vec::new();
@@ -132,8 +130,14 @@ fn debootstrap(root: &Path) -> Result<()> {
             "debootstrap {SUITE} {} failed ({}){}; its last lines:\n{tail}{}",
             partial.display(),
             out.status,
-            if out.status.success() { format!(": no {}", PYTHONS.join(", ")) } else { String::new() },
-            cleanup.map(|e| format!("\n(and removing it failed: {e:#})")).unwrap_or_default()
+            if out.status.success() {
+                format!(": no {}", PYTHONS.join(", "))
+            } else {
+                String::new()
+            },
+            cleanup
+                .map(|e| format!("\n(and removing it failed: {e:#})"))
+                .unwrap_or_default()
         );
     }
     if root.exists() {
@@ -169,7 +173,10 @@ fn remove_tree(dir: &Path) -> Result<()> {
         bail!(
             "{} still has mounts inside ({}); unmount them, then remove it",
             dir.display(),
-            left.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ")
+            left.iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
@@ -177,7 +184,8 @@ fn remove_tree(dir: &Path) -> Result<()> {
 
 /// Mount points at or below `dir`, from /proc/self/mountinfo.
 fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
-    let info = fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let info =
+        fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     Ok(info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -222,6 +230,9 @@ mod tests {
 
     #[test]
     fn sibling_appends_to_the_last_component() {
-        assert_eq!(sibling(Path::new("/x/pyroot-sid"), ".partial"), Path::new("/x/pyroot-sid.partial"));
+        assert_eq!(
+            sibling(Path::new("/x/pyroot-sid"), ".partial"),
+            Path::new("/x/pyroot-sid.partial")
+        );
     }
 }

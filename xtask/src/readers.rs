@@ -10,10 +10,13 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
-use crate::util::{probe, run, which};
+use crate::util::{probe, run, which, ALREADY};
 
 const PY_MODULES: &[(&str, &str)] = &[
-    ("perfetto", "perfetto.protos.perfetto.trace.perfetto_trace_pb2"),
+    (
+        "perfetto",
+        "perfetto.protos.perfetto.trace.perfetto_trace_pb2",
+    ),
     ("protobuf", "google.protobuf"),
     ("jsonschema", "jsonschema"),
     // The onnxruntime service of tests/tests/verdict_pools.rs (native worker pools).
@@ -27,19 +30,33 @@ fn py_importable(module: &str) -> bool {
 }
 
 fn speedscope_schema_present() -> bool {
-    let Some(root) = probe(Command::new("npm").args(["root", "-g"])) else { return false };
-    std::path::Path::new(root.trim()).join("speedscope/dist/release/file-format-schema.json").is_file()
+    let Some(root) = probe(Command::new("npm").args(["root", "-g"])) else {
+        return false;
+    };
+    std::path::Path::new(root.trim())
+        .join("speedscope/dist/release/file-format-schema.json")
+        .is_file()
 }
 
 pub fn readers() -> Result<String> {
     let mut done = Vec::new();
-    let missing: Vec<&str> = PY_MODULES.iter().filter(|(_, m)| !py_importable(m)).map(|(p, _)| *p).collect();
+    let missing: Vec<&str> = PY_MODULES
+        .iter()
+        .filter(|(_, m)| !py_importable(m))
+        .map(|(p, _)| *p)
+        .collect();
     if !missing.is_empty() {
         let pip = || {
             let mut c = Command::new("python3");
-            c.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-                .args(&missing)
-                .env("PIP_ROOT_USER_ACTION", "ignore");
+            c.args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(&missing)
+            .env("PIP_ROOT_USER_ACTION", "ignore");
             c
         };
         if run(&mut pip()).is_err() {
@@ -55,5 +72,9 @@ pub fn readers() -> Result<String> {
         run(Command::new("npm").args(["install", "-g", "--silent", "speedscope"]))?;
         done.push("npm speedscope".to_owned());
     }
-    Ok(if done.is_empty() { super::setup::ALREADY.to_owned() } else { format!("installed {}", done.join(", ")) })
+    Ok(if done.is_empty() {
+        ALREADY.to_owned()
+    } else {
+        format!("installed {}", done.join(", "))
+    })
 }

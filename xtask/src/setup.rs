@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::util::{self, output, probe, run};
+use crate::util::{self, output, probe, real_cudart_path, run, ALREADY};
 
 /// Debian packages used by the tests and the benchmark. libc6-dev is only a
 /// Recommends of gcc, but the test workloads are linked with `gcc -static`.
@@ -45,7 +45,11 @@ pub fn setup() -> Result<()> {
     setup_toolchain()?;
     step("3/8", "Debian packages", apt_packages)?;
     step("4/8", "py-spy (Python fixtures)", py_spy)?;
-    step("5/8", "real libcudart.so.12 from PyPI (CUDA probe tests)", real_cudart)?;
+    step(
+        "5/8",
+        "real libcudart.so.12 from PyPI (CUDA probe tests)",
+        real_cudart,
+    )?;
     // After step 5: the root gets a copy of that libcudart.
     step(
         "6/8",
@@ -53,8 +57,16 @@ pub fn setup() -> Result<()> {
         crate::pyroot::pyroot,
     )?;
     // After step 6: the image is imported from that root.
-    step("7/8", "podman image for the agent's container test", crate::podman::agent_image)?;
-    step("8/8", "profile readers (perfetto, jsonschema, speedscope)", crate::readers::readers)?;
+    step(
+        "7/8",
+        "podman image for the agent's container test",
+        crate::podman::agent_image,
+    )?;
+    step(
+        "8/8",
+        "profile readers (perfetto, jsonschema, speedscope)",
+        crate::readers::readers,
+    )?;
     println!("setup: done in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -80,8 +92,6 @@ fn step(num: &str, what: &str, f: impl FnOnce() -> Result<String>) -> Result<()>
     }
     Ok(())
 }
-
-pub const ALREADY: &str = "ok (already present)";
 
 fn rustup() -> Command {
     Command::new("rustup")
@@ -353,14 +363,8 @@ fn py_spy() -> Result<String> {
     Ok(format!("installed py-spy {v}"))
 }
 
-/// Where [`real_cudart`] puts the library (tests/cudasim/fetch-cudart.sh's
-/// default).
-pub fn real_cudart_path() -> PathBuf {
-    crate::util::workspace_root().join("target/cuda-real/libcudart.so.12")
-}
-
 /// NVIDIA's real libcudart.so.12 (nvidia-cuda-runtime-cu12 wheel) into
-/// target/cuda-real, for the CUDA probe tests; idempotent.
+/// [`real_cudart_path`], for the CUDA probe tests; idempotent.
 fn real_cudart() -> Result<String> {
     let root = crate::util::workspace_root();
     let lib = real_cudart_path();
@@ -373,7 +377,9 @@ fn real_cudart() -> Result<String> {
         .status()
         .context("running tests/cudasim/fetch-cudart.sh")?;
     if !status.success() || !lib.exists() {
-        bail!("tests/cudasim/fetch-cudart.sh failed ({status}); it needs `python3 -m pip` and PyPI");
+        bail!(
+            "tests/cudasim/fetch-cudart.sh failed ({status}); it needs `python3 -m pip` and PyPI"
+        );
     }
     Ok(format!("fetched into {}", lib.display()))
 }

@@ -37,6 +37,17 @@ pub fn infertrace_bin() -> PathBuf {
     target_dir().join("release").join("infertrace")
 }
 
+/// What an idempotent `cargo xtask setup` step reports when it has nothing
+/// to do.
+pub const ALREADY: &str = "ok (already present)";
+
+/// Where setup step 5 puts NVIDIA's real libcudart.so.12
+/// (tests/cudasim/fetch-cudart.sh's default); step 6 copies it into the
+/// Debian root.
+pub fn real_cudart_path() -> PathBuf {
+    workspace_root().join("target/cuda-real/libcudart.so.12")
+}
+
 /// The cargo that runs us (set by `cargo run`), or `cargo` from PATH.
 pub fn cargo() -> Command {
     Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
