@@ -1,43 +1,24 @@
 //! infertrace: eBPF tracer that tells where the time of a Python / GPU
-//! inference service goes. This library holds everything but argument
-//! parsing: the collector lifecycle (`collect`), the probe families
-//! (`process`, `syscalls`, `sched`, `cpu_samples`, `pystacks`, `cuda`,
-//! `nvml`; listed in `families`), the recording session (`session`), the
-//! recording model (`recording`), the report renderers (`report`), the
-//! `doctor` checks and the live view (`top`). docs/architecture.md has the data flow.
+//! inference service goes. This library holds everything but the process
+//! entry point, in seven layers (docs/architecture.md has the data flow):
+//!
+//! - [`families`]: one folder per probe family (process, syscalls, sched,
+//!   cpu_samples, python, cuda, nvml, asyncio, timeline, exec_watch,
+//!   overhead), named as in `tracer-ebpf` and `tracer-common`, and the list
+//!   of them;
+//! - [`engine`]: the collector lifecycle, the shared context, the session
+//!   loop that `record`, `top` and `agent` run on;
+//! - [`os`]: procfs, tracefs, BTF, ELF, the kernel object, uprobe links,
+//!   clocks, native symbolization;
+//! - [`recording`]: the recording model, a leaf;
+//! - [`report`]: the formats, reading only the model;
+//! - [`system`]: syscall and errno names;
+//! - [`cli`]: the subcommands.
 
-pub mod agent;
-pub mod agent_exec;
-pub mod asyncio;
-pub mod btf_offsets;
-pub mod checkpoint;
-pub mod clock;
-pub mod collect;
-pub mod cpu_samples;
-pub mod cuda;
-pub mod doctor;
-pub mod ebpf_log;
-pub mod elf;
+pub mod cli;
+pub mod engine;
 pub mod families;
-pub mod nvml;
-pub mod overhead;
-pub mod probe;
-pub mod process;
-pub mod procfs;
-pub mod python;
-pub mod pystacks;
+pub mod os;
 pub mod recording;
-#[cfg(test)]
-mod recording_fuzz;
 pub mod report;
-pub mod sched;
-pub mod session;
-pub mod stacks;
-pub mod symbolize;
 pub mod system;
-pub mod syscalls;
-pub mod targets;
-pub mod timeline;
-pub mod top;
-pub mod tracefs;
-pub mod uprobe_multi;

@@ -1,6 +1,9 @@
-//! The architecture's rules, checked on the source: no import cycles
-//! between sibling modules (at every level of the module tree), and the
-//! recording model imports no collector.
+//! The architecture's rules (docs/architecture.md), checked on the source:
+//! no import cycles between sibling modules (at every level of the module
+//! tree); the recording model imports only itself; the report reads only
+//! the model (and `system`'s names); a probe family never imports the
+//! report, the command line, the engine's internals or another family;
+//! `lib.rs` declares at most 8 top-level modules.
 //!
 //! Imports are read from the source text: `use crate::…`, `use super::…`
 //! (brace groups expanded) and paths written inline (`crate::a::b`). An
@@ -235,8 +238,8 @@ fn the_graph_is_read() {
         let b: ModPath = b.iter().map(|s| s.to_string()).collect();
         g.get(&a).is_some_and(|t| t.contains(&b))
     };
-    assert!(has(&["session"], &["families"]), "{g:?}");
-    assert!(has(&["syscalls"], &["collect"]), "{g:?}");
+    assert!(has(&["cli", "record"], &["engine", "session"]), "{g:?}");
+    assert!(has(&["families", "syscalls"], &["engine"]), "{g:?}");
     assert!(has(&["report", "json"], &["recording"]) || has(&["report"], &["recording"]), "{g:?}");
     assert_eq!(expand("a::{b, c::{d, e as f}, self}"), ["a::b", "a::c::d", "a::c::e", "a"]);
 }
@@ -258,6 +261,66 @@ fn the_recording_model_imports_no_collector() {
         for t in targets {
             let top = t.first().map(String::as_str).unwrap_or("");
             assert!(top == "recording", "{} imports {}: the model may import only itself", m.join("::"), t.join("::"));
+        }
+    }
+}
+
+fn top(p: &ModPath) -> &str {
+    p.first().map(String::as_str).unwrap_or("")
+}
+
+#[test]
+fn the_report_reads_only_the_model() {
+    let g = graph();
+    let mut bad = Vec::new();
+    for (m, targets) in g.iter().filter(|(m, _)| top(m) == "report") {
+        for t in targets {
+            if !["report", "recording", "system"].contains(&top(t)) {
+                bad.push(format!("{} imports {}", m.join("::"), t.join("::")));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "the report may import only recording/ and system/:\n{}", bad.join("\n"));
+}
+
+/// The engine's modules a family may not use: the loop and what drives it.
+const ENGINE_INTERNALS: [&str; 3] = ["session", "checkpoint", "run"];
+
+#[test]
+fn families_import_no_report_cli_engine_internals_or_other_family() {
+    let g = graph();
+    let mut bad = Vec::new();
+    for (m, targets) in g.iter().filter(|(m, _)| top(m) == "families" && m.len() >= 2) {
+        for t in targets {
+            let why = match top(t) {
+                "report" | "cli" => Some("the report and the command line sit above the families"),
+                "engine" if t.get(1).is_some_and(|s| ENGINE_INTERNALS.contains(&s.as_str())) => {
+                    Some("the engine's loop drives the families, not the other way")
+                }
+                // `families` itself (the list) and another family's folder.
+                "families" if t.len() < 2 || t[1] != m[1] => {
+                    Some("families exchange data only through the recording, in the order their declarations give")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                bad.push(format!("{} imports {}: {why}", m.join("::"), t.join("::")));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn the_library_has_at_most_eight_top_level_modules() {
+    let lib = fs::read_to_string(src_dir().join("lib.rs")).expect("lib.rs");
+    let mods: Vec<&str> = lib.lines().map(str::trim).filter(|l| l.starts_with("pub mod ") || l.starts_with("mod ")).collect();
+    assert!(mods.len() <= 8, "{} top-level modules: {mods:?}", mods.len());
+    // Every collector lives under families/.
+    for (m, file) in modules() {
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        if text.contains("impl Collector for") || text.contains("impl crate::engine::Collector for") {
+            assert!(top(&m) == "families", "{} implements a collector outside families/", file.display());
         }
     }
 }

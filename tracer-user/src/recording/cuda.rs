@@ -1,5 +1,5 @@
 //! The CUDA part of a recording: calls, launches, GPU samples, findings and
-//! the libraries probed (serde types; filled by `crate::cuda`, rendered by
+//! the libraries probed (serde types; filled by `crate::families::cuda`, rendered by
 //! `crate::report`).
 
 use std::collections::BTreeMap;
@@ -121,7 +121,7 @@ pub struct LaunchSampling {
     pub errors: Vec<String>,
 }
 
-/// One NVML reading of one GPU (`crate::nvml`): whole-device figures, all
+/// One NVML reading of one GPU (`crate::families::nvml`): whole-device figures, all
 /// processes on the GPU, not only the targets.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct GpuSample {

@@ -320,7 +320,7 @@ pub struct Recording {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<timeline::Timeline>,
     /// What tracing cost: probe hits, the estimated time added to each
-    /// target, the tracer's own CPU and memory (`crate::overhead`); absent
+    /// target, the tracer's own CPU and memory (`crate::families::overhead`); absent
     /// from recordings made before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracer_overhead: Option<overhead::TracerOverhead>,

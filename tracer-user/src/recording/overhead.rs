@@ -1,5 +1,5 @@
 //! `tracer_overhead`: what tracing cost, as the tracer measured it
-//! (`crate::overhead` fills it; docs/report-schema.md, "tracer_overhead").
+//! (`crate::families::overhead` fills it; docs/report-schema.md, "tracer_overhead").
 
 use std::collections::BTreeMap;
 

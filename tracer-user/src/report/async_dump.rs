@@ -1,12 +1,12 @@
 //! `infertrace dump --async`: the asyncio tasks of a process
-//! ([`crate::python::asyncio`]) as a tree per thread's event loop
+//! ([`crate::families::python::asyncio`]) as a tree per thread's event loop
 //! ([`render_async_text`]) or JSON ([`render_async_json`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 use super::fmt::{printable, printable_json, printable_text};
-use crate::python::asyncio::{AsyncTask, LoopTasks, TaskState};
+use crate::families::python::asyncio::{AsyncTask, LoopTasks, TaskState};
 use crate::recording::Frame;
 
 /// Text: per thread, a header, then each task that no task of the same
@@ -137,7 +137,7 @@ pub fn render_async_json(loops: &[LoopTasks]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::python::asyncio::Awaitable;
+    use crate::families::python::asyncio::Awaitable;
     use crate::recording::FrameKind;
 
     fn py(function: &str, line: u32) -> Frame {

@@ -11,6 +11,8 @@ pub mod diff;
 pub mod dump;
 pub mod fmt;
 pub mod folded;
+#[cfg(test)]
+mod fuzz;
 pub mod json;
 pub mod perfetto;
 pub mod pprof;

@@ -22,7 +22,7 @@ use super::{
     rows::{syscall_rows, totals, SyscallRow},
 };
 use crate::{
-    clock,
+    os::clock,
     recording::{CutReason, Recording},
 };
 

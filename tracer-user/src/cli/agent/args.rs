@@ -1,0 +1,131 @@
+//! `infertrace agent`'s command line (the agent itself is `crate::cli::agent`).
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use crate::{
+    cli::agent::{self, select::Selector, windows::Retention, AgentOptions},
+    engine::{self, RecordOptions, SchedOptions},
+    recording::limits,
+};
+use regex::Regex;
+
+pub const AFTER_HELP: &str = "Selection: a process is traced when it meets every criterion given (repeated --pid values are \
+alternatives). Running processes are found by a scan of /proc at start (and every 5 s); a process that starts later is \
+picked up at its exec, through a kernel event. Children of a target are followed; a target that exec's into something \
+the selection does not name is dropped at once, one that stops matching otherwise (renamed, moved to another \
+cgroup) at the next scan.\n\
+Windows: every --window, the recording of that window (exact counts: the difference of two cumulative snapshots) is \
+written into --out-dir as infertrace-agent-<time>-<seq>.itr, atomically (a temporary file renamed); the oldest beyond \
+--keep / --max-size are removed. `infertrace report FILE` renders one.\n\
+HTTP on --listen (default 127.0.0.1:9475): /metrics (OpenMetrics text, for Prometheus), /healthz, /targets (JSON: \
+host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report). \
+Metrics are updated at each window's end.\n\
+SIGTERM / SIGINT / SIGHUP write the current window and exit 0; targets exiting never stop the agent.\n\
+Examples:\n  infertrace agent --python --window 60s --out-dir /var/lib/infertrace\n  \
+infertrace agent --container 3f1b2c --listen 0.0.0.0:9475\n  infertrace agent --comm '^gunicorn' --cmdline 'serve\\.py'";
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// Trace this process (repeatable; values are alternatives).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = crate::cli::parse::parse_pid, allow_negative_numbers = true)]
+    pids: Vec<u32>,
+    /// Processes whose name (comm, 15 characters at most) matches this regular expression.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    comm: Option<Regex>,
+    /// Processes whose command line (arguments joined by spaces) matches this regular expression.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    cmdline: Option<Regex>,
+    /// Processes running this executable (absolute path, as /proc/PID/exe shows it).
+    #[arg(long, value_name = "PATH")]
+    exe: Option<String>,
+    /// Processes in this cgroup or below it (path as in /proc/PID/cgroup, e.g. /system.slice/app.service).
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<String>,
+    /// Processes in the container whose id starts with this (docker, containerd, CRI-O, podman; from the cgroup path).
+    #[arg(long, value_name = "ID")]
+    container: Option<String>,
+    /// Every CPython process.
+    #[arg(long)]
+    python: bool,
+    /// Length of one window (e.g. 10s, 60s, 5m; 1s to 24h).
+    #[arg(long, value_name = "DURATION", default_value = agent::DEFAULT_WINDOW, value_parser = parse_window, allow_hyphen_values = true)]
+    window: Duration,
+    /// Directory of the windows' recordings (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "infertrace-agent")]
+    out_dir: PathBuf,
+    /// Keep at most this many windows (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = agent::DEFAULT_KEEP)]
+    keep: usize,
+    /// Keep at most this much of windows on disk (e.g. 500MiB; the newest is always kept).
+    #[arg(long, value_name = "SIZE", value_parser = limits::parse_size)]
+    max_size: Option<u64>,
+    /// Address of the HTTP endpoints (/metrics /healthz /targets /report/latest).
+    #[arg(long, value_name = "ADDR:PORT", default_value = agent::http::DEFAULT_LISTEN)]
+    listen: String,
+    /// CPU sampling frequency in Hz, 0 to 10000 (0 turns sampling off).
+    #[arg(short = 'F', long, default_value_t = engine::DEFAULT_FREQUENCY, value_name = "HZ",
+          value_parser = crate::cli::parse::parse_frequency, allow_negative_numbers = true)]
+    frequency: u64,
+    /// Syscall accounting only: no scheduler tracing, no CPU sampling.
+    #[arg(long)]
+    no_sched: bool,
+    /// Do not resolve Python stacks.
+    #[arg(long)]
+    no_python: bool,
+    /// Do not probe CUDA, nor sample the GPUs.
+    #[arg(long)]
+    no_cuda: bool,
+    /// No line on stderr per window.
+    #[arg(short, long)]
+    quiet: bool,
+    /// An overhead budget, 0.1 to 100 (percent of a target's time): past it, CUDA launches are probed in
+    /// time slices and their counts estimated (as `record --max-overhead`; docs/overhead.md).
+    #[arg(long, value_name = "PCT", value_parser = crate::cli::parse::parse_max_overhead, allow_negative_numbers = true)]
+    max_overhead: Option<f64>,
+}
+
+fn parse_regex(s: &str) -> Result<Regex, String> {
+    Regex::new(s).map_err(|e| format!("`{s}` is not a valid regular expression ({})", e.to_string().lines().last().unwrap_or("")))
+}
+
+fn parse_window(s: &str) -> Result<Duration, String> {
+    crate::cli::parse::parse_span(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
+    let selector = Selector {
+        pids: a.pids,
+        comm: a.comm,
+        cmdline: a.cmdline,
+        exe: a.exe,
+        cgroup: a.cgroup,
+        container: a.container,
+        python: a.python,
+    };
+    let record = RecordOptions {
+        sched: SchedOptions { enabled: !a.no_sched, frequency: a.frequency, offcpu_stacks: true },
+        python: !a.no_python,
+        cuda: !a.no_cuda,
+        checkpoint_every: None,
+        quiet: true,
+        asyncio: crate::families::asyncio::AsyncOptions { enabled: false, ..Default::default() },
+        max_overhead: a.max_overhead,
+        ..RecordOptions::default()
+    };
+    let opts = AgentOptions {
+        selector,
+        window: a.window,
+        retention: Retention { dir: a.out_dir, keep: a.keep, max_size: a.max_size },
+        listen: a.listen,
+        record,
+        quiet: a.quiet,
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    if let Err(e) = rt.block_on(agent::run(opts, argv)) {
+        bail!("{e} (hint: {})", e.hint());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,380 @@
+//! `infertrace agent`: a long-running tracer. It selects processes
+//! (`select`: already running ones by a scan of /proc, new ones at their
+//! exec through a kernel event, `crate::families::exec_watch`), traces them with the same
+//! collectors as `record` (`crate::engine::session` drives them), cuts one
+//! recording per `--window` into `--out-dir` (`windows`: each the
+//! difference of two cumulative snapshots, so windows add up exactly), and
+//! serves `/metrics`, `/healthz`, `/targets` and `/report/latest`
+//! (`http`, `metrics`, `targets`). SIGTERM/SIGINT/SIGHUP close the current
+//! window, write it, and exit 0; a target's exit never stops the agent.
+
+pub mod container;
+pub mod cuda_delta;
+pub mod cuda_metrics;
+pub mod http;
+pub mod labels;
+pub mod metrics;
+pub mod select;
+pub mod targets;
+pub mod windows;
+pub mod args;
+
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    os::fd::AsFd,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    families::exec_watch::ExecWatch,
+    engine::{Collector, Context, RecordOptions, TargetEvent},
+    families,
+    recording::{Origin, Recording},
+    report,
+    engine::session::{self, RecordError},
+};
+
+use self::{
+    http::{Shared, SharedState},
+    metrics::Metrics,
+    select::{Candidate, Selector},
+    targets::TargetInfo,
+    windows::Retention,
+};
+
+/// `--window`'s default.
+pub const DEFAULT_WINDOW: &str = "60s";
+/// `--keep`'s default.
+pub const DEFAULT_KEEP: usize = 60;
+/// How often /proc is scanned again for processes that came to match
+/// without an exec (moved into a cgroup) or whose exec event was missed.
+const RESCAN_EVERY: Duration = Duration::from_secs(5);
+
+pub struct AgentOptions {
+    pub selector: Selector,
+    pub window: Duration,
+    pub retention: Retention,
+    pub listen: String,
+    /// The collectors' options (`pids`, `command`, `duration`, `output` and
+    /// checkpoints are not used).
+    pub record: RecordOptions,
+    pub quiet: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("no selection")]
+    NoSelection,
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+    #[error("cannot use the output directory {path}: {source}")]
+    OutDir { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+impl AgentError {
+    pub fn hint(&self) -> &str {
+        match self {
+            Self::NoSelection => "select processes with --pid, --comm, --cmdline, --exe, --cgroup, --container or --python",
+            Self::Listen { .. } => "choose a free address with --listen ADDR:PORT (e.g. 127.0.0.1:9475)",
+            Self::OutDir { .. } => "choose a writable directory with --out-dir DIR",
+            Self::Record(e) => e.hint(),
+        }
+    }
+}
+
+impl From<crate::os::probe::ProbeError> for AgentError {
+    fn from(e: crate::os::probe::ProbeError) -> Self {
+        AgentError::Record(RecordError::Probe(e))
+    }
+}
+
+impl From<crate::recording::RecordingError> for AgentError {
+    fn from(e: crate::recording::RecordingError) -> Self {
+        AgentError::Record(RecordError::Recording(e))
+    }
+}
+
+fn say(quiet: bool, line: &str) {
+    if !quiet {
+        let _ = writeln!(std::io::stderr(), "infertrace agent: {line}");
+    }
+}
+
+/// The agent's state between loop turns.
+struct Agent {
+    opts: AgentOptions,
+    cx: Context,
+    collectors: Vec<Box<dyn Collector>>,
+    info: BTreeMap<u32, TargetInfo>,
+    prev: Option<Recording>,
+    seq: u64,
+    shared: SharedState,
+    /// Targets found dead at the last window: forgotten after the next
+    /// snapshot (by then every collector has drained their last events).
+    dead_pending: std::collections::HashSet<u32>,
+}
+
+impl Agent {
+    /// Selects `pid` if it matches and is not traced yet.
+    fn consider(&mut self, pid: u32, found_by: &'static str) {
+        if self.info.get(&pid).is_some_and(|i| i.alive) {
+            return;
+        }
+        if let Some(st) = self.cx.targets.states.get(&pid) {
+            if st.alive {
+                // A child a target forked: the kernel follows it already.
+                if let Some(c) = Candidate::read(pid) {
+                    if self.opts.selector.matches(&c).is_some() {
+                        self.info.insert(pid, TargetInfo::new(&c, vec!["child of a target".into()], "fork"));
+                    }
+                }
+                return;
+            }
+        }
+        let Some(c) = Candidate::read(pid) else { return };
+        let Some(why) = self.opts.selector.matches(&c) else { return };
+        let origin = if found_by == "exec" { Origin::Followed } else { Origin::Attached };
+        self.cx.emit(TargetEvent::Appeared { pid, origin });
+        self.info.insert(pid, TargetInfo::new(&c, why, found_by));
+    }
+
+    /// An exec: a new match, or a target that stopped matching.
+    fn on_exec(&mut self, pid: u32) -> Result<(), AgentError> {
+        let traced = self.cx.targets.states.get(&pid).is_some_and(|s| s.alive);
+        if !traced {
+            self.consider(pid, "exec");
+            return Ok(());
+        }
+        let c = Candidate::read(pid);
+        let matches = c.as_ref().and_then(|c| self.opts.selector.matches(c));
+        match (c, matches) {
+            (Some(c), Some(why)) => {
+                let found = self.info.get(&pid).map(|i| i.found_by).unwrap_or("exec");
+                self.info.insert(pid, TargetInfo::new(&c, why, found));
+            }
+            // Exec'd into something the selection does not name: dropped.
+            (Some(_), None) => self.drop_target(pid)?,
+            (None, _) => {}
+        }
+        Ok(())
+    }
+
+    /// Stops tracing `pid` (it no longer matches the selection).
+    fn drop_target(&mut self, pid: u32) -> Result<(), AgentError> {
+        crate::families::process::remove_target(&mut self.cx.ebpf, pid)?;
+        if let Some(st) = self.cx.targets.states.get_mut(&pid) {
+            st.alive = false;
+        }
+        if let Some(i) = self.info.get_mut(&pid) {
+            i.alive = false;
+        }
+        Ok(())
+    }
+
+    /// New matches, and targets that stopped matching without an exec (a
+    /// renamed thread group leader, a process moved to another cgroup):
+    /// those are dropped.
+    fn scan(&mut self) {
+        let traced: Vec<u32> = self.info.iter().filter(|(_, i)| i.alive).map(|(pid, _)| *pid).collect();
+        for pid in traced {
+            let Some(c) = Candidate::read(pid) else { continue };
+            if self.opts.selector.matches(&c).is_none() {
+                if let Err(e) = self.drop_target(pid) {
+                    say(false, &format!("could not drop pid {pid}, which no longer matches: {e}"));
+                }
+            }
+        }
+        for pid in select::all_pids() {
+            self.consider(pid, "scan");
+        }
+    }
+
+    /// Marks the targets the session saw exit.
+    fn refresh_alive(&mut self) {
+        for (pid, i) in self.info.iter_mut() {
+            if i.alive {
+                i.alive = self.cx.targets.states.get(pid).is_some_and(|s| s.alive);
+            }
+        }
+        // Dead targets are forgotten once a window has covered their end.
+        let targets_json = targets::render(&self.info);
+        if let Ok(mut s) = self.shared.lock() {
+            s.targets_json = targets_json;
+        }
+    }
+
+    /// Writes the window that ends with the cumulative snapshot `cur`.
+    fn emit_window(&mut self, cur: Recording) -> Result<(), AgentError> {
+        self.refresh_alive();
+        let mut win = windows::delta(&cur, self.prev.as_ref());
+        win.notes.push(format!(
+            "agent window {} (every {:.0}s); counts are this window's, from the difference of two cumulative snapshots",
+            self.seq,
+            self.opts.window.as_secs_f64()
+        ));
+        self.seq += 1;
+        let written = self.opts.retention.write(&win, self.seq);
+        let alive = self.info.values().filter(|i| i.alive).count();
+        {
+            let mut s = match self.shared.lock() {
+                Ok(s) => s,
+                Err(p) => p.into_inner(),
+            };
+            s.metrics.add_window(&win, &self.info, alive);
+            s.latest_report = Some(report::json::render(&win));
+            if written.is_ok() {
+                s.windows_written += 1;
+            }
+        }
+        match written {
+            Ok(p) => say(self.opts.quiet, &format!("window {} written to {} ({alive} targets)", self.seq, p.display())),
+            // A failed write (a full disk) does not stop the agent.
+            Err(e) => say(false, &format!("window {} not written: {e}", self.seq)),
+        }
+        // Processes found dead at the previous window are in `cur` with
+        // their final values: nothing of them is needed any more.
+        let forget = std::mem::take(&mut self.dead_pending);
+        if !forget.is_empty() {
+            for c in self.collectors.iter_mut() {
+                c.forget(&mut self.cx, &forget);
+            }
+            self.cx.exited.forget(&forget);
+            self.cx.stacks.symbolizer.forget(&forget);
+            self.cx.stacks.python.forget(&forget);
+            self.cx.targets.states.retain(|pid, _| !forget.contains(pid));
+        }
+        self.dead_pending =
+            self.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
+        self.info.retain(|_, i| i.alive);
+        self.prev = Some(cur);
+        Ok(())
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT/SIGHUP.
+pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    if opts.selector.is_empty() {
+        return Err(AgentError::NoSelection);
+    }
+    for &pid in &opts.selector.pids {
+        crate::engine::targets::validate_pid(pid).map_err(RecordError::Target)?;
+    }
+    if !session::has_tracing_privileges() {
+        return Err(RecordError::NotPermitted.into());
+    }
+    let dir = opts.retention.dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
+    let probe = dir.join(format!(".infertrace-agent-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
+    let _ = std::fs::remove_file(&probe);
+    let listener = tokio::net::TcpListener::bind(&opts.listen)
+        .await
+        .map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
+    let map_sig = |e| AgentError::Record(RecordError::Signals(e));
+    let mut sigint = signal(SignalKind::interrupt()).map_err(map_sig)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(map_sig)?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(map_sig)?;
+
+    let btf = session::load_btf()?;
+    let mut record = opts.record.clone();
+    record.pids.clear();
+    record.command.clear();
+    record.quiet = true;
+    let mut cx = session::open_context(record, btf, argv)?;
+    let mut collectors = families::collectors(&cx.opts);
+    for c in collectors.iter_mut() {
+        c.attach(&mut cx)?;
+    }
+    let mut execs = ExecWatch::attach(&mut cx)?;
+    let exec_fd = execs
+        .ring
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(|owned| {
+            // SAFETY: an OwnedFd's descriptor stays open and the same until
+            // the AsyncFd that owns it is dropped.
+            unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+                .map_err(std::io::Error::from)
+        })
+        .map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
+
+    let shared: SharedState = Arc::new(Mutex::new(Shared {
+        metrics: Metrics::new(),
+        targets_json: targets::render(&BTreeMap::new()),
+        latest_report: None,
+        windows_written: 0,
+    }));
+    tokio::spawn(http::serve(listener, shared.clone()));
+    let quiet = opts.quiet;
+    let window = opts.window;
+    let mut agent = Agent {
+        opts,
+        cx,
+        collectors,
+        info: BTreeMap::new(),
+        prev: None,
+        seq: 0,
+        shared,
+        dead_pending: std::collections::HashSet::new(),
+    };
+    agent.scan();
+    session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+    agent.refresh_alive();
+    say(quiet, &format!("listening on http://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
+
+    let wakers = session::Wakers::new(&agent.collectors, &mut agent.cx);
+    let tick_every = agent.collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(tick_every);
+    let mut due = vec![Instant::now(); agent.collectors.len()];
+    let start = tokio::time::Instant::now();
+    let mut window_tick = tokio::time::interval_at(start + window, window);
+    window_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rescan = tokio::time::interval_at(start + RESCAN_EVERY, RESCAN_EVERY);
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sighup.recv() => break,
+            ready = exec_fd.readable() => {
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+                for pid in execs.drain() {
+                    agent.on_exec(pid)?;
+                }
+                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+            }
+            woken = wakers.ready() => {
+                for i in woken {
+                    agent.collectors[i].wake(&mut agent.cx)?;
+                }
+                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+            }
+            _ = tick.tick() => {
+                session::poll_due(&mut agent.cx, &mut agent.collectors, &mut due, tick_every)?;
+            }
+            _ = rescan.tick() => {
+                agent.scan();
+                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+                agent.refresh_alive();
+            }
+            _ = window_tick.tick() => {
+                let cur = session::snapshot(&mut agent.cx, &mut agent.collectors)?;
+                agent.emit_window(cur)?;
+            }
+        }
+    }
+    // The last window: up to the signal, written before exit.
+    execs.detach(&mut agent.cx);
+    let last = session::close(&mut agent.cx, &mut agent.collectors)?;
+    agent.emit_window(last)?;
+    say(quiet, "stopped; the last window is written");
+    Ok(())
+}

@@ -1,0 +1,393 @@
+//! Rolling windows: each window's recording is the difference between two
+//! cumulative snapshots of the same collectors (the one at the window's end
+//! minus the one at its start), so the windows add up exactly to what one
+//! long recording would hold: a syscall is counted in exactly one window.
+//!
+//! Rows of threads that exited may move between snapshots into their
+//! process's summed row (tid 0, `aggregated_threads`): a row that vanished
+//! gives a negative difference, which is taken from the summed row of the
+//! same process (and syscall), where its counts went; sums per process stay
+//! exact.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::recording::{output::Output, Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes};
+
+/// The window between two cumulative snapshots (`prev` None: the first
+/// window, which is `cur` itself).
+pub fn delta(cur: &Recording, prev: Option<&Recording>) -> Recording {
+    let Some(prev) = prev else { return cur.clone() };
+    let mut out = cur.clone();
+    out.started_unix_ms = cur.started_unix_ms + prev.duration_ns / 1_000_000;
+    out.duration_ns = cur.duration_ns.saturating_sub(prev.duration_ns);
+    out.syscalls = syscalls_delta(&cur.syscalls, &prev.syscalls);
+    out.threads = threads_delta(&cur.threads, &prev.threads);
+    out.stacks = stacks_delta(&cur.stacks, &prev.stacks);
+    out.runqueue_hist = cur
+        .runqueue_hist
+        .iter()
+        .map(|(pid, h)| {
+            let p = prev.runqueue_hist.get(pid);
+            let d = h.iter().enumerate().map(|(i, v)| v.saturating_sub(p.and_then(|p| p.get(i)).copied().unwrap_or(0))).collect();
+            (*pid, d)
+        })
+        .collect();
+    out.lost = cur
+        .lost
+        .iter()
+        .map(|(k, v)| (k.clone(), v.saturating_sub(prev.lost.get(k).copied().unwrap_or(0))))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev.cuda.as_ref(), prev.duration_ns));
+    // The targets active in this window, and those that appeared in it.
+    let active: std::collections::HashSet<u32> =
+        out.syscalls.iter().map(|s| s.pid).chain(out.threads.iter().map(|t| t.pid)).collect();
+    let before: std::collections::HashSet<u32> = prev.targets.iter().map(|t| t.pid).collect();
+    out.targets.retain(|t| active.contains(&t.pid) || !before.contains(&t.pid));
+    out
+}
+
+/// Signed per-row differences. A row gone since (folded into its group's
+/// summed row, tid 0) gives its whole previous value as a debt of that
+/// summed row, where its counts went. `build` gets a row's signed
+/// differences (a field can also go down in a row that stays, like a call
+/// in flight whose histogram bucket moved) and makes the window's row.
+fn fold<R: Clone, K: std::hash::Hash + Eq + Clone, G: std::hash::Hash + Eq + Clone>(
+    cur: &[R],
+    prev: &[R],
+    key: impl Fn(&R) -> K,
+    group: impl Fn(&R) -> G,
+    is_sum_row: impl Fn(&R) -> bool,
+    fields: impl Fn(&R) -> Vec<i128>,
+    build: impl Fn(&R, &[i128]) -> Option<R>,
+) -> Vec<R> {
+    let prev_by: HashMap<K, &R> = prev.iter().map(|r| (key(r), r)).collect();
+    let cur_keys: std::collections::HashSet<K> = cur.iter().map(&key).collect();
+    let mut debt: HashMap<G, Vec<i128>> = HashMap::new();
+    for p in prev.iter().filter(|p| !cur_keys.contains(&key(p)) && !is_sum_row(p)) {
+        let f = fields(p);
+        let d = debt.entry(group(p)).or_insert_with(|| vec![0; f.len()]);
+        for (a, b) in d.iter_mut().zip(f) {
+            *a -= b;
+        }
+    }
+    cur.iter()
+        .filter_map(|r| {
+            let mut f = fields(r);
+            if let Some(p) = prev_by.get(&key(r)) {
+                for (a, b) in f.iter_mut().zip(fields(p)) {
+                    *a -= b;
+                }
+            }
+            if is_sum_row(r) {
+                if let Some(d) = debt.get(&group(r)) {
+                    for (a, b) in f.iter_mut().zip(d) {
+                        *a += b;
+                    }
+                }
+            }
+            build(r, &f)
+        })
+        .collect()
+}
+
+/// Histogram differences made non-negative without changing their sum: a
+/// call counted in flight at the last snapshot (in the bucket of its time
+/// so far) and finished since moved up, so a negative bucket borrows from
+/// the buckets above it.
+fn carry_up(h: &[i128]) -> Vec<u64> {
+    let mut out = vec![0u64; h.len()];
+    let mut carry: i128 = 0;
+    for (i, v) in h.iter().enumerate() {
+        let x = carry + v;
+        if x < 0 {
+            carry = x;
+        } else {
+            out[i] = x as u64;
+            carry = 0;
+        }
+    }
+    out
+}
+
+const SYSCALL_FIXED: usize = 4;
+
+fn syscalls_delta(cur: &[ThreadSyscall], prev: &[ThreadSyscall]) -> Vec<ThreadSyscall> {
+    let hist_len = cur.iter().chain(prev).map(|s| s.hist_log2_ns.len()).max().unwrap_or(0);
+    let errnos: Vec<u32> = {
+        let mut v: Vec<u32> = cur.iter().chain(prev).flat_map(|s| s.errnos.keys().copied()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    fold(
+        cur,
+        prev,
+        |s| (s.pid, s.tid, s.nr),
+        |s| (s.pid, s.nr),
+        |s| s.tid == 0,
+        |s| {
+            let mut f = vec![s.count as i128, s.errors as i128, s.total_ns as i128, s.in_flight as i128];
+            f.extend((0..hist_len).map(|i| s.hist_log2_ns.get(i).copied().unwrap_or(0) as i128));
+            f.extend(errnos.iter().map(|e| s.errnos.get(e).copied().unwrap_or(0) as i128));
+            f
+        },
+        |s, f| {
+            let count = u64::try_from(f[0]).unwrap_or(0);
+            if count == 0 {
+                return None;
+            }
+            let total_ns = u64::try_from(f[2]).unwrap_or(0);
+            let mut hist = carry_up(&f[SYSCALL_FIXED..SYSCALL_FIXED + hist_len]);
+            // Each snapshot's histogram sums to its count; should rounding
+            // of a folded row leave a difference, the last bucket used takes it.
+            let hsum: u64 = hist.iter().sum();
+            if hsum != count {
+                if let Some(i) = hist.iter().rposition(|v| *v > 0).or(if hist.is_empty() { None } else { Some(0) }) {
+                    hist[i] = (hist[i] + count).saturating_sub(hsum);
+                }
+            }
+            let errnos: BTreeMap<u32, u64> = errnos
+                .iter()
+                .zip(&f[SYSCALL_FIXED + hist_len..])
+                .filter(|(_, n)| **n > 0)
+                .map(|(e, n)| (*e, *n as u64))
+                .collect();
+            Some(ThreadSyscall {
+                pid: s.pid,
+                tid: s.tid,
+                nr: s.nr,
+                count,
+                errors: u64::try_from(f[1]).unwrap_or(0).min(count),
+                errnos,
+                total_ns,
+                // Not kept per window: the cumulative maximum, bounded by
+                // the window's own total.
+                max_ns: s.max_ns.min(total_ns),
+                hist_log2_ns: hist,
+                // Still in flight at this window's end (counted in it or before).
+                in_flight: s.in_flight.min(count),
+                aggregated_threads: s.aggregated_threads,
+            })
+        },
+    )
+}
+
+fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> {
+    fold(
+        cur,
+        prev,
+        |t| (t.pid, t.tid),
+        |t| t.pid,
+        |t| t.tid == 0,
+        |t| {
+            let o = &t.off_cpu;
+            [t.wall_ns, t.on_cpu_ns, t.syscall_ns, o.io_ns, o.lock_ns, o.poll_ns, o.sleep_ns, o.other_ns, o.gil_ns, t.runqueue_ns]
+                .into_iter()
+                .map(i128::from)
+                .collect()
+        },
+        |t, f| {
+            if f.iter().all(|v| *v <= 0) {
+                return None;
+            }
+            let g = |i: usize| u64::try_from(f[i]).unwrap_or(0);
+            let mut r = t.clone();
+            r.wall_ns = g(0);
+            r.on_cpu_ns = g(1);
+            r.syscall_ns = g(2);
+            r.off_cpu.io_ns = g(3);
+            r.off_cpu.lock_ns = g(4);
+            r.off_cpu.poll_ns = g(5);
+            r.off_cpu.sleep_ns = g(6);
+            r.off_cpu.other_ns = g(7);
+            r.off_cpu.gil_ns = g(8);
+            r.runqueue_ns = g(9);
+            Some(r)
+        },
+    )
+}
+
+fn stack_key(s: &StackRecord) -> String {
+    serde_json::to_string(&(&s.kind, &s.reason, s.pid, s.tid, &s.syscall, &s.frames)).unwrap_or_default()
+}
+
+fn stacks_delta(cur: &[StackRecord], prev: &[StackRecord]) -> Vec<StackRecord> {
+    let prev_by: HashMap<String, (u64, u64)> = prev.iter().map(|s| (stack_key(s), (s.samples, s.weight_ns))).collect();
+    cur.iter()
+        .filter_map(|s| {
+            let (ps, pw) = prev_by.get(&stack_key(s)).copied().unwrap_or((0, 0));
+            let mut d = s.clone();
+            d.samples = s.samples.saturating_sub(ps);
+            d.weight_ns = s.weight_ns.saturating_sub(pw);
+            (d.samples > 0 || d.weight_ns > 0).then_some(d)
+        })
+        .collect()
+}
+
+/// The window files in `dir`, oldest first (names sort by time).
+pub fn window_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
+    let mut v: Vec<(PathBuf, u64)> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            (name.starts_with(FILE_PREFIX) && name.ends_with(".itr")).then(|| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+pub const FILE_PREFIX: &str = "infertrace-agent-";
+
+/// Where the windows go, and how many are kept.
+#[derive(Clone, Debug)]
+pub struct Retention {
+    pub dir: PathBuf,
+    /// Keep at most this many windows (0: no limit).
+    pub keep: usize,
+    /// Keep at most this many bytes of windows (None: no limit); the
+    /// newest window is always kept.
+    pub max_size: Option<u64>,
+}
+
+impl Retention {
+    /// Writes one window atomically (temporary file, renamed), then applies
+    /// the retention. Returns the path.
+    pub fn write(&self, rec: &Recording, seq: u64) -> Result<PathBuf, RecordingError> {
+        let name = format!("{FILE_PREFIX}{}-{seq:06}.itr", crate::os::clock::local_timestamp());
+        let path = self.dir.join(name);
+        let out = Output::prepare(&path).map_err(|source| RecordingError::Write { path: path.clone(), source })?;
+        out.write(rec)?;
+        self.prune();
+        Ok(path)
+    }
+
+    /// Removes the oldest windows beyond `keep` and `max_size`.
+    pub fn prune(&self) {
+        let mut files = window_files(&self.dir);
+        while files.len() > 1 {
+            let total: u64 = files.iter().map(|f| f.1).sum();
+            let over_count = self.keep > 0 && files.len() > self.keep;
+            let over_size = self.max_size.is_some_and(|m| total > m);
+            if !over_count && !over_size {
+                break;
+            }
+            let (p, _) = files.remove(0);
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// Per-window totals for the metrics, by (pid, syscall nr): calls, errors, ns.
+pub fn syscall_totals(rec: &Recording) -> BTreeMap<(u32, u32), (u64, u64, u64)> {
+    let mut m: BTreeMap<(u32, u32), (u64, u64, u64)> = BTreeMap::new();
+    for s in &rec.syscalls {
+        let e = m.entry((s.pid, s.nr)).or_default();
+        e.0 += s.count;
+        e.1 += s.errors;
+        e.2 += s.total_ns;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sc(pid: u32, tid: u32, nr: u32, count: u64, total_ns: u64, agg: u64) -> ThreadSyscall {
+        ThreadSyscall {
+            pid,
+            tid,
+            nr,
+            count,
+            errors: 0,
+            errnos: BTreeMap::new(),
+            total_ns,
+            max_ns: total_ns,
+            hist_log2_ns: vec![count],
+            in_flight: 0,
+            aggregated_threads: agg,
+        }
+    }
+
+    #[test]
+    fn windows_add_up_when_rows_fold_into_the_summed_row() {
+        // Window 1: threads 11 and 12 with own rows. Window 2: thread 12
+        // exited and was folded into tid 0 (with 5 more calls of its own
+        // before it exited), thread 11 made 3 more.
+        let prev = vec![sc(10, 11, 39, 7, 70, 0), sc(10, 12, 39, 4, 40, 0)];
+        let cur = vec![sc(10, 11, 39, 10, 100, 0), sc(10, 0, 39, 9, 90, 1)];
+        let d = syscalls_delta(&cur, &prev);
+        let total: u64 = d.iter().map(|s| s.count).sum();
+        assert_eq!(total, 19 - 11);
+        let t11 = d.iter().find(|s| s.tid == 11).unwrap();
+        assert_eq!((t11.count, t11.total_ns), (3, 30));
+        let t0 = d.iter().find(|s| s.tid == 0).unwrap();
+        assert_eq!((t0.count, t0.total_ns), (5, 50));
+        assert!(d.iter().all(|s| s.tid != 12));
+    }
+
+    #[test]
+    fn new_rows_and_unchanged_rows() {
+        let prev = vec![sc(1, 1, 0, 5, 5, 0)];
+        let cur = vec![sc(1, 1, 0, 5, 5, 0), sc(1, 2, 0, 2, 2, 0)];
+        let d = syscalls_delta(&cur, &prev);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].tid, d[0].count), (2, 2));
+    }
+
+    #[test]
+    fn retention_keeps_the_newest() {
+        let dir = std::env::temp_dir().join(format!("itr-retention-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..5 {
+            fs::write(dir.join(format!("{FILE_PREFIX}20260101-000000-{i:06}.itr")), vec![0u8; 100]).unwrap();
+        }
+        fs::write(dir.join("other.itr"), b"x").unwrap();
+        Retention { dir: dir.clone(), keep: 3, max_size: None }.prune();
+        let left: Vec<String> = window_files(&dir).iter().map(|f| f.0.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(left.len(), 3);
+        assert!(left[0].ends_with("000002.itr"));
+        Retention { dir: dir.clone(), keep: 0, max_size: Some(150) }.prune();
+        assert_eq!(window_files(&dir).len(), 1);
+        assert!(dir.join("other.itr").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod in_flight_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_in_flight_at_the_last_cut_moves_up_in_the_histogram() {
+        let row = |count, hist: Vec<u64>, in_flight| ThreadSyscall {
+            pid: 1,
+            tid: 1,
+            nr: 230,
+            count,
+            errors: 0,
+            errnos: BTreeMap::new(),
+            total_ns: count * 10,
+            max_ns: 10,
+            hist_log2_ns: hist,
+            in_flight,
+            aggregated_threads: 0,
+        };
+        // Cut 1: 4 finished calls in bucket 0, one in flight so far in bucket 1.
+        // Cut 2: that one finished in bucket 2, plus one more in bucket 2.
+        let d = syscalls_delta(&[row(6, vec![4, 0, 2], 0)], &[row(5, vec![4, 1, 0], 1)]);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].count, 1);
+        assert_eq!(d[0].hist_log2_ns, [0, 0, 1]);
+        assert_eq!(d[0].in_flight, 0);
+        assert_eq!(carry_up(&[2, -1, -1, 3]), [2, 0, 0, 1]);
+    }
+}

@@ -1,0 +1,146 @@
+//! Turning the kernel's stack ids into frames: native and kernel stacks from
+//! the `STACKS` map through the one [`Symbolizer`] of the recording, Python
+//! stacks through [`PyFrames`], merged leaf first. Shared by every probe
+//! family that records stacks (it lives in the collectors' `Context`).
+
+use std::collections::HashMap;
+
+use aya::{
+    maps::{MapData, StackTraceMap},
+    Ebpf,
+};
+use tracer_common::python::PyStack;
+
+pub use crate::families::python::resolve::PyFrames;
+
+use crate::{os::probe::ProbeError, recording::Frame, os::symbolize::Symbolizer};
+
+/// The stacks captured so far, read out of the kernel maps.
+struct Loaded {
+    native: HashMap<u32, Vec<u64>>,
+    py_stacks: HashMap<u64, PyStack>,
+}
+
+#[derive(Default)]
+pub struct Stacks {
+    pub symbolizer: Symbolizer,
+    pub python: PyFrames,
+    loaded: Option<Loaded>,
+}
+
+/// The leading kernel frames of a stack taken at sched_switch are our own
+/// program and the tracepoint machinery: not the user's time.
+fn is_tracing_frame(function: &str) -> bool {
+    ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "trace_call_bpf"]
+        .iter()
+        .any(|p| function.starts_with(p))
+}
+
+impl Stacks {
+    /// Forgets what was read from the kernel maps: the next
+    /// [`frames`](Self::frames) reads them again (a new snapshot).
+    pub fn invalidate(&mut self) {
+        self.loaded = None;
+    }
+
+    fn load(ebpf: &mut Ebpf) -> Result<Loaded, ProbeError> {
+        let py_stacks = PyFrames::load_stacks(ebpf)?;
+        let map = ebpf.map("STACKS").ok_or(ProbeError::MissingMap("STACKS"))?;
+        let map: StackTraceMap<&MapData> = StackTraceMap::try_from(map).map_err(|e| ProbeError::map("STACKS", e))?;
+        let native = map
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, st)| (id, st.frames().iter().map(|f| f.ip).filter(|ip| *ip != 0).collect()))
+            .collect();
+        Ok(Loaded { native, py_stacks })
+    }
+
+    /// Leaf-first frames: kernel, native below the Python leaf, Python.
+    pub fn frames(
+        &mut self,
+        ebpf: &mut Ebpf,
+        pid: u32,
+        user_stack: i32,
+        kernel_stack: i32,
+        py_stack: u64,
+    ) -> Result<Vec<Frame>, ProbeError> {
+        if self.loaded.is_none() {
+            self.python.take_copies(ebpf)?;
+            self.loaded = Some(Self::load(ebpf)?);
+        }
+        let Some(loaded) = self.loaded.as_ref() else { return Ok(Vec::new()) };
+        let ips = |id: i32| -> &[u64] {
+            let ips = u32::try_from(id).ok().and_then(|id| loaded.native.get(&id));
+            ips.map(Vec::as_slice).unwrap_or(&[])
+        };
+        let mut kernel = self.symbolizer.kernel_frames(ips(kernel_stack));
+        let ours = kernel.iter().take_while(|f| is_tracing_frame(&f.function)).count();
+        kernel.drain(..ours);
+        let native = self.symbolizer.user_frames(pid, ips(user_stack));
+        let python = if py_stack != 0 { self.python.frames(py_stack, &loaded.py_stacks) } else { Vec::new() };
+        Ok(merge(kernel, native, python))
+    }
+}
+
+/// Merges one stack: kernel frames, then the native frames below the Python
+/// leaf (e.g. libc's `read` under `FileIO.readinto`) up to the first frame of
+/// the interpreter itself, then the Python frames. Without Python frames the
+/// native stack is kept whole.
+pub fn merge(kernel: Vec<Frame>, native: Vec<Frame>, python: Vec<Frame>) -> Vec<Frame> {
+    let mut out = kernel;
+    if python.is_empty() {
+        out.extend(native);
+        return out;
+    }
+    out.extend(native.into_iter().take_while(|f| !is_interpreter_frame(f)));
+    out.extend(python);
+    out
+}
+
+fn is_interpreter_frame(f: &Frame) -> bool {
+    let in_python_binary = f
+        .module
+        .as_deref()
+        .is_some_and(|m| m.starts_with("libpython") || m.starts_with("python"));
+    in_python_binary
+        || f.function.starts_with("_PyEval")
+        || f.function.starts_with("PyEval")
+        || f.function.starts_with("_PyObject_")
+        || f.function.starts_with("PyObject_")
+        || f.function.starts_with("_Py")
+        || f.function.starts_with("cfunction_")
+        || f.function.starts_with("method_vectorcall")
+        // 3.14+ built by clang: the tail-calling interpreter's opcode handlers.
+        || f.function.starts_with("_TAIL_CALL_")
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::FrameKind;
+
+    fn f(name: &str, kind: FrameKind, module: Option<&str>) -> Frame {
+        Frame { function: name.into(), file: None, line: None, kind, module: module.map(Into::into) }
+    }
+
+    #[test]
+    fn merges_native_leaf_then_python() {
+        let k = vec![f("vfs_read", FrameKind::Kernel, None)];
+        let n = vec![
+            f("__libc_read", FrameKind::Native, Some("libc.so.6")),
+            f("_Py_read", FrameKind::Native, Some("libpython3.11.so.1.0")),
+            f("_PyEval_EvalFrameDefault", FrameKind::Native, Some("libpython3.11.so.1.0")),
+        ];
+        let p = vec![f("FileIO.readinto", FrameKind::Python, None), f("<module>", FrameKind::Python, None)];
+        let m = merge(k, n, p);
+        let names: Vec<&str> = m.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(names, ["vfs_read", "__libc_read", "FileIO.readinto", "<module>"]);
+    }
+
+    #[test]
+    fn keeps_native_without_python() {
+        let n = vec![f("main", FrameKind::Native, Some("a.out"))];
+        assert_eq!(merge(vec![], n.clone(), vec![]), n);
+    }
+}

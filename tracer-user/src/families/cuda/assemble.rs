@@ -1,0 +1,274 @@
+//! The CUDA part of a recording, built from what the collector has so far:
+//! the kernel's aggregates by (pid, API, kind, site), launches by kernel,
+//! call sites resolved to the leaf Python frame (else the first native frame
+//! outside libcudart), and the detector's findings ([`findings`](super::findings)).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use aya::maps::HashMap as BpfHashMap;
+use tracer_common::{
+    counters,
+    cuda::{api, CudaKey, CudaStats, LaunchKey, KIND_DEFAULT},
+};
+
+use super::{
+    collector::{symbolize_function, Attached, CudaCollector},
+    discovery,
+    findings::{self, SiteSummary},
+    replay::RawSite,
+};
+use crate::{
+    engine::{Context, Topic},
+    os::probe::{self, ProbeError},
+    recording::{
+        cuda::{api_name, kind_name, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
+        Frame, FrameKind, UNKNOWN,
+    },
+};
+
+impl CudaCollector {
+    /// The report so far: reads the kernel aggregates, resolves sites,
+    /// runs the detector over a copy of the replayed events.
+    pub(super) fn report(&mut self, cx: &mut Context) -> Result<CudaReport, ProbeError> {
+        let (start, end) = (cx.window_start, cx.now_or_end());
+        let window_ns = end.saturating_sub(start);
+        let mut report = CudaReport { window_ns, ..Default::default() };
+        report.driver_probes_off = self.gate.records(end);
+        if self.attached.is_empty() {
+            return Ok(report);
+        }
+        self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+        // The aggregates first, then the events: every call counted has
+        // had its event submitted, so a call without one was lost (while
+        // recording, calls that return in between are only in the events).
+        let stats: Vec<(CudaKey, CudaStats)> = {
+            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
+            map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
+        };
+        report.events_lost = probe::counter(&mut cx.ebpf, counters::CUDA_EVENTS_LOST)?;
+        report.calls_lost = probe::counter(&mut cx.ebpf, counters::CUDA_LOST)?;
+        // Allocations still live count as leaks; the replay goes on after a snapshot.
+        let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
+        replay.close(start + window_ns / 2);
+        let launches: Vec<(LaunchKey, u64)> = {
+            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, "CUDA_LAUNCHES")?;
+            map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
+        };
+        let mut sites = SiteCache { sites: HashMap::new() };
+
+        // Calls, by (pid, api, kind, site).
+        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = BTreeMap::new();
+        let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
+        for (k, v) in &stats {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
+            let site = sites.resolve(raw, cx)?;
+            let key = (k.pid, k.api, k.kind, site.clone());
+            let c = calls.entry(key.clone()).or_insert_with(|| CudaCall {
+                pid: k.pid,
+                api: api_name(k.api),
+                kind: kind_name(k.kind).map(str::to_owned),
+                count: 0,
+                bytes: 0,
+                total_ns: 0,
+                errors: 0,
+                site,
+                return_codes: BTreeMap::new(),
+                pinned: None,
+                pageable: None,
+                events_lost: 0,
+            });
+            c.count += v.count;
+            c.bytes += v.bytes;
+            c.total_ns += v.total_ns;
+            c.errors += v.errors;
+            raw_of_call.entry(key).or_default().insert(raw);
+        }
+        for (key, raws) in &raw_of_call {
+            let c = calls.get_mut(key).expect("call key");
+            let mut events = 0;
+            for raw in raws {
+                if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
+                    for (rc, n) in codes {
+                        *c.return_codes.entry(*rc).or_default() += n;
+                        events += n;
+                    }
+                }
+                if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
+                    *c.pinned.get_or_insert(0) += p;
+                    *c.pageable.get_or_insert(0) += q;
+                }
+            }
+            c.events_lost = c.count.saturating_sub(events);
+        }
+        report.calls = calls.into_values().collect();
+        report.calls.sort_by(|a, b| {
+            b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
+        });
+
+        // Launches, by (pid, kernel, site, api): (seen, estimated).
+        let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
+        for (k, n) in &launches {
+            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
+            let site = sites.resolve(raw, cx)?;
+            let name = if api::is_driver(k.api) {
+                // A driver launch passes a CUfunction handle, not code.
+                format!("CUfunction {:#x}", k.func)
+            } else {
+                match self.kernel_names.get(&(k.pid, k.func)) {
+                    Some(n) => n.clone(),
+                    None => symbolize_function(&mut cx.stacks.symbolizer, k.pid, k.func),
+                }
+            };
+            let e = by_kernel.entry((k.pid, name, site, k.api)).or_default();
+            e.0 += n;
+            e.1 += self.slicer.as_ref().map_or(*n as f64, |s| s.estimate(k.tid, *n, end));
+        }
+        let estimated = self.slicer.as_ref().is_some_and(|s| s.estimating());
+        let sampled = self.slicer.is_some();
+        report.launches = by_kernel
+            .into_iter()
+            .map(|((pid, kernel, site, a), (seen, est))| CudaLaunch {
+                pid,
+                kernel,
+                count: if estimated { est.round() as u64 } else { seen },
+                site,
+                api: api_name(a),
+                estimated,
+                sampled: sampled.then_some(seen),
+            })
+            .collect();
+        if let Some(s) = &self.slicer {
+            report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
+        }
+        report.launches.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
+
+        // The detector, per resolved site.
+        let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Context| -> Result<(u32, Site), ProbeError> {
+            Ok((raw.pid, sites.resolve(raw, cx)?))
+        };
+        for ((raw, kind), obs) in &replay.copies {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.copies.entry(*kind).or_default().merge(obs);
+        }
+        for ((raw, _), obs) in &replay.syncs {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.syncs.merge(obs);
+        }
+        for (raw, obs) in &replay.allocs {
+            let key = summary(*raw, &mut sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.allocs.merge(obs);
+        }
+        // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
+        // are exact when events were lost: each such figure of the detector
+        // is at least the kernel's. (Without loss the replay's are the same
+        // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
+        let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+        for (k, v) in &stats {
+            let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
+            if !copy && !api::is_sync(k.api) {
+                continue;
+            }
+            let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, &mut sites, cx)?;
+            let s = kernel.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            if copy {
+                let o = s.copies.entry(k.kind).or_default();
+                o.count += v.count;
+                o.bytes += v.bytes;
+                o.ns += v.total_ns;
+                o.errors += v.errors;
+                if api::is_async_copy(k.api) {
+                    o.async_count += v.count;
+                    o.sync_pairs += v.sync_pairs;
+                    o.sync_pair_ns += v.sync_pair_ns;
+                } else {
+                    o.sync_copies += v.count;
+                }
+            } else {
+                s.syncs.count += v.count;
+                s.syncs.ns += v.total_ns;
+                s.syncs.after_copy += v.sync_pairs;
+            }
+        }
+        for (key, k) in kernel {
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            for (kind, ko) in k.copies {
+                s.copies.entry(kind).or_default().at_least(&ko);
+            }
+            s.syncs.at_least(&k.syncs);
+        }
+        let summaries: Vec<SiteSummary> = summaries.into_values().collect();
+        report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+        // What the detector missed: the calls counted whose event was lost,
+        // at the finding's site (in its whole process for `copy_time_share`,
+        // which sums the process's sites).
+        let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
+        let mut lost_in: HashMap<u32, u64> = HashMap::new();
+        for c in report.calls.iter().filter(|c| c.events_lost > 0) {
+            *lost_at.entry((c.pid, &c.site)).or_default() += c.events_lost;
+            *lost_in.entry(c.pid).or_default() += c.events_lost;
+        }
+        for f in &mut report.findings {
+            let n = if f.events_lost_process_wide() { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
+            f.events_lost = n.copied().unwrap_or(0);
+        }
+
+        // The libraries some target used: mapped, or (probed up front, the
+        // user gone before its maps were read) one of whose functions was
+        // counted.
+        let counted: BTreeSet<String> =
+            stats.iter().map(|(k, _)| api_name(k.api)).chain(launches.iter().map(|(k, _)| api_name(k.api))).collect();
+        let mut libs: Vec<&Attached> = self
+            .attached
+            .values()
+            .filter(|a| !a.pids.is_empty() || a.functions.iter().any(|f| counted.contains(*f)))
+            .collect();
+        libs.sort_by(|a, b| a.path.cmp(&b.path));
+        report.libraries = libs
+            .into_iter()
+            .map(|a| CudaLibrary {
+                path: a.path.clone(),
+                functions: a.functions.iter().map(|f| (*f).to_owned()).collect(),
+                pids: a.pids.iter().copied().collect(),
+            })
+            .collect();
+        if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
+            cx.sink.note_on(Topic::Gpu, "no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown");
+        }
+        Ok(report)
+    }
+}
+fn is_cudart_module(f: &Frame) -> bool {
+    f.module.as_deref().is_some_and(discovery::is_cudart_name)
+}
+
+pub(super) struct SiteCache {
+    pub(super) sites: HashMap<RawSite, Site>,
+}
+
+impl SiteCache {
+    pub(super) fn resolve(&mut self, raw: RawSite, cx: &mut Context) -> Result<Site, ProbeError> {
+        if let Some(s) = self.sites.get(&raw) {
+            return Ok(s.clone());
+        }
+        let frames = cx.frames(raw.pid, raw.user_stack, -1, raw.py_stack)?;
+        let sym = &mut cx.stacks.symbolizer;
+        let site = match frames.iter().find(|f| f.kind == FrameKind::Python) {
+            Some(f) => Site::of_frame(f),
+            None => {
+                // The caller's return address, looked up inside the call instruction.
+                let caller = if raw.caller > 1 { sym.user_frames(raw.pid, &[raw.caller - 1]) } else { Vec::new() };
+                let usable = |f: &&Frame| f.kind == FrameKind::Native && f.function != UNKNOWN && !is_cudart_module(f);
+                match caller.iter().find(usable).or_else(|| frames.iter().find(usable)) {
+                    Some(f) => Site::of_frame(f),
+                    None => Site::unknown(),
+                }
+            }
+        };
+        self.sites.insert(raw, site.clone());
+        Ok(site)
+    }
+}

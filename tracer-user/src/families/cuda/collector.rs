@@ -1,0 +1,673 @@
+//! The CUDA collector's lifecycle: when a target appears or execs, it
+//! probes every libcudart/libcuda the target could load
+//! ([`search`](super::search): its LD_LIBRARY_PATH, its interpreter's
+//! site-packages, the loader cache...) before it loads one, and those it
+//! has mapped ([`discovery`](super::discovery)); uprobes go on every file
+//! once (shared by all the processes that map it; the kernel filters on the
+//! target set). A library loaded later from elsewhere (dlopen of a path) is
+//! found when the kernel reports the target's new executable mapping
+//! ([`TargetEvent::Mapped`], delivered at once: the session wakes on the
+//! process follower's ring buffer), then its maps are scanned again; without
+//! those events (`Context::mappings_followed` false), every 100 ms. Each poll replays the per-call
+//! events ([`replay`](super::replay); a thread of their own drains them
+//! every 10 ms, [`drain`](super::drain)) and, every 4 s, moves the entries of
+//! threads that exited out of the kernel maps.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, RingBuf},
+    Ebpf,
+};
+use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
+
+use super::{
+    discovery,
+    drain::EventDrain,
+    driver_gate::DriverGate,
+    slicer::LaunchSlicer,
+    findings::Thresholds,
+    programs,
+    search::{self, TargetFacts},
+};
+use crate::{
+    engine::{Collector, Context, TargetEvent, Topic},
+    os::probe::{self, ProbeError},
+    os::clock,
+    os::procfs::{self, open_in_root},
+    recording::{Origin, Recording},
+    os::symbolize::{Symbolizer, UNKNOWN},
+};
+
+/// Polls (100 ms each) between moves of dead threads' entries out of the kernel.
+const RETIRE_EVERY_POLLS: u64 = 40;
+/// Polls between namings of the kernels launched.
+const NAME_KERNELS_EVERY_POLLS: u64 = 4;
+
+pub(super) struct Attached {
+    pub path: String,
+    pub functions: Vec<&'static str>,
+    /// The targets seen mapping it (empty for a file probed up front that
+    /// no target has mapped yet, or whose user exited before its maps were
+    /// read).
+    pub pids: BTreeSet<u32>,
+}
+
+#[derive(Default)]
+struct ProcState {
+    /// Hash of the last maps text examined.
+    maps_hash: u64,
+    /// Maps at least one probed file.
+    uses_cuda: bool,
+    alive: bool,
+}
+
+#[derive(Default)]
+pub struct CudaCollector {
+    pub(super) thresholds: Thresholds,
+    /// None: not loaded yet; Some(false): loading failed (noted).
+    loaded: Option<bool>,
+    /// The programs and every probe attached (None until loaded, and
+    /// after the window closed).
+    probes: Option<programs::CudaProbes>,
+    /// The per-call events and their replay (None until loaded).
+    pub(super) events: Option<EventDrain>,
+    /// (st_dev, st_ino) -> what was attached there.
+    pub(super) attached: HashMap<(u64, u64), Attached>,
+    /// (maps device, inode) -> identity of a probed file, or None (not a
+    /// CUDA runtime, or could not be opened).
+    examined: HashMap<(String, u64), Option<(u64, u64)>>,
+    /// Identities of the files [`search`](super::search) found that are
+    /// not CUDA libraries (or could not be probed): not opened again.
+    not_cuda: HashSet<(u64, u64)>,
+    /// (root identity, facts) already searched: forks and shims that
+    /// share them are not searched twice.
+    searched: HashSet<((u64, u64), TargetFacts)>,
+    procs: BTreeMap<u32, ProcState>,
+    pub(super) kernel_names: HashMap<(u32, u64), String>,
+    polls: u64,
+    /// Aggregates of threads that exited, moved out of the kernel maps
+    /// (keys are per thread; `tid` is 0 here).
+    pub(super) retired_stats: HashMap<CudaKey, CudaStats>,
+    pub(super) retired_launches: HashMap<LaunchKey, u64>,
+    /// The window closed: the programs are unloaded, nothing is scanned.
+    detached: bool,
+    /// Driver libraries probed per process and function, their probes
+    /// taken off where only the runtime reaches them.
+    pub(super) gate: DriverGate,
+    /// `--max-overhead`: the launch probes, attached in time slices.
+    pub(super) slicer: Option<LaunchSlicer>,
+}
+
+fn hash_text(s: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// Writes the code ranges of `pid`'s probed runtime ([0]) and driver ([1])
+/// to `CUDA_TEXT` (a driver launch returning into the runtime's is nested).
+fn publish_text(cx: &mut Context, pid: u32, text: &[Option<(u64, u64)>; 2]) -> Result<(), ProbeError> {
+    let flat = [
+        text[0].map_or(0, |r| r.0),
+        text[0].map_or(0, |r| r.1),
+        text[1].map_or(0, |r| r.0),
+        text[1].map_or(0, |r| r.1),
+    ];
+    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
+    if let Err(e) = map.insert(pid, flat, 0) {
+        cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
+    }
+    Ok(())
+}
+
+impl CudaCollector {
+    /// Whether some CUDA library was probed.
+    pub fn active(&self) -> bool {
+        !self.attached.is_empty()
+    }
+
+    /// Whether there is something to report: a target mapped a probed
+    /// library, or calls were counted (a target that exited before its
+    /// maps were read, on a library probed up front).
+    fn used(&self, ebpf: &mut Ebpf) -> Result<bool, ProbeError> {
+        let events = self.events.as_ref().map_or(0, |d| d.with(|r| r.events));
+        if self.attached.values().any(|a| !a.pids.is_empty()) || events > 0 || !self.retired_stats.is_empty() {
+            return Ok(true);
+        }
+        if self.attached.is_empty() {
+            return Ok(false);
+        }
+        let stats: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+        if stats.keys().next().is_some() {
+            return Ok(true);
+        }
+        let launches: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        Ok(launches.keys().next().is_some())
+    }
+
+    /// Probes, before the target loads one, every CUDA library it could
+    /// load ([`search::candidates`]), unless this (root, facts) was
+    /// searched already.
+    fn search(&mut self, cx: &mut Context, pid: u32, facts: TargetFacts) -> Result<(), ProbeError> {
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let Ok(root_meta) = std::fs::metadata(&root) else { return Ok(()) };
+        if !self.searched.insert(((root_meta.dev(), root_meta.ino()), facts.clone())) {
+            return Ok(());
+        }
+        let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
+        for found in search::candidates(&root, &facts, cx.opts.cuda_driver) {
+            self.probe_found(cx, pid, &root, &found, &mapped)?;
+        }
+        Ok(())
+    }
+
+    /// Opens a file [`search`](super::search) found (inside the target's
+    /// root) and probes it when it is a CUDA library not probed yet. The
+    /// uprobes are attached through `/proc/self/fd/N` of the opened file:
+    /// the kernel probes exactly the inode checked, whatever the target
+    /// does to its paths meanwhile.
+    /// `mapped`: the inodes the target maps (a file among them was loaded
+    /// before it could be probed; the note says so).
+    fn probe_found(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        root: &Path,
+        found: &search::Found,
+        mapped: &HashSet<u64>,
+    ) -> Result<(), ProbeError> {
+        let Ok(file) = open_in_root(root, Path::new(&found.path)) else { return Ok(()) };
+        let Ok(meta) = file.metadata() else { return Ok(()) };
+        let identity = (meta.dev(), meta.ino());
+        if !meta.is_file() || self.attached.contains_key(&identity) || self.not_cuda.contains(&identity) {
+            return Ok(());
+        }
+        let symbols = match discovery::cuda_symbols(&file) {
+            Ok(s) if !s.is_empty() => s,
+            _ => {
+                self.not_cuda.insert(identity);
+                return Ok(());
+            }
+        };
+        if !self.ensure_loaded(cx)? {
+            return Ok(());
+        }
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let (functions, errors) = self.attach_file_for(cx, pid, identity, &file, &by_fd, &found.path, &symbols)?;
+        let shown = &found.path;
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
+        }
+        if functions.is_empty() {
+            self.not_cuda.insert(identity);
+            return Ok(());
+        }
+        let driver = functions.iter().any(|f| api::is_driver_name(f));
+        let when = if mapped.contains(&identity.1) {
+            "probed once it was loaded (earlier calls missed)"
+        } else {
+            "probed before it was loaded"
+        };
+        cx.sink.note_on(Topic::Gpu, format!(
+            "pid {pid}: CUDA {} {shown} (in {}): {} functions {when}",
+            if driver { "driver" } else { "runtime" },
+            found.source.describe(),
+            functions.len()
+        ));
+        self.attached.insert(identity, Attached { path: shown.clone(), functions, pids: BTreeSet::new() });
+        Ok(())
+    }
+
+    /// Scan a target's maps; attach probes to any libcudart not yet
+    /// attached, and (when its executable, environment or libpython
+    /// changed) to those it could load ([`search`](Self::search)).
+    /// `mapped_at`: the kernel's time of the executable mapping that made
+    /// this scan, if one did (the note of a library probed now says how
+    /// long after it was mapped).
+    fn scan(&mut self, cx: &mut Context, pid: u32, mapped_at: Option<u64>) -> Result<(), ProbeError> {
+        let st = self.procs.entry(pid).or_insert_with(|| ProcState { alive: true, ..Default::default() });
+        if !st.alive {
+            st.alive = true;
+            st.maps_hash = 0;
+        }
+        let Ok(text) = procfs::maps_text(pid) else {
+            st.alive = false;
+            return Ok(());
+        };
+        let h = hash_text(&text);
+        if h == st.maps_hash {
+            return Ok(());
+        }
+        st.maps_hash = h;
+        let maps = procfs::maps_as_seen_by(pid, discovery::parse_maps(&text));
+        let libpython = maps.iter().find(|m| m.basename().starts_with("libpython")).map(|m| m.path().to_owned());
+        let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());
+        let mut uses = false;
+        // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
+        let mut text: [Option<(u64, u64)>; 2] = [None, None];
+        let driver = cx.opts.cuda_driver;
+        let mut cands: Vec<discovery::Candidate> = discovery::candidates(&maps, exe.as_deref())
+            .into_iter()
+            .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
+            .collect();
+        // Runtimes first, each one's code range in `CUDA_TEXT` before the
+        // next file is probed: the driver's launch probe, attached for this
+        // process when its file is examined, then never takes a runtime
+        // launch's nested driver launch for a direct one (a double count,
+        // and a "direct call" that kept the driver gate from acting).
+        cands.sort_by_key(|c| discovery::is_driver_name(c.line.basename()));
+        for cand in cands {
+            let key = cand.line.file_key();
+            let identity = match self.examined.get(&key) {
+                Some(known) => *known,
+                None => {
+                    let id = self.examine(cx, pid, &cand, mapped_at)?;
+                    self.examined.insert(key, id);
+                    id
+                }
+            };
+            let Some(a) = identity.and_then(|id| self.attached.get_mut(&id)) else { continue };
+            a.pids.insert(pid);
+            uses = true;
+            // Where its code is in this process: a driver launch
+            // returning into it is a probed call's own.
+            // (For a runtime linked into the executable that is the
+            // whole program's code: a driver launch the program
+            // itself makes is then taken for the runtime's.)
+            let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
+            if let Some(r) = discovery::text_range(&maps, &cand.line) {
+                text[slot] = Some(r);
+                publish_text(cx, pid, &text)?;
+            }
+        }
+        // Then what it could load later (after the mapped files, so that
+        // their code ranges are known before any driver probe of its own).
+        self.search(cx, pid, TargetFacts::read(pid, libpython))?;
+        if uses {
+            // Its own probes on the driver libraries probed per process.
+            if let Some(probes) = self.probes.as_ref() {
+                for e in self.gate.attach_all(probes, pid, self.slicer.as_ref()) {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: CUDA driver: {e}"));
+                }
+            }
+            // Kernel names and native sites are symbolized in this process.
+            cx.stacks.symbolizer.observe_process(pid);
+            if let Some(st) = self.procs.get_mut(&pid) {
+                st.uses_cuda = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a candidate file and probes it when it holds a CUDA runtime;
+    /// returns its identity when probed (now or before).
+    fn examine(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        cand: &discovery::Candidate,
+        mapped_at: Option<u64>,
+    ) -> Result<Option<(u64, u64)>, ProbeError> {
+        let shown = cand.line.path().to_owned();
+        let (opened, attach_path) = match discovery::open_mapped(pid, &cand.line) {
+            Ok(o) => o,
+            Err(e) => {
+                if !cand.is_exe {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: cannot open {shown} to probe CUDA: {e}"));
+                }
+                return Ok(None);
+            }
+        };
+        if self.attached.contains_key(&opened.identity) {
+            return Ok(Some(opened.identity));
+        }
+        let symbols = match discovery::cuda_symbols(&opened.file) {
+            Ok(s) => s,
+            Err(e) => {
+                if !cand.is_exe {
+                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: not a readable ELF file ({e}); CUDA not traced"));
+                }
+                return Ok(None);
+            }
+        };
+        if cand.is_exe && !discovery::is_runtime(&symbols) {
+            return Ok(None);
+        }
+        if symbols.is_empty() {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown} exports none of the CUDA runtime functions traced"));
+            return Ok(None);
+        }
+        if !self.ensure_loaded(cx)? {
+            return Ok(None);
+        }
+        let attach_start = clock::monotonic_ns();
+        let (functions, errors) =
+            self.attach_file_for(cx, pid, opened.identity, &opened.file, &attach_path, &shown, &symbols)?;
+        let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
+        }
+        if functions.is_empty() {
+            return Ok(None);
+        }
+        let driver = functions.iter().any(|f| api::is_driver_name(f));
+        // How long its code ran unprobed: calls made in that window are
+        // missed (docs/cuda.md, "Libraries loaded later").
+        let late = mapped_at.map_or(String::new(), |t| {
+            let ms = clock::monotonic_ns().saturating_sub(t) as f64 / 1e6;
+            format!(" {ms:.1} ms after it was mapped (attaching took {attach_ms:.1} ms)")
+        });
+        cx.sink.note_on(Topic::Gpu, format!(
+            "pid {pid}: CUDA {} {shown}{}: {} functions probed{late}",
+            if driver { "driver" } else { "runtime" },
+            if cand.is_exe { " (linked statically)" } else { "" },
+            functions.len()
+        ));
+        self.attached.insert(
+            opened.identity,
+            Attached { path: shown.clone(), functions, pids: BTreeSet::from([pid]) },
+        );
+        Ok(Some(opened.identity))
+    }
+
+    /// Attaches the probes of one file found for `pid`: a driver library,
+    /// where probes can be per process, in `pid` only ([`DriverGate`]),
+    /// anything else in every process.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_file_for(
+        &mut self,
+        cx: &mut Context,
+        pid: u32,
+        identity: (u64, u64),
+        file: &std::fs::File,
+        path: &Path,
+        shown: &str,
+        symbols: &[(u32, u64)],
+    ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+        let driver = !symbols.is_empty() && symbols.iter().all(|&(id, _)| api::is_driver(id));
+        if let Some(probes) = self.probes.as_ref().filter(|p| driver && p.per_process()) {
+            if let Ok(kept) = file.try_clone() {
+                self.gate.register(identity, kept, shown, symbols);
+                return Ok(self.gate.attach(probes, pid, identity, self.slicer.as_ref()));
+            }
+        }
+        self.attach_file(cx, path, symbols)
+    }
+
+    /// Attaches the probes of one file (the programs are loaded).
+    fn attach_file(
+        &mut self,
+        cx: &mut Context,
+        path: &Path,
+        symbols: &[(u32, u64)],
+    ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
+        let Some(probes) = self.probes.as_mut() else { return Ok((Vec::new(), Vec::new())) };
+        let Some(slicer) = self.slicer.as_ref() else { return probes.attach_file(&mut cx.ebpf, path, symbols) };
+        // `--max-overhead`: the launch functions are the slicer's.
+        type Symbols = Vec<(u32, u64)>;
+        let (launches, rest): (Symbols, Symbols) = symbols.iter().partition(|(id, _)| api::is_launch(*id));
+        let (mut done, mut errors) = probes.attach_file(&mut cx.ebpf, path, &rest)?;
+        if !launches.is_empty() {
+            let shown = path.display().to_string();
+            let added = std::fs::File::open(path)
+                .map_err(|e| format!("opening {shown} to sample its launches: {e}"))
+                .and_then(|f| probes.slice_targets(&f, &shown, &launches, None))
+                .and_then(|ts| ts.into_iter().try_for_each(|t| slicer.add(t)));
+            match added {
+                Ok(()) => done.extend(launches.iter().map(|(id, _)| api::NAMES[*id as usize])),
+                Err(e) => errors.push(e),
+            }
+        }
+        Ok((done, errors))
+    }
+
+    /// `--max-overhead`: starts the slicer of the launch probes (multi-uprobe links only).
+    fn start_slicer(&mut self, cx: &mut Context, budget: f64) {
+        let Some(probes) = self.probes.as_ref() else { return };
+        let progs: Result<Vec<OwnedFd>, String> = ["cuda_launch", "cuda_launch_ex"]
+            .iter()
+            .map(|name| {
+                probes
+                    .program_fd(name)
+                    .ok_or_else(|| "sampling them needs multi-uprobe links, Linux 6.6+".to_owned())?
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("duplicating {name}: {e}"))
+            })
+            .collect();
+        let started = progs.and_then(|p| {
+            LaunchSlicer::start(budget, cx.calibration.uprobe_ns, p, &cx.map_fds).map_err(|e| e.to_string())
+        });
+        match started {
+            Ok(s) => self.slicer = Some(s),
+            Err(e) => cx.sink.note_on(Topic::Gpu, format!("--max-overhead: CUDA launches are probed all the time ({e})")),
+        }
+    }
+
+    fn ensure_loaded(&mut self, cx: &mut Context) -> Result<bool, ProbeError> {
+        if let Some(ok) = self.loaded {
+            return Ok(ok);
+        }
+        match programs::CudaProbes::load(&mut cx.ebpf, &cx.btf.btf, &cx.map_fds) {
+            Ok((probes, note)) => {
+                if let Some(n) = note {
+                    cx.sink.note_on(Topic::Gpu, n);
+                }
+                self.probes = Some(probes);
+                if let Some(budget) = cx.opts.max_overhead {
+                    self.start_slicer(cx, budget);
+                }
+            }
+            Err(e) => {
+                cx.sink.note_on(Topic::Gpu, format!("CUDA probes disabled: {e}"));
+                self.loaded = Some(false);
+                return Ok(false);
+            }
+        }
+        if self.events.is_none() {
+            let map = cx.ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
+            let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?;
+            self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
+            if let (Some(ev), Some(limit)) = (&self.events, cx.opts.timeline_limit) {
+                ev.keep_timeline(limit);
+            }
+        }
+        self.loaded = Some(true);
+        Ok(true)
+    }
+
+    /// Moves the kernel entries of threads that no longer exist into
+    /// userspace, so that services that churn threads do not fill the
+    /// per-thread maps.
+    fn retire_dead_threads(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let gone = |tid: u32| !procfs::exists(tid);
+        {
+            let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+            let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, v) in dead {
+                let _ = map.remove(&k);
+                let r = self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default();
+                r.count += v.count;
+                r.bytes += v.bytes;
+                r.total_ns += v.total_ns;
+                r.errors += v.errors;
+                r.sync_pairs += v.sync_pairs;
+                r.sync_pair_ns += v.sync_pair_ns;
+            }
+        }
+        {
+            let mut map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+            let dead: Vec<(LaunchKey, u64)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
+            for (k, n) in dead {
+                let _ = map.remove(&k);
+                // Sampled launches keep their thread: its estimate is its own.
+                let tid = if self.slicer.is_some() { k.tid } else { 0 };
+                *self.retired_launches.entry(LaunchKey { tid, ..k }).or_default() += n;
+            }
+        }
+        let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, "CUDA_INFLIGHT")?;
+        let dead: Vec<u32> = map.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
+        for t in &dead {
+            let _ = map.remove(t);
+        }
+        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, "CUDA_TEXT")?;
+        let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
+        for p in &gone_pids {
+            let _ = text.remove(p);
+        }
+        let mut route: BpfHashMap<_, u64, [u64; 2]> = probe::hash_map(ebpf, "CUDA_DRV_ROUTE")?;
+        let gone_keys: Vec<u64> = route.keys().filter_map(Result::ok).filter(|k| gone((k >> 32) as u32)).collect();
+        for k in &gone_keys {
+            let _ = route.remove(k);
+        }
+        if let Some(ev) = &self.events {
+            ev.with(|r| r.forget_threads(&dead));
+        }
+        Ok(())
+    }
+
+    /// Applies the events in the ring now (the drain thread does too).
+    pub(super) fn drain(&mut self) {
+        if let Some(ev) = &self.events {
+            ev.with(|_| ());
+        }
+    }
+
+    /// Names the launched kernels of live processes not named yet.
+    pub(super) fn name_kernels(&mut self, ebpf: &mut Ebpf, symbolizer: &mut Symbolizer) -> Result<(), ProbeError> {
+        if self.attached.is_empty() {
+            return Ok(());
+        }
+        let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        let mut wanted: Vec<(u32, u64)> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !api::is_driver(k.api))
+            .map(|k| (k.pid, k.func))
+            .filter(|k| !self.kernel_names.contains_key(k))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        for (pid, func) in wanted {
+            let name = symbolize_function(symbolizer, pid, func);
+            self.kernel_names.insert((pid, func), name);
+        }
+        Ok(())
+    }
+
+}
+
+impl Collector for CudaCollector {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    /// The uprobe programs are loaded when a first CUDA library is found
+    /// (loading them at the start would cost every recording tens of ms,
+    /// and their release after a SIGKILL was seen to take seconds under
+    /// load); a launched command's libraries are searched before it is
+    /// released, so that load does not race with it.
+    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        Ok(())
+    }
+
+    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+        match ev {
+            // A launched command, held before its exec, is scanned at its
+            // exec; what it will load is searched now, from what it will
+            // exec (the command, with our environment and directory): no
+            // race with its start.
+            TargetEvent::Appeared { pid, origin: Origin::Launched } => {
+                let Some(l) = cx.targets.launched.as_ref() else { return Ok(()) };
+                let facts = TargetFacts {
+                    exe: std::fs::canonicalize(&l.path).ok().and_then(|p| p.to_str().map(str::to_owned)),
+                    argv0: l.argv.first().cloned(),
+                    libpython: None,
+                    environ: std::env::vars().collect(),
+                    cwd: std::env::current_dir().ok().and_then(|p| p.to_str().map(str::to_owned)),
+                };
+                self.search(cx, *pid, facts)
+            }
+            TargetEvent::Exited { .. } => Ok(()),
+            TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } => {
+                self.scan(cx, *pid, None)
+            }
+            TargetEvent::Mapped { pid, ts_ns } => self.scan(cx, *pid, Some(*ts_ns)),
+        }
+    }
+
+    /// Replays the events, names kernels, retires threads; without the
+    /// kernel's mapping events, re-scans the known targets whose maps
+    /// changed (libraries loaded with dlopen).
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        self.polls += 1;
+        if !cx.mappings_followed && !self.detached {
+            let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
+            for pid in pids {
+                self.scan(cx, pid, None)?;
+            }
+        }
+        self.drain();
+        if let Some(probes) = self.probes.as_ref().filter(|_| !self.detached) {
+            self.gate.poll(probes, cx)?;
+        }
+        if self.polls.is_multiple_of(NAME_KERNELS_EVERY_POLLS) {
+            self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+        }
+        if self.polls.is_multiple_of(RETIRE_EVERY_POLLS) {
+            self.retire_dead_threads(&mut cx.ebpf)?;
+        }
+        Ok(())
+    }
+
+    /// Releases every probe and unloads the programs, so that the final
+    /// drain and the aggregates read after it agree: a process traced with
+    /// `-p` goes on calling CUDA after the window. A call in flight at this
+    /// moment is in neither. The probes are released from several threads
+    /// at once (progress on stderr past a second, unless `-q`); this
+    /// returns when all are gone.
+    fn detach(&mut self, cx: &mut Context) {
+        if std::mem::replace(&mut self.detached, true) {
+            return;
+        }
+        let Some(mut probes) = self.probes.take() else { return };
+        probes.adopt(self.gate.take_links());
+        if let Some(slicer) = self.slicer.as_mut() {
+            probes.adopt(slicer.finish());
+        }
+        let (_, errors) = probes.release(&mut cx.ebpf, cx.opts.quiet);
+        for e in errors {
+            cx.sink.note_on(Topic::Gpu, e);
+        }
+    }
+
+    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        if self.used(&mut cx.ebpf)? {
+            rec.cuda = Some(self.report(cx)?);
+            if cx.opts.timeline_limit.is_some() {
+                self.timeline_calls(cx, rec)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The function at `addr` in `pid`, or the address in hex.
+pub(super) fn symbolize_function(symbolizer: &mut Symbolizer, pid: u32, addr: u64) -> String {
+    let frames = symbolizer.user_frames(pid, &[addr]);
+    match frames.last() {
+        Some(f) if f.function != UNKNOWN => f.function.clone(),
+        _ => format!("{addr:#x}"),
+    }
+}

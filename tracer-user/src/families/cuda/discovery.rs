@@ -1,0 +1,193 @@
+//! Finding the CUDA runtime in a target: `libcudart.so.*` (and renamed
+//! copies such as auditwheel's `libcudart-1a2b3c4d.so.12`) in
+//! `/proc/PID/maps`, or an executable that links cudart statically; opened
+//! through `/proc/PID/map_files` or the process's own root (containers),
+//! identified by (device, inode) so that one file mapped by many processes
+//! is probed once; symbol file offsets from `.dynsym` and `.symtab`.
+
+use std::{fs::File, io, path::PathBuf};
+
+use tracer_common::cuda::api;
+
+use crate::os::procfs::{self, MappedFile, MapsLine};
+
+/// The file-backed lines of `/proc/PID/maps`.
+pub fn parse_maps(text: &str) -> Vec<MapsLine> {
+    procfs::parse_maps(text).into_iter().filter(MapsLine::is_file).collect()
+}
+
+/// `libcudart.so`, `libcudart.so.12`, `libcudart.so.12.4.127`, and renamed
+/// copies `libcudart-<hash>.so[.N...]`; not `libcudart_static.a` and such.
+pub fn is_cudart_name(basename: &str) -> bool {
+    let Some(rest) = basename.strip_prefix("libcudart") else { return false };
+    let rest = match rest.strip_prefix('-') {
+        Some(r) => {
+            let hash_len = r.find('.').unwrap_or(r.len());
+            if hash_len == 0 || !r[..hash_len].bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return false;
+            }
+            &r[hash_len..]
+        }
+        None => rest,
+    };
+    match rest.strip_prefix(".so") {
+        Some("") => true,
+        Some(v) => v.starts_with('.') && v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+/// `libcuda.so`, `libcuda.so.1`, `libcuda.so.535.104.05`: the driver API
+/// (the NVIDIA driver's user-space library).
+pub fn is_driver_name(basename: &str) -> bool {
+    match basename.strip_prefix("libcuda.so") {
+        Some("") => true,
+        Some(v) => v.starts_with('.') && v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+/// A mapped file that may hold the CUDA runtime: one per distinct file in
+/// a process.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// The mapping to open it through.
+    pub line: MapsLine,
+    /// The process's executable (checked for a static cudart) rather than a
+    /// `libcudart` by name.
+    pub is_exe: bool,
+}
+
+/// The files of `maps` worth examining: every `libcudart` and `libcuda` by
+/// name, and the executable (`exe_path`, as the process sees it).
+pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    for m in maps {
+        let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename());
+        let is_exe = exe_path.is_some_and(|e| e == m.path());
+        if !by_name && !is_exe {
+            continue;
+        }
+        if out.iter().any(|c| c.line.dev == m.dev && c.line.inode == m.inode) {
+            continue;
+        }
+        out.push(Candidate { line: m.clone(), is_exe: is_exe && !by_name });
+    }
+    out
+}
+
+/// The span of `file`'s executable mappings in `maps` (same device and
+/// inode): where its code runs in that process.
+pub fn text_range(maps: &[MapsLine], file: &MapsLine) -> Option<(u64, u64)> {
+    let exec = maps.iter().filter(|m| m.executable && m.dev == file.dev && m.inode == file.inode);
+    exec.fold(None, |acc, m| match acc {
+        None => Some((m.start, m.end)),
+        Some((s, e)) => Some((s.min(m.start), e.max(m.end))),
+    })
+}
+
+/// Opens the file behind `line` of process `pid` ([`procfs::open_mapped`]);
+/// also returns a path this process can hand to the kernel for the uprobe,
+/// naming the same inode: a plain path inside the process's root where it
+/// has one, else the `map_files` link.
+pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<(MappedFile, PathBuf)> {
+    let opened = procfs::open_mapped(pid, line)?;
+    let attach_path = opened.in_root.clone().unwrap_or_else(|| opened.map_files.clone());
+    Ok((opened, attach_path))
+}
+
+/// File offsets of the probed CUDA runtime functions defined in an ELF
+/// file, by api id (`.dynsym` first, then `.symtab`; version suffixes such
+/// as `@@libcudart.so.12` are not part of the names read).
+pub fn cuda_symbols(file: &File) -> Result<Vec<(u32, u64)>, String> {
+    let found = crate::os::elf::lookup(file, &api::NAMES)?;
+    let mut out: Vec<(u32, u64)> = api::NAMES
+        .iter()
+        .enumerate()
+        .filter_map(|(id, name)| Some((id as u32, found.file_offset(*found.addresses.get(*name)?)?)))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Whether the symbols found make a CUDA runtime (for executables, which
+/// are only probed when they link cudart statically).
+pub fn is_runtime(symbols: &[(u32, u64)]) -> bool {
+    let has = |id| symbols.iter().any(|(a, _)| *a == id);
+    has(api::MEMCPY_ASYNC) && has(api::LAUNCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cudart_names() {
+        for ok in [
+            "libcudart.so",
+            "libcudart.so.12",
+            "libcudart.so.12.4.127",
+            "libcudart-9335f6a2.so.12",
+            "libcudart-d0da41ae.so.11.0",
+        ] {
+            assert!(is_cudart_name(ok), "{ok}");
+        }
+        for bad in [
+            "libcudart_static.a",
+            "libcudart.a",
+            "libcudart.so.12.bak",
+            "libcudart.so.",
+            "libcudart-.so.12",
+            "libcudnn.so.9",
+            "libcudart.so12",
+            "libcuda.so.1",
+        ] {
+            assert!(!is_cudart_name(bad), "{bad}");
+        }
+        for ok in ["libcuda.so", "libcuda.so.1", "libcuda.so.535.104.05"] {
+            assert!(is_driver_name(ok), "{ok}");
+        }
+        for bad in ["libcudart.so.12", "libcuda.so.1.bak", "libcudadebugger.so.1", "libcuda.so."] {
+            assert!(!is_driver_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn maps_lines() {
+        let text = "\
+7f00-7f10 r-xp 00001000 fd:01 42 /opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12
+7f10-7f20 rw-p 00000000 00:00 0
+7f20-7f30 r--p 00000000 fd:01 43 /tmp/x/libcudart-1a2b.so.12 (deleted)
+7ffd-7ffe r-xp 00000000 00:00 0 [vdso]
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].start, m[0].end, m[0].offset, m[0].inode), (0x7f00, 0x7f10, 0x1000, 42));
+        assert!(m[0].executable && !m[0].deleted);
+        assert_eq!(m[0].basename(), "libcudart.so.12");
+        assert!(m[1].deleted && m[1].path() == "/tmp/x/libcudart-1a2b.so.12");
+        let c = candidates(&m, Some("/usr/bin/python3.11"));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn text_ranges() {
+        let m = parse_maps(
+            "7f00-7f10 r--p 00000000 fd:01 42 /lib/libcuda.so.1\n\
+             7f10-7f30 r-xp 00010000 fd:01 42 /lib/libcuda.so.1\n\
+             7f30-7f40 r-xp 00000000 fd:01 43 /lib/other.so\n\
+             7f50-7f60 r-xp 00040000 fd:01 42 /lib/libcuda.so.1\n",
+        );
+        assert_eq!(text_range(&m, &m[0]), Some((0x7f10, 0x7f60)));
+        assert_eq!(text_range(&m, &m[2]), Some((0x7f30, 0x7f40)));
+        let none = parse_maps("7f00-7f10 r--p 00000000 fd:01 44 /lib/data.bin\n");
+        assert_eq!(text_range(&none, &none[0]), None);
+    }
+
+    #[test]
+    fn own_executable_has_no_cuda_runtime() {
+        let f = File::open("/proc/self/exe").unwrap();
+        let syms = cuda_symbols(&f).unwrap();
+        assert!(!is_runtime(&syms));
+    }
+}

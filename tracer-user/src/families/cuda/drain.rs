@@ -1,0 +1,112 @@
+//! The per-call CUDA events (`CUDA_EVENTS`), drained on a thread of their
+//! own every [`DRAIN_EVERY`] into the [`Replay`], so that nothing else the
+//! session does (attaching probes to a new library, symbolizing, resolving
+//! Python code objects, another collector's slow poll) can leave the ring
+//! buffer full: at 50 000 events/s a 10 ms period needs about 52 KB of the
+//! 2 MiB ring, which absorbs a 400 ms stall of the drain thread itself.
+//! The collector's own `drain` (every poll, and before a report) empties
+//! the ring too, under the same lock, so a report sees every event
+//! submitted before it.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use tracer_common::cuda::CudaEvent;
+
+use super::replay::Replay;
+
+/// Period of the drain thread.
+pub const DRAIN_EVERY: Duration = Duration::from_millis(10);
+
+struct Shared {
+    ring: RingBuf<MapData>,
+    replay: Replay,
+    /// `record --timeline`: a copy of every event, bounded (None: off).
+    timeline: Option<crate::families::timeline::Bounded<CudaEvent>>,
+}
+
+impl Shared {
+    /// Applies every event in the ring; returns how many.
+    fn drain(&mut self) -> u64 {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            if item.len() < std::mem::size_of::<CudaEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
+            let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            self.replay.apply(&ev);
+            if let Some(t) = self.timeline.as_mut() {
+                t.push(ev);
+            }
+            n += 1;
+        }
+        n
+    }
+}
+
+/// The ring buffer and the replay it feeds, shared with the drain thread.
+pub struct EventDrain {
+    shared: Arc<Mutex<Shared>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic on the drain thread leaves a usable replay (events are
+    // applied one at a time): go on with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl EventDrain {
+    /// Starts draining `ring` every [`DRAIN_EVERY`].
+    pub fn start(ring: RingBuf<MapData>) -> std::io::Result<Self> {
+        let shared = Arc::new(Mutex::new(Shared { ring, replay: Replay::default(), timeline: None }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+            std::thread::Builder::new().name("infertrace-cuda".into()).spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(DRAIN_EVERY);
+                    lock(&shared).drain();
+                }
+            })?
+        };
+        Ok(EventDrain { shared, stop, thread: Some(thread) })
+    }
+
+    /// Keeps a copy of every event from now on, at most `limit` (`record --timeline`).
+    pub fn keep_timeline(&self, limit: u64) {
+        lock(&self.shared).timeline = Some(crate::families::timeline::Bounded::new(limit));
+    }
+
+    /// The events kept for the timeline and how many did not fit (after draining the ring).
+    pub fn timeline(&self) -> Option<(Vec<CudaEvent>, u64)> {
+        let mut s = lock(&self.shared);
+        s.drain();
+        s.timeline.as_ref().map(|t| (t.items.clone(), t.dropped))
+    }
+
+    /// Drains what is in the ring now, then runs `f` on the replay.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Replay) -> R) -> R {
+        let mut s = lock(&self.shared);
+        s.drain();
+        f(&mut s.replay)
+    }
+}
+
+impl Drop for EventDrain {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

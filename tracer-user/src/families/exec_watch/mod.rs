@@ -1,0 +1,52 @@
+//! A probe family of `infertrace agent` only (`crate::cli::agent`): exec events of every process for the agent's selection (`agent_exec` on
+//! `sched_process_exec`, ring buffer `AGENT_EXECS`): a process that starts
+//! after the agent and matches is picked up at its exec, not by a scan.
+//! Attached by the agent only.
+
+use aya::maps::{MapData, RingBuf};
+use tracer_common::proc_events::{ProcEvent, KIND_EXEC};
+
+use crate::{
+    engine::{programs::Links, Context, FamilyTable, ProgramKind, ProgramSpec},
+    os::probe::ProbeError,
+};
+
+const AGENT_EXEC: ProgramSpec =
+    ProgramSpec { name: "agent_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } };
+
+pub static TABLE: FamilyTable = FamilyTable { family: "agent", programs: &[AGENT_EXEC], globals: &[] };
+
+pub struct ExecWatch {
+    pub ring: RingBuf<MapData>,
+    links: Links,
+}
+
+impl ExecWatch {
+    pub fn attach(cx: &mut Context) -> Result<ExecWatch, ProbeError> {
+        let mut links = Links::default();
+        links.attach(cx, &AGENT_EXEC)?;
+        let map = cx.ebpf.take_map("AGENT_EXECS").ok_or(ProbeError::MissingMap("AGENT_EXECS"))?;
+        let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("AGENT_EXECS", e))?;
+        Ok(ExecWatch { ring, links })
+    }
+
+    /// The pids that exec'd since the last call.
+    pub fn drain(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(item) = self.ring.next() {
+            if item.len() < std::mem::size_of::<ProcEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole ProcEvent; read_unaligned copes with alignment.
+            let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if ev.kind == KIND_EXEC {
+                out.push(ev.pid);
+            }
+        }
+        out
+    }
+
+    pub fn detach(&mut self, cx: &mut Context) {
+        self.links.detach(&mut cx.ebpf);
+    }
+}

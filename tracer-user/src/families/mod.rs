@@ -1,0 +1,147 @@
+//! The probe families of a recording: their program tables (for the loader,
+//! `doctor` and the tests) and the list of collectors `record` runs. The only
+//! place that names them all.
+
+pub mod asyncio;
+pub mod cpu_samples;
+pub mod cuda;
+pub mod exec_watch;
+pub mod nvml;
+pub mod overhead;
+pub mod process;
+pub mod python;
+pub mod sched;
+pub mod syscalls;
+pub mod timeline;
+
+use crate::engine::{programs, Collector, FamilyTable, RecordOptions};
+use cpu_samples::CpuSampleCollector;
+use cuda::CudaCollector;
+use nvml::NvmlCollector;
+use process::ProcessCollector;
+use python::collector::PythonCollector;
+use sched::SchedCollector;
+use syscalls::SyscallCollector;
+use timeline::TimelineCollector;
+
+/// Every family's table, in load order.
+pub fn tables() -> [&'static FamilyTable; 12] {
+    [
+        &programs::CORE,
+        &process::TABLE,
+        &syscalls::TABLE,
+        &sched::TABLE,
+        &cpu_samples::TABLE,
+        &python::collector::TABLE,
+        &cuda::programs::TABLE,
+        &nvml::TABLE,
+        &timeline::TABLE,
+        &exec_watch::TABLE,
+        &overhead::TABLE,
+        &asyncio::TABLE,
+    ]
+}
+
+/// The collectors `opts` asks for, in the order they see every step.
+///
+/// The order matters twice: `sched` seeds the threads of an attached
+/// process before `process` (last) puts it in the kernel's target set, so
+/// that the kernel never creates their entries first; and a snapshot runs
+/// `syscalls` before `sched` (wall time reads the syscall table) and `cuda`
+/// before `nvml` (the GPU samples join the CUDA report).
+pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
+    // The overhead pair: calibration before any probe is attached, the
+    // account once every other family has filled the recording.
+    static TABLES: std::sync::OnceLock<[&'static FamilyTable; 12]> = std::sync::OnceLock::new();
+    let (overhead_start, overhead_report) = overhead::collectors(TABLES.get_or_init(tables));
+    let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::default())];
+    if opts.sched.enabled {
+        list.push(Box::new(SchedCollector::default()));
+        list.push(Box::new(CpuSampleCollector::default()));
+    }
+    // CUDA before Python: a target's exec reaches the CUDA collector first,
+    // which probes what the new program can load before it gets to load it
+    // (the Python collector's examination of the interpreter takes longer).
+    if opts.cuda {
+        list.push(Box::new(CudaCollector::default()));
+        list.push(Box::new(NvmlCollector::default()));
+    }
+    if opts.python {
+        list.push(Box::new(PythonCollector::default()));
+    }
+    if opts.python && opts.asyncio.enabled {
+        list.push(Box::new(asyncio::AsyncioCollector::default()));
+    }
+    // After CUDA: its snapshot puts the CUDA calls into the timeline first.
+    if opts.timeline_limit.is_some() {
+        list.push(Box::new(TimelineCollector::default()));
+    }
+    list.push(Box::new(ProcessCollector::default()));
+    list.push(overhead_report);
+    list
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
+
+    use super::*;
+
+    /// (programs, globals) of the embedded kernel object: functions in
+    /// program sections, and data symbols in `.rodata`/`.data`/`.bss`.
+    fn object_contents() -> (BTreeSet<String>, BTreeSet<String>) {
+        let obj = object::File::parse(crate::os::probe::object_bytes()).expect("the embedded object is ELF");
+        let (mut progs, mut globals) = (BTreeSet::new(), BTreeSet::new());
+        for sym in obj.symbols() {
+            let (Ok(name), Some(idx)) = (sym.name(), sym.section_index()) else { continue };
+            let Ok(section) = obj.section_by_index(idx) else { continue };
+            let sname = section.name().unwrap_or("");
+            match sym.kind() {
+                SymbolKind::Text if section.kind() == SectionKind::Text && sname != ".text" && sym.is_global() => {
+                    progs.insert(name.to_owned());
+                }
+                SymbolKind::Data
+                    if sname.starts_with(".rodata") || sname.starts_with(".data") || sname.starts_with(".bss") =>
+                {
+                    globals.insert(name.to_owned());
+                }
+                _ => {}
+            }
+        }
+        (progs, globals)
+    }
+
+    #[test]
+    fn tables_describe_every_program_once_and_name_real_globals() {
+        let (progs, globals) = object_contents();
+        let mut described = BTreeSet::new();
+        for t in tables() {
+            for p in t.programs {
+                assert!(described.insert(p.name.to_owned()), "{} is in two tables", p.name);
+            }
+            for g in t.globals {
+                assert!(globals.contains(g.name), "{}/{}: no such global in the object ({globals:?})", t.family, g.name);
+            }
+        }
+        assert_eq!(described, progs, "the tables and the object's programs differ");
+    }
+
+    #[test]
+    fn every_global_has_a_value_with_defaults() {
+        let btf = crate::os::btf_offsets::KernelBtf::load(std::path::Path::new("/sys/kernel/btf/vmlinux"));
+        let btf = match btf {
+            Ok(b) => b,
+            Err(e) => return infertrace_e2e::skip("every_global_has_a_value_with_defaults", &format!("kernel BTF unreadable: {e}")),
+        };
+        let opts = RecordOptions::default();
+        let arch = crate::system::arch_constants().expect("supported arch");
+        let inputs = crate::engine::LoadInputs { opts: &opts, arch, btf: &btf, tracefs: None };
+        for t in tables() {
+            for g in t.globals {
+                assert!((g.value)(&inputs).is_ok(), "{}/{}", t.family, g.name);
+            }
+        }
+    }
+}

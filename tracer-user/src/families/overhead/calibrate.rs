@@ -1,0 +1,147 @@
+//! What the kernel's probe mechanism costs per hit on this machine,
+//! measured at startup, before any of our probes is attached.
+//!
+//! The tracer probes itself, for a few milliseconds: a uprobe, then a
+//! uprobe plus a uretprobe, with the object's empty programs
+//! (`tracer-ebpf/src/overhead.rs`), on a function of its own binary
+//! ([`infertrace_calibration_target`]), limited to its own process; then
+//! the `sys_enter`/`sys_exit` BTF tracepoints with empty programs around
+//! `getppid` calls. Each cost is the fastest of 9 rounds of probed calls
+//! minus the fastest of the same calls unprobed (before and after): load
+//! from elsewhere on the machine only ever adds time to a round. A launched command is still
+//! held before its exec meanwhile.
+
+use std::{hint::black_box, num::NonZeroU32, time::Instant};
+
+use aya::programs::{
+    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    UProbe,
+};
+
+use crate::{
+    engine::{programs::Links, Context, FamilyTable},
+    os::probe::{self, ProbeError},
+    recording::overhead::Calibration,
+};
+
+/// Calls per round for the probes, rounds per measurement.
+const UPROBE_CALLS: u32 = 300;
+const SYSCALLS: u32 = 1000;
+const ROUNDS: usize = 9;
+
+/// The function the calibration uprobes: never inlined, exported so that
+/// it keeps a symbol and an address of its own.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn infertrace_calibration_target(x: u64) -> u64 {
+    black_box(x).wrapping_add(1)
+}
+
+/// ns per call of `n` calls of the target.
+pub(crate) fn time_target(n: u32) -> f64 {
+    let t = Instant::now();
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(infertrace_calibration_target(black_box(u64::from(i))));
+    }
+    black_box(acc);
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+/// ns per call of `n` getppid calls.
+fn time_getppid(n: u32) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: getppid has no arguments and cannot fail.
+        black_box(unsafe { libc::getppid() });
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+/// The fastest round: what the mechanism costs with nothing else in its
+/// way (other load on the machine only ever adds time to a round).
+pub(crate) fn fastest(v: Vec<f64>) -> f64 {
+    v.into_iter().min_by(f64::total_cmp).unwrap_or(0.0)
+}
+
+/// The file and offset of [`infertrace_calibration_target`] in this process.
+pub(crate) fn target_location() -> Result<(String, u64), String> {
+    let addr = infertrace_calibration_target as *const () as usize as u64;
+    let maps = crate::os::procfs::maps(std::process::id()).map_err(|e| format!("reading /proc/self/maps: {e}"))?;
+    let line = maps
+        .iter()
+        .find(|m| m.start <= addr && addr < m.end && m.is_file())
+        .ok_or_else(|| "the calibration function is in no file mapping".to_string())?;
+    Ok((line.path().to_owned(), addr - line.start + line.offset))
+}
+
+/// The calibration; each part that fails is left at 0 with a note.
+pub fn calibrate(cx: &mut Context, table: &'static FamilyTable, notes: &mut Vec<String>) -> Calibration {
+    let started = Instant::now();
+    let mut c = Calibration::default();
+    match uprobes(cx, table) {
+        Ok((up, uret)) => (c.uprobe_ns, c.uretprobe_ns) = (up, uret),
+        Err(e) => notes.push(format!("uprobe cost not calibrated: {e}")),
+    }
+    match tracepoints(cx, table) {
+        Ok(ns) => c.syscall_tracepoints_ns = ns,
+        Err(e) => notes.push(format!("syscall tracepoint cost not calibrated: {e}")),
+    }
+    c.took_ms = started.elapsed().as_secs_f64() * 1e3;
+    c
+}
+
+fn uprobes(cx: &mut Context, table: &'static FamilyTable) -> Result<(f64, f64), String> {
+    let (path, offset) = target_location()?;
+    let pid = NonZeroU32::new(std::process::id()).ok_or("pid 0")?;
+    let mut attach = |name: &'static str| -> Result<(), String> {
+        let spec = table.program(name).ok_or_else(|| format!("{name}: not in the table"))?;
+        spec.load(&mut cx.ebpf, &cx.btf.btf).map_err(|e| e.to_string())?;
+        let prog = probe::program::<UProbe>(&mut cx.ebpf, name).map_err(|e: ProbeError| e.to_string())?;
+        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
+        // The link stays with the program; unloading it detaches it.
+        prog.attach(point, &path, UProbeScope::OneProcess(pid)).map(drop).map_err(|e| format!("{name}: {e}"))
+    };
+    let rounds = |n: u32| -> Vec<f64> { (0..ROUNDS).map(|_| time_target(n)).collect() };
+    // Unprobed calls cost a few ns: more of them per round.
+    let mut plain = rounds(UPROBE_CALLS * 100);
+    let attached = attach("overhead_calib_up");
+    let probed_up = attached.as_ref().map(|_| fastest(rounds(UPROBE_CALLS)));
+    let probed_both = match &probed_up {
+        Ok(_) => attach("overhead_calib_uret").map(|_| fastest(rounds(UPROBE_CALLS))),
+        Err(e) => Err(String::clone(e)),
+    };
+    unload(cx, &["overhead_calib_up", "overhead_calib_uret"]);
+    let (probed_up, probed_both) = (probed_up?, probed_both?);
+    plain.extend(rounds(UPROBE_CALLS * 100));
+    let plain = fastest(plain);
+    Ok(((probed_up - plain).max(0.0), (probed_both - probed_up).max(0.0)))
+}
+
+/// Unloads programs (which detaches them), so that nothing of the
+/// calibration stays attached.
+fn unload(cx: &mut Context, names: &[&'static str]) {
+    for name in names {
+        if let Ok(p) = probe::program::<UProbe>(&mut cx.ebpf, name) {
+            let _ = p.unload();
+        }
+    }
+}
+
+fn tracepoints(cx: &mut Context, table: &'static FamilyTable) -> Result<f64, String> {
+    let plain = || time_getppid(SYSCALLS);
+    let before: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
+    let mut links = Links::default();
+    for name in ["overhead_calib_enter", "overhead_calib_exit"] {
+        let spec = table.program(name).ok_or_else(|| format!("{name}: not in the table"))?;
+        if let Err(e) = links.attach(cx, spec) {
+            links.detach(&mut cx.ebpf);
+            return Err(e.to_string());
+        }
+    }
+    let probed: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
+    links.detach(&mut cx.ebpf);
+    let after: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
+    let base = fastest(before.into_iter().chain(after).collect());
+    Ok((fastest(probed) - base).max(0.0))
+}

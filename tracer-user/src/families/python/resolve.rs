@@ -1,0 +1,127 @@
+//! Python frames of the captured stacks: the interpreters found in the
+//! targets (put here by the Python collector) and the code objects resolved
+//! from their memory, cached by stack id.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aya::{maps::HashMap as BpfHashMap, Ebpf};
+use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK};
+
+use crate::{
+    os::probe::{self, ProbeError},
+    families::python::Interpreter,
+    recording::Frame,
+};
+
+#[derive(Default)]
+pub struct PyFrames {
+    interpreters: HashMap<u32, Interpreter>,
+    /// Stacks resolved while their process was alive, by id.
+    resolved: HashMap<u64, Vec<Frame>>,
+}
+
+impl PyFrames {
+    /// Drops the interpreters of these processes (see `Symbolizer::forget`).
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.interpreters.retain(|pid, _| !pids.contains(pid));
+    }
+
+    pub fn add(&mut self, pid: u32, interp: Interpreter) {
+        self.interpreters.insert(pid, interp);
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Interpreter> {
+        self.interpreters.get(&pid)
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.interpreters.keys().copied().collect()
+    }
+
+    /// Moves the kernel's copies of code objects (`PY_CODES`) to their
+    /// interpreters: they resolve frames after the process is gone. The
+    /// entries are removed from the kernel map once taken, so that it does
+    /// not fill up in a long recording.
+    pub fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        let mut map: BpfHashMap<_, PyCodeKey, PyCodeRaw> = probe::hash_map(ebpf, "PY_CODES")?;
+        let keys: Vec<PyCodeKey> = map.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            if let (Ok(raw), Some(interp)) = (map.get(&key, 0), self.interpreters.get_mut(&key.pid)) {
+                interp.add_captured(key.code, key.checksum, &raw);
+            }
+            let _ = map.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Per process, what could not be resolved fully (see
+    /// `Interpreter::resolution_problems`).
+    pub fn problems(&self) -> BTreeMap<u32, Vec<String>> {
+        self.interpreters
+            .iter()
+            .map(|(pid, i)| (*pid, i.resolution_problems()))
+            .filter(|(_, p)| !p.is_empty())
+            .collect()
+    }
+
+    /// Resolves the stacks captured since the last call, from the kernel's
+    /// copies of their code objects or, for code objects not copied, from
+    /// the memory of the (live) processes.
+    pub fn resolve_new(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        if self.interpreters.is_empty() {
+            return Ok(());
+        }
+        self.take_copies(ebpf)?;
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        let fresh: Vec<u64> = map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect();
+        for id in fresh {
+            if let Ok(stack) = map.get(&id, 0) {
+                let frames = self.resolve(&stack);
+                self.resolved.insert(id, frames);
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, stack: &PyStack) -> Vec<Frame> {
+        let Some(interp) = self.interpreters.get_mut(&stack.pid) else { return Vec::new() };
+        let n = (stack.len as usize).min(stack.frames.len());
+        let old_lasti = interp.layout().version <= 310;
+        stack.frames[..n]
+            .iter()
+            .filter(|f| f._pad < FRAME_OWNED_BY_CSTACK && f.code != 0)
+            .map(|f| {
+                // <= 3.10: the field is the int f_lasti (sign-extended for -1).
+                let instr = if old_lasti { f.instr as u32 as i32 as i64 as u64 } else { f.instr };
+                interp.resolve_frame(f.code, instr, f.checksum)
+            })
+            .collect()
+    }
+
+    /// `pid -> "3.12.1"` for every interpreter found.
+    pub fn versions(&self) -> BTreeMap<u32, String> {
+        self.interpreters
+            .iter()
+            .map(|(pid, i)| {
+                let (a, b, c) = i.version();
+                (*pid, format!("{a}.{b}.{c}"))
+            })
+            .collect()
+    }
+
+    /// Reads all captured stacks out of the kernel.
+    pub fn load_stacks(ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Leaf-first Python frames of stack `id`.
+    pub fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
+        if let Some(f) = self.resolved.get(&id) {
+            return f.clone();
+        }
+        let frames = stacks.get(&id).map(|s| self.resolve(s)).unwrap_or_default();
+        self.resolved.insert(id, frames.clone());
+        frames
+    }
+}

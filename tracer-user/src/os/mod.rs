@@ -1,0 +1,13 @@
+//! Operating-system glue shared by every part of the tracer: /proc,
+//! tracefs, the kernel's BTF, ELF files, the embedded kernel object and its
+//! typed accessors, multi-uprobe links, clocks and native symbolization.
+//! Knows no probe family.
+
+pub mod btf_offsets;
+pub mod clock;
+pub mod elf;
+pub mod probe;
+pub mod procfs;
+pub mod symbolize;
+pub mod tracefs;
+pub mod uprobe_multi;
