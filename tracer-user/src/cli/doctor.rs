@@ -170,7 +170,7 @@ fn programs_check() -> Check {
     let tracefs = tracefs::find();
     let inputs = LoadInputs { opts: &opts, arch, btf: &btf, tracefs: tracefs.as_deref() };
     let tables = families::tables();
-    let mut ebpf = match programs::load_object(&tables, &inputs) {
+    let mut ebpf = match programs::load_object(tables, &inputs) {
         Ok(e) => e,
         Err(e) => return check(NAME, Status::Fail, format!("loading the object failed: {e}"), Some("a kernel with BTF and eBPF (5.8+)")),
     };

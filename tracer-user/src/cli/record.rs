@@ -89,7 +89,7 @@ pub struct RecordArgs {
     /// An event-loop step (a callback or task step between two selector calls) that runs at least this
     /// long without yielding is a blocked loop, 1ms to 1h (asyncio's own slow-callback warning is 100 ms
     /// in debug mode; 20 ms is one frame of a 50 Hz service).
-    #[arg(long, value_parser = parse_blocked_loop, default_value = crate::families::asyncio::DEFAULT_BLOCKED_LOOP, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_blocked_loop, default_value = crate::families::python::asyncio::record::DEFAULT_BLOCKED_LOOP, value_name = "DURATION")]
     pub blocked_loop: Duration,
     /// An overhead budget, 0.1 to 100 (percent of a target's time): when the CUDA launch probes would add
     /// more, they are attached in time slices (for example 2 ms on, then off) sized to the budget, and the
@@ -105,13 +105,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
     let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
     let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-    let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::asyncio::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead };
+    let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let outcome = match rt.block_on(session::record(opts, argv)) {
+    let outcome = match rt.block_on(session::record(opts, argv, crate::families::list())) {
         Ok(o) => o,
         Err(e) => bail!("{e} (hint: {})", e.hint()),
     };

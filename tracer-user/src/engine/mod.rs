@@ -20,10 +20,12 @@
 //! threads ([`ExitedThreads`]: which keep rows of their own) and the
 //! [`Sink`], the one channel for notes and lost-event counters.
 
+mod bounded;
 pub mod checkpoint;
 pub mod ebpf_log;
 mod exited;
 mod options;
+pub mod run;
 pub mod session;
 pub mod stacks;
 pub mod targets;
@@ -36,6 +38,7 @@ use std::{collections::VecDeque, path::PathBuf, time::Duration};
 
 use aya::Ebpf;
 
+pub use bounded::Bounded;
 pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
 pub use options::{
     AsyncOptions, RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
@@ -46,6 +49,16 @@ pub use sink::{Sink, Topic};
 pub use target_set::{TargetSet, TargetState};
 
 use crate::{os::btf_offsets::KernelBtf, os::probe::ProbeError, recording::{Frame, Origin, Recording}, engine::stacks::Stacks};
+
+/// The probe families a window runs, given by the caller
+/// (`crate::families::list()`), so that the engine names none.
+#[derive(Clone, Copy)]
+pub struct Families {
+    /// Every family's table, in load order (one object holds them all).
+    pub tables: fn() -> &'static [&'static FamilyTable],
+    /// The collectors the options ask for, in the order they see every step.
+    pub collectors: fn(&RecordOptions) -> Vec<Box<dyn Collector>>,
+}
 
 /// A change in the set of traced processes.
 #[derive(Clone, Debug, PartialEq, Eq)]

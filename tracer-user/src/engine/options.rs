@@ -94,7 +94,7 @@ impl Default for RecordOptions {
     }
 }
 
-/// `record --async` (crate::families::asyncio): asyncio event loops.
+/// `record --async` (crate::families::python::asyncio::record): asyncio event loops.
 #[derive(Clone, Copy, Debug)]
 pub struct AsyncOptions {
     /// `--no-async` turns it off.

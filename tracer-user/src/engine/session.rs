@@ -17,21 +17,18 @@ use aya::{
 };
 
 pub use crate::engine::RecordOptions;
+use super::{
+    checkpoint::Checkpoints,
+    ebpf_log,
+    programs::{self, FamilyTable, LoadError, LoadInputs},
+    run::{Engine, Stepped},
+    targets::{self, Launched, TargetError},
+    Collector, Context, Families,
+};
 use crate::{
-    os::btf_offsets::KernelBtf,
-    engine::checkpoint::Checkpoints,
-    os::clock,
-    engine::{
-        programs::{self, LoadError, LoadInputs},
-        Collector, Context, TargetEvent,
-    },
-    engine::ebpf_log, families,
-    os::probe::ProbeError,
-    os::procfs,
-    recording::{output::Output, HostInfo, Origin, Recording, RecordingError, FORMAT_VERSION},
+    os::{btf_offsets::KernelBtf, clock, probe::ProbeError, procfs, tracefs},
+    recording::{output::Output, HostInfo, Recording, RecordingError, FORMAT_VERSION},
     system,
-    engine::targets::{self, Launched, TargetError},
-    os::tracefs,
 };
 
 pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -175,7 +172,7 @@ fn prepare_output(path: &Path) -> Result<Output, RecordError> {
 
 /// What `record` and `top` check before anything is attached: a target,
 /// pids that exist, the privileges; then reads the kernel's BTF.
-fn preflight(opts: &RecordOptions) -> Result<KernelBtf, RecordError> {
+pub fn preflight(opts: &RecordOptions) -> Result<KernelBtf, RecordError> {
     if opts.pids.is_empty() && opts.command.is_empty() {
         return Err(RecordError::NoTarget);
     }
@@ -191,12 +188,12 @@ fn preflight(opts: &RecordOptions) -> Result<KernelBtf, RecordError> {
 /// Runs one recording window. Probes are attached to file descriptors owned
 /// by this process: whatever ends it (return, panic, SIGKILL), the kernel
 /// detaches them.
-pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, RecordError> {
+pub async fn record(opts: RecordOptions, argv: Vec<String>, families: Families) -> Result<Outcome, RecordError> {
     let btf = preflight(&opts)?;
     let out_path = opts.output.clone().unwrap_or_else(default_output);
     let output = prepare_output(&out_path)?;
     // On an error, the output holds the last checkpoint (marked cut), if any.
-    let (recording, reason, checkpoint_ns) = record_inner(opts, argv, btf, &output, snapshot_path(&out_path)).await?;
+    let (recording, reason, checkpoint_ns) = record_inner(opts, argv, btf, families, &output, snapshot_path(&out_path)).await?;
     let written = output.write(&recording).map_err(|error| NotWritten {
         path: out_path.clone(),
         error,
@@ -208,7 +205,7 @@ pub async fn record(opts: RecordOptions, argv: Vec<String>) -> Result<Outcome, R
 
 /// Mounts tracefs if needed, launches the command (held before its exec),
 /// loads the object with every family's globals and opens the window.
-pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>) -> Result<Context, RecordError> {
+pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String>, tables: &[&'static FamilyTable]) -> Result<Context, RecordError> {
     let arch = system::arch_constants().ok_or(RecordError::Arch(std::env::consts::ARCH))?;
     let mut notes = Vec::new();
     let tracefs = match tracefs::ensure_mounted() {
@@ -225,7 +222,7 @@ pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String
     };
     let launched = if opts.command.is_empty() { None } else { Some(Launched::spawn(&opts.command)?) };
     let inputs = LoadInputs { opts: &opts, arch, btf: &btf, tracefs: tracefs.as_deref() };
-    let ebpf = programs::load_object(&families::tables(), &inputs)?;
+    let ebpf = programs::load_object(tables, &inputs)?;
     let mut cx = Context::new(ebpf, btf, tracefs, opts, argv, clock::monotonic_ns());
     cx.targets.launched = launched;
     for n in notes {
@@ -241,33 +238,9 @@ pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String
     Ok(cx)
 }
 
-/// Delivers the queued target events to every collector.
-pub(crate) fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
-    while let Some(ev) = cx.next_event() {
-        for c in collectors.iter_mut() {
-            c.target(cx, &ev)?;
-        }
-    }
-    Ok(())
-}
-
-/// Runs every collector's poll that is due, then delivers the events. A
-/// poll due within half a tick is run now: the ticks are `tick` apart, and
-/// a poll that waited for the next one would run at twice its period.
-pub(crate) fn poll_due(cx: &mut Context, collectors: &mut [Box<dyn Collector>], due: &mut [Instant], tick: Duration) -> Result<(), RecordError> {
-    let now = Instant::now();
-    for (c, at) in collectors.iter_mut().zip(due.iter_mut()) {
-        if now + tick / 2 >= *at {
-            *at = now + c.poll_every();
-            c.poll(cx)?;
-        }
-    }
-    dispatch(cx, collectors)
-}
-
 /// What every collector has so far, as a recording (the window goes on).
 /// After [`close`], the final recording.
-pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
+pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
     cx.stacks.invalidate();
     let mut rec = Recording {
         format_version: FORMAT_VERSION,
@@ -295,7 +268,7 @@ pub fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Resu
     }
     // Once every family has resolved its stacks: Python frames that could
     // not be resolved, per process and cause.
-    for (pid, problems) in cx.stacks.python.problems() {
+    for (pid, problems) in cx.stacks.python_problems() {
         for (i, text) in problems.into_iter().enumerate() {
             cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
         }
@@ -320,8 +293,10 @@ pub(crate) fn close(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> 
     for c in collectors.iter_mut() {
         c.detach(cx);
     }
-    let mut due = vec![Instant::now(); collectors.len()];
-    poll_due(cx, collectors, &mut due, Duration::ZERO)?;
+    for c in collectors.iter_mut() {
+        c.poll(cx)?;
+    }
+    super::run::dispatch(cx, collectors)?;
     snapshot(cx, collectors)
 }
 
@@ -332,6 +307,7 @@ async fn record_inner(
     opts: RecordOptions,
     argv: Vec<String>,
     btf: KernelBtf,
+    families: Families,
     output: &Output,
     snapshot_to: PathBuf,
 ) -> Result<(Recording, StopReason, Option<u64>), RecordError> {
@@ -341,20 +317,16 @@ async fn record_inner(
     // A closed terminal (or `kill -HUP`) ends the window like SIGTERM.
     let mut sighup = signal(SignalKind::hangup()).map_err(RecordError::Signals)?;
     let mut sigusr1 = signal(SignalKind::user_defined1()).map_err(RecordError::Signals)?;
-    let (mut cx, mut collectors) = start(opts, argv, btf)?;
-    let wakers = Wakers::new(&collectors, &mut cx);
-    let status = StatusLine::new(cx.opts.quiet);
+    let mut engine = Engine::open(opts, argv, btf, families)?;
+    let status = StatusLine::new(engine.cx.opts.quiet);
     let t0 = Instant::now();
-    let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
-    let mut tick = tokio::time::interval(tick_every);
-    let mut due = vec![Instant::now(); collectors.len()];
     // A window too long for the clock has no deadline (the CLI caps --duration).
-    let deadline = cx.opts.duration.and_then(|d| tokio::time::Instant::now().checked_add(d));
+    let deadline = engine.cx.opts.duration.and_then(|d| tokio::time::Instant::now().checked_add(d));
     // One period into the window, then every period: not at once, when a
     // launched command is loading its libraries (the first snapshot
     // symbolizes, which holds the loop up for a while).
     // A period too long to add to now means none.
-    let first = cx.opts.checkpoint_every.and_then(|every| Some((tokio::time::Instant::now().checked_add(every)?, every)));
+    let first = engine.cx.opts.checkpoint_every.and_then(|every| Some((tokio::time::Instant::now().checked_add(every)?, every)));
     let mut checkpoints = first.and_then(|_| Checkpoints::new(output));
     let (first, every) = first.unwrap_or_else(|| (tokio::time::Instant::now(), Duration::from_secs(3600)));
     let mut checkpoint_tick = tokio::time::interval_at(first, every);
@@ -366,7 +338,7 @@ async fn record_inner(
             _ = sighup.recv() => break StopReason::Signal,
             _ = sigusr1.recv() => {
                 // A failed snapshot does not end the window.
-                if let Err(e) = write_snapshot(&mut cx, &mut collectors, &snapshot_to) {
+                if let Err(e) = write_snapshot(&mut engine, &snapshot_to) {
                     warn(&format!("snapshot not written: {e}"));
                 }
             }
@@ -374,34 +346,26 @@ async fn record_inner(
                 if let Some(cps) = checkpoints.as_mut() {
                     // A long snapshot spaces the next ones out: the loop is
                     // held up for checkpoints a tenth of the time at most.
-                    let held = take_checkpoint(&mut cx, &mut collectors, cps).saturating_mul(10);
+                    let held = take_checkpoint(&mut engine, cps).saturating_mul(10);
                     if held > every {
                         checkpoint_tick.reset_after(held);
                     }
                 }
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => break StopReason::Duration,
-            woken = wakers.ready() => {
-                for i in woken {
-                    collectors[i].wake(&mut cx)?;
-                }
-                dispatch(&mut cx, &mut collectors)?;
-            }
-            _ = tick.tick() => {
-                poll_due(&mut cx, &mut collectors, &mut due, tick_every)?;
-                let alive = cx.targets.alive_count();
-                status.show(t0.elapsed(), alive, collectors.iter().filter_map(|c| c.status()));
-                if alive == 0 {
-                    break StopReason::TargetsExited;
+            stepped = engine.step() => {
+                if stepped? == Stepped::Ticked {
+                    let alive = engine.alive();
+                    status.show(t0.elapsed(), alive, engine.status());
+                    if alive == 0 {
+                        break StopReason::TargetsExited;
+                    }
                 }
             }
         }
     };
     status.clear();
-    let recording = close(&mut cx, &mut collectors)?;
-    if let Some(log) = cx.ebpf_log.take() {
-        log.finish().await;
-    }
+    let recording = engine.close().await?;
     // The final write must come after the last checkpoint's rename.
     let checkpoint_ns = checkpoints.as_mut().and_then(|cps| {
         if let Some(w) = cps.finish() {
@@ -412,94 +376,11 @@ async fn record_inner(
     Ok((recording, reason, checkpoint_ns))
 }
 
-/// Opens the window: loads the object, attaches every collector, delivers
-/// the targets, then lets a launched command run.
-fn start(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf) -> Result<(Context, Vec<Box<dyn Collector>>), RecordError> {
-    let mut cx = open_context(opts, btf, argv)?;
-    let mut collectors = families::collectors(&cx.opts);
-    for c in collectors.iter_mut() {
-        c.attach(&mut cx)?;
-    }
-    for pid in cx.opts.pids.clone() {
-        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
-    }
-    if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
-        cx.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
-    }
-    dispatch(&mut cx, &mut collectors)?;
-    if let Some(l) = cx.targets.launched.as_mut() {
-        l.release()?;
-    }
-    Ok((cx, collectors))
-}
-
-/// The same window as `record`'s, driven by another loop (`infertrace
-/// top`): [`Live::open`] attaches, [`Live::step`] waits for the next
-/// wake-up or tick and runs what is due, [`Live::snapshot`] takes the
-/// recording so far, and [`Live::close`] detaches every probe through the
-/// path `record` takes. Dropping it without `close` still releases the
-/// probes (their descriptors are ours).
-pub struct Live {
-    cx: Context,
-    collectors: Vec<Box<dyn Collector>>,
-    wakers: Wakers,
-    due: Vec<Instant>,
-    tick: tokio::time::Interval,
-    tick_every: Duration,
-}
-
-impl Live {
-    /// Checks the targets and privileges, and opens the window (no output
-    /// file, no checkpoints: `opts.output` and `opts.checkpoint_every` are
-    /// ignored). Call inside a tokio runtime.
-    pub fn open(opts: RecordOptions, argv: Vec<String>) -> Result<Live, RecordError> {
-        let btf = preflight(&opts)?;
-        let (mut cx, collectors) = start(opts, argv, btf)?;
-        let wakers = Wakers::new(&collectors, &mut cx);
-        let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
-        let due = vec![Instant::now(); collectors.len()];
-        Ok(Live { cx, collectors, wakers, due, tick: tokio::time::interval(tick_every), tick_every })
-    }
-
-    /// Waits for a collector's wake-up or the next tick and runs what is due.
-    pub async fn step(&mut self) -> Result<(), RecordError> {
-        tokio::select! {
-            woken = self.wakers.ready() => {
-                for i in woken {
-                    self.collectors[i].wake(&mut self.cx)?;
-                }
-                dispatch(&mut self.cx, &mut self.collectors)
-            }
-            _ = self.tick.tick() => poll_due(&mut self.cx, &mut self.collectors, &mut self.due, self.tick_every),
-        }
-    }
-
-    /// The recording so far (the window goes on).
-    pub fn snapshot(&mut self) -> Result<Recording, RecordError> {
-        snapshot(&mut self.cx, &mut self.collectors)
-    }
-
-    /// Targets still alive.
-    pub fn alive(&self) -> usize {
-        self.cx.targets.alive_count()
-    }
-
-    /// Closes the window as `record` does (every probe detached) and
-    /// returns the final recording.
-    pub async fn close(mut self) -> Result<Recording, RecordError> {
-        let rec = close(&mut self.cx, &mut self.collectors)?;
-        if let Some(log) = self.cx.ebpf_log.take() {
-            log.finish().await;
-        }
-        Ok(rec)
-    }
-}
-
 /// Starts writing a checkpoint unless the last one is still being written
 /// (then this one is skipped: the next comes one period later). A failed
 /// checkpoint does not end the window. Returns how long the snapshot held
 /// the loop up.
-fn take_checkpoint(cx: &mut Context, collectors: &mut [Box<dyn Collector>], cps: &mut Checkpoints) -> Duration {
+fn take_checkpoint(engine: &mut Engine, cps: &mut Checkpoints) -> Duration {
     let (busy, warning) = cps.poll();
     if let Some(w) = warning {
         warn(&w);
@@ -508,7 +389,7 @@ fn take_checkpoint(cx: &mut Context, collectors: &mut [Box<dyn Collector>], cps:
         return Duration::ZERO;
     }
     let t0 = Instant::now();
-    let warning = match snapshot(cx, collectors) {
+    let warning = match engine.snapshot() {
         Ok(rec) => cps.start(rec),
         Err(e) => Some(format!("checkpoint not taken ({e}); recording goes on")),
     };
@@ -524,61 +405,6 @@ fn warn(line: &str) {
     let _ = writeln!(std::io::stderr(), "infertrace: {line}");
 }
 
-/// The collectors' [`wake_fd`](Collector::wake_fd)s, registered with the
-/// runtime (a duplicate of each descriptor, so no borrow of the collector
-/// is held across the loop): the session wakes as soon as the kernel writes
-/// to one of those ring buffers, rather than at the next tick.
-pub(crate) struct Wakers(Vec<(usize, tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>)>);
-
-impl Wakers {
-    pub(crate) fn new(collectors: &[Box<dyn Collector>], cx: &mut Context) -> Wakers {
-        let mut v = Vec::new();
-        for (i, c) in collectors.iter().enumerate() {
-            let Some(fd) = c.wake_fd() else { continue };
-            let registered = fd.try_clone_to_owned().and_then(|owned| {
-                // SAFETY: an OwnedFd's descriptor stays open and the same
-                // until the AsyncFd that owns it is dropped.
-                unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
-                    .map_err(std::io::Error::from)
-            });
-            match registered {
-                Ok(a) => v.push((i, a)),
-                Err(e) => cx.sink.note(format!("{}: events wait for the next poll ({e})", c.name())),
-            }
-        }
-        Wakers(v)
-    }
-
-    /// The indexes of the collectors whose descriptor is readable, once at
-    /// least one is (never, with none). Readiness is cleared before the
-    /// collector reads, so a record written meanwhile wakes again.
-    pub(crate) async fn ready(&self) -> Vec<usize> {
-        if self.0.is_empty() {
-            return std::future::pending().await;
-        }
-        std::future::poll_fn(|task| {
-            let mut woken = Vec::new();
-            for (i, fd) in &self.0 {
-                match fd.poll_read_ready(task) {
-                    std::task::Poll::Ready(Ok(mut guard)) => {
-                        guard.clear_ready();
-                        woken.push(*i);
-                    }
-                    // An error from the reactor: no wake (taking it for one
-                    // would spin); the ticks still poll that collector.
-                    std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => {}
-                }
-            }
-            if woken.is_empty() {
-                std::task::Poll::Pending
-            } else {
-                std::task::Poll::Ready(woken)
-            }
-        })
-        .await
-    }
-}
-
 /// `serve.itr` -> `serve.snapshot.itr`, beside it.
 fn snapshot_path(out: &Path) -> PathBuf {
     let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "infertrace".into());
@@ -587,11 +413,11 @@ fn snapshot_path(out: &Path) -> PathBuf {
 
 /// SIGUSR1: the recording so far, written beside the output (atomically:
 /// a reader never sees half a file); the window goes on.
-fn write_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>], path: &Path) -> Result<(), RecordError> {
+fn write_snapshot(engine: &mut Engine, path: &Path) -> Result<(), RecordError> {
     let output = prepare_output(path)?;
-    let rec = snapshot(cx, collectors)?;
+    let rec = engine.snapshot()?;
     output.write(&rec)?;
-    if !cx.opts.quiet {
+    if !engine.cx.opts.quiet {
         warn(&format!("snapshot of the first {:.1}s written to {}", rec.duration_ns as f64 / 1e9, path.display()));
     }
     Ok(())

@@ -1,9 +1,13 @@
 //! Turning the kernel's stack ids into frames: native and kernel stacks from
 //! the `STACKS` map through the one [`Symbolizer`] of the recording, Python
-//! stacks through [`PyFrames`], merged leaf first. Shared by every probe
-//! family that records stacks (it lives in the collectors' `Context`).
+//! stacks through the [`PythonFrames`] the Python family registers when it
+//! attaches, merged leaf first. Shared by every probe family that records
+//! stacks (it lives in the collectors' `Context`).
 
-use std::collections::HashMap;
+use std::{
+    any::Any,
+    collections::{BTreeMap, HashMap, HashSet},
+};
 
 use aya::{
     maps::{MapData, StackTraceMap},
@@ -11,7 +15,22 @@ use aya::{
 };
 use tracer_common::python::PyStack;
 
-pub use crate::families::python::resolve::PyFrames;
+/// The Python part of the resolver: the Python family's (registered with
+/// [`Stacks::set_python`] when it attaches), so that every family resolves
+/// Python frames without knowing the Python family.
+pub trait PythonFrames: Any {
+    /// Takes what the kernel copied since the last call (code objects).
+    fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError>;
+    /// Reads every captured Python stack out of the kernel.
+    fn load_stacks(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError>;
+    /// Leaf-first Python frames of stack `id`.
+    fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame>;
+    /// Per process, what could not be resolved (for notes).
+    fn problems(&self) -> BTreeMap<u32, Vec<String>>;
+    /// Drops what is kept of these processes.
+    fn forget(&mut self, pids: &HashSet<u32>);
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
 
 use crate::{os::probe::ProbeError, recording::Frame, os::symbolize::Symbolizer};
 
@@ -24,7 +43,7 @@ struct Loaded {
 #[derive(Default)]
 pub struct Stacks {
     pub symbolizer: Symbolizer,
-    pub python: PyFrames,
+    python: Option<Box<dyn PythonFrames>>,
     loaded: Option<Loaded>,
 }
 
@@ -43,8 +62,34 @@ impl Stacks {
         self.loaded = None;
     }
 
-    fn load(ebpf: &mut Ebpf) -> Result<Loaded, ProbeError> {
-        let py_stacks = PyFrames::load_stacks(ebpf)?;
+    /// Registers the Python part of the resolver (the Python family does, at attach).
+    pub fn set_python(&mut self, python: Box<dyn PythonFrames>) {
+        self.python = Some(python);
+    }
+
+    /// The registered Python part, as its own type.
+    pub fn python_mut<T: PythonFrames>(&mut self) -> Option<&mut T> {
+        self.python.as_mut().and_then(|p| p.as_any_mut().downcast_mut::<T>())
+    }
+
+    /// Per process, Python frames that could not be resolved.
+    pub fn python_problems(&self) -> BTreeMap<u32, Vec<String>> {
+        self.python.as_ref().map(|p| p.problems()).unwrap_or_default()
+    }
+
+    /// Drops what is kept of these processes (the agent, once they are gone).
+    pub fn forget(&mut self, pids: &HashSet<u32>) {
+        self.symbolizer.forget(pids);
+        if let Some(p) = self.python.as_mut() {
+            p.forget(pids);
+        }
+    }
+
+    fn load(&mut self, ebpf: &mut Ebpf) -> Result<Loaded, ProbeError> {
+        let py_stacks = match self.python.as_mut() {
+            Some(p) => p.load_stacks(ebpf)?,
+            None => HashMap::new(),
+        };
         let map = ebpf.map("STACKS").ok_or(ProbeError::MissingMap("STACKS"))?;
         let map: StackTraceMap<&MapData> = StackTraceMap::try_from(map).map_err(|e| ProbeError::map("STACKS", e))?;
         let native = map
@@ -65,8 +110,10 @@ impl Stacks {
         py_stack: u64,
     ) -> Result<Vec<Frame>, ProbeError> {
         if self.loaded.is_none() {
-            self.python.take_copies(ebpf)?;
-            self.loaded = Some(Self::load(ebpf)?);
+            if let Some(p) = self.python.as_mut() {
+                p.take_copies(ebpf)?;
+            }
+            self.loaded = Some(self.load(ebpf)?);
         }
         let Some(loaded) = self.loaded.as_ref() else { return Ok(Vec::new()) };
         let ips = |id: i32| -> &[u64] {
@@ -77,7 +124,10 @@ impl Stacks {
         let ours = kernel.iter().take_while(|f| is_tracing_frame(&f.function)).count();
         kernel.drain(..ours);
         let native = self.symbolizer.user_frames(pid, ips(user_stack));
-        let python = if py_stack != 0 { self.python.frames(py_stack, &loaded.py_stacks) } else { Vec::new() };
+        let python = match self.python.as_mut() {
+            Some(p) if py_stack != 0 => p.frames(py_stack, &loaded.py_stacks),
+            _ => Vec::new(),
+        };
         Ok(merge(kernel, native, python))
     }
 }

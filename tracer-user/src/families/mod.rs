@@ -2,7 +2,6 @@
 //! `doctor` and the tests) and the list of collectors `record` runs. The only
 //! place that names them all.
 
-pub mod asyncio;
 pub mod cpu_samples;
 pub mod cuda;
 pub mod exec_watch;
@@ -14,7 +13,7 @@ pub mod sched;
 pub mod syscalls;
 pub mod timeline;
 
-use crate::engine::{programs, Collector, FamilyTable, RecordOptions};
+use crate::engine::{programs, Collector, Families, FamilyTable, RecordOptions};
 use cpu_samples::CpuSampleCollector;
 use cuda::CudaCollector;
 use nvml::NvmlCollector;
@@ -25,21 +24,29 @@ use syscalls::SyscallCollector;
 use timeline::TimelineCollector;
 
 /// Every family's table, in load order.
-pub fn tables() -> [&'static FamilyTable; 12] {
-    [
-        &programs::CORE,
-        &process::TABLE,
-        &syscalls::TABLE,
-        &sched::TABLE,
-        &cpu_samples::TABLE,
-        &python::collector::TABLE,
-        &cuda::programs::TABLE,
-        &nvml::TABLE,
-        &timeline::TABLE,
-        &exec_watch::TABLE,
-        &overhead::TABLE,
-        &asyncio::TABLE,
-    ]
+static TABLES: [&FamilyTable; 12] = [
+    &programs::CORE,
+    &process::TABLE,
+    &syscalls::TABLE,
+    &sched::TABLE,
+    &cpu_samples::TABLE,
+    &python::collector::TABLE,
+    &cuda::programs::TABLE,
+    &nvml::TABLE,
+    &timeline::TABLE,
+    &exec_watch::TABLE,
+    &overhead::TABLE,
+    &python::asyncio::record::TABLE,
+];
+
+/// Every family's table, in load order.
+pub fn tables() -> &'static [&'static FamilyTable; 12] {
+    &TABLES
+}
+
+/// What the engine runs: every table, and the collectors for some options.
+pub fn list() -> Families {
+    Families { tables: || tables().as_slice(), collectors }
 }
 
 /// The collectors `opts` asks for, in the order they see every step.
@@ -52,8 +59,7 @@ pub fn tables() -> [&'static FamilyTable; 12] {
 pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     // The overhead pair: calibration before any probe is attached, the
     // account once every other family has filled the recording.
-    static TABLES: std::sync::OnceLock<[&'static FamilyTable; 12]> = std::sync::OnceLock::new();
-    let (overhead_start, overhead_report) = overhead::collectors(TABLES.get_or_init(tables));
+    let (overhead_start, overhead_report) = overhead::collectors(tables());
     let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::default())];
     if opts.sched.enabled {
         list.push(Box::new(SchedCollector::default()));
@@ -70,7 +76,7 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
         list.push(Box::new(PythonCollector::default()));
     }
     if opts.python && opts.asyncio.enabled {
-        list.push(Box::new(asyncio::AsyncioCollector::default()));
+        list.push(Box::new(python::asyncio::record::AsyncioCollector::default()));
     }
     // After CUDA: its snapshot puts the CUDA calls into the timeline first.
     if opts.timeline_limit.is_some() {

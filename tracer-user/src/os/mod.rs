@@ -3,6 +3,7 @@
 //! typed accessors, multi-uprobe links, clocks and native symbolization.
 //! Knows no probe family.
 
+pub mod bpf_stats;
 pub mod btf_offsets;
 pub mod clock;
 pub mod elf;
@@ -10,4 +11,5 @@ pub mod probe;
 pub mod procfs;
 pub mod symbolize;
 pub mod tracefs;
+pub mod trap_timing;
 pub mod uprobe_multi;

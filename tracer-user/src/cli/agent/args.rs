@@ -110,7 +110,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         cuda: !a.no_cuda,
         checkpoint_every: None,
         quiet: true,
-        asyncio: crate::families::asyncio::AsyncOptions { enabled: false, ..Default::default() },
+        asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: false, ..Default::default() },
         max_overhead: a.max_overhead,
         ..RecordOptions::default()
     };

@@ -25,16 +25,18 @@ use std::{
     os::fd::AsFd,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::{
-    families::exec_watch::ExecWatch,
-    engine::{Collector, Context, RecordOptions, TargetEvent},
-    families,
+    engine::{
+        run::{self, Engine},
+        session::{self, RecordError},
+        RecordOptions, TargetEvent,
+    },
+    families::{self, exec_watch::ExecWatch},
     recording::{Origin, Recording},
     report,
-    engine::session::{self, RecordError},
 };
 
 use self::{
@@ -108,8 +110,7 @@ fn say(quiet: bool, line: &str) {
 /// The agent's state between loop turns.
 struct Agent {
     opts: AgentOptions,
-    cx: Context,
-    collectors: Vec<Box<dyn Collector>>,
+    engine: Engine,
     info: BTreeMap<u32, TargetInfo>,
     prev: Option<Recording>,
     seq: u64,
@@ -125,7 +126,7 @@ impl Agent {
         if self.info.get(&pid).is_some_and(|i| i.alive) {
             return;
         }
-        if let Some(st) = self.cx.targets.states.get(&pid) {
+        if let Some(st) = self.engine.cx.targets.states.get(&pid) {
             if st.alive {
                 // A child a target forked: the kernel follows it already.
                 if let Some(c) = Candidate::read(pid) {
@@ -139,13 +140,13 @@ impl Agent {
         let Some(c) = Candidate::read(pid) else { return };
         let Some(why) = self.opts.selector.matches(&c) else { return };
         let origin = if found_by == "exec" { Origin::Followed } else { Origin::Attached };
-        self.cx.emit(TargetEvent::Appeared { pid, origin });
+        self.engine.cx.emit(TargetEvent::Appeared { pid, origin });
         self.info.insert(pid, TargetInfo::new(&c, why, found_by));
     }
 
     /// An exec: a new match, or a target that stopped matching.
     fn on_exec(&mut self, pid: u32) -> Result<(), AgentError> {
-        let traced = self.cx.targets.states.get(&pid).is_some_and(|s| s.alive);
+        let traced = self.engine.cx.targets.states.get(&pid).is_some_and(|s| s.alive);
         if !traced {
             self.consider(pid, "exec");
             return Ok(());
@@ -166,8 +167,8 @@ impl Agent {
 
     /// Stops tracing `pid` (it no longer matches the selection).
     fn drop_target(&mut self, pid: u32) -> Result<(), AgentError> {
-        crate::families::process::remove_target(&mut self.cx.ebpf, pid)?;
-        if let Some(st) = self.cx.targets.states.get_mut(&pid) {
+        crate::families::process::remove_target(&mut self.engine.cx.ebpf, pid)?;
+        if let Some(st) = self.engine.cx.targets.states.get_mut(&pid) {
             st.alive = false;
         }
         if let Some(i) = self.info.get_mut(&pid) {
@@ -198,7 +199,7 @@ impl Agent {
     fn refresh_alive(&mut self) {
         for (pid, i) in self.info.iter_mut() {
             if i.alive {
-                i.alive = self.cx.targets.states.get(pid).is_some_and(|s| s.alive);
+                i.alive = self.engine.cx.targets.states.get(pid).is_some_and(|s| s.alive);
             }
         }
         // Dead targets are forgotten once a window has covered their end.
@@ -240,16 +241,10 @@ impl Agent {
         // their final values: nothing of them is needed any more.
         let forget = std::mem::take(&mut self.dead_pending);
         if !forget.is_empty() {
-            for c in self.collectors.iter_mut() {
-                c.forget(&mut self.cx, &forget);
-            }
-            self.cx.exited.forget(&forget);
-            self.cx.stacks.symbolizer.forget(&forget);
-            self.cx.stacks.python.forget(&forget);
-            self.cx.targets.states.retain(|pid, _| !forget.contains(pid));
+            self.engine.forget(&forget);
         }
         self.dead_pending =
-            self.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
+            self.engine.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
         self.info.retain(|_, i| i.alive);
         self.prev = Some(cur);
         Ok(())
@@ -287,23 +282,9 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     record.pids.clear();
     record.command.clear();
     record.quiet = true;
-    let mut cx = session::open_context(record, btf, argv)?;
-    let mut collectors = families::collectors(&cx.opts);
-    for c in collectors.iter_mut() {
-        c.attach(&mut cx)?;
-    }
-    let mut execs = ExecWatch::attach(&mut cx)?;
-    let exec_fd = execs
-        .ring
-        .as_fd()
-        .try_clone_to_owned()
-        .and_then(|owned| {
-            // SAFETY: an OwnedFd's descriptor stays open and the same until
-            // the AsyncFd that owns it is dropped.
-            unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
-                .map_err(std::io::Error::from)
-        })
-        .map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
+    let mut engine = Engine::open(record, argv, btf, families::list())?;
+    let mut execs = ExecWatch::attach(&mut engine.cx)?;
+    let exec_fd = run::register(execs.ring.as_fd()).map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
 
     let shared: SharedState = Arc::new(Mutex::new(Shared {
         metrics: Metrics::new(),
@@ -316,8 +297,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     let window = opts.window;
     let mut agent = Agent {
         opts,
-        cx,
-        collectors,
+        engine,
         info: BTreeMap::new(),
         prev: None,
         seq: 0,
@@ -325,14 +305,10 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         dead_pending: std::collections::HashSet::new(),
     };
     agent.scan();
-    session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+    agent.engine.dispatch()?;
     agent.refresh_alive();
     say(quiet, &format!("listening on http://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
 
-    let wakers = session::Wakers::new(&agent.collectors, &mut agent.cx);
-    let tick_every = agent.collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
-    let mut tick = tokio::time::interval(tick_every);
-    let mut due = vec![Instant::now(); agent.collectors.len()];
     let start = tokio::time::Instant::now();
     let mut window_tick = tokio::time::interval_at(start + window, window);
     window_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -349,31 +325,25 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
                 for pid in execs.drain() {
                     agent.on_exec(pid)?;
                 }
-                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+                agent.engine.dispatch()?;
             }
-            woken = wakers.ready() => {
-                for i in woken {
-                    agent.collectors[i].wake(&mut agent.cx)?;
-                }
-                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
-            }
-            _ = tick.tick() => {
-                session::poll_due(&mut agent.cx, &mut agent.collectors, &mut due, tick_every)?;
+            stepped = agent.engine.step() => {
+                stepped?;
             }
             _ = rescan.tick() => {
                 agent.scan();
-                session::dispatch(&mut agent.cx, &mut agent.collectors)?;
+                agent.engine.dispatch()?;
                 agent.refresh_alive();
             }
             _ = window_tick.tick() => {
-                let cur = session::snapshot(&mut agent.cx, &mut agent.collectors)?;
+                let cur = agent.engine.snapshot()?;
                 agent.emit_window(cur)?;
             }
         }
     }
     // The last window: up to the signal, written before exit.
-    execs.detach(&mut agent.cx);
-    let last = session::close(&mut agent.cx, &mut agent.collectors)?;
+    execs.detach(&mut agent.engine.cx);
+    let last = agent.engine.close().await?;
     agent.emit_window(last)?;
     say(quiet, "stopped; the last window is written");
     Ok(())

@@ -37,7 +37,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
         bail!("nothing to watch (hint: give -p PID (repeatable) or --python)");
     }
     let sched = SchedOptions { frequency, ..SchedOptions::default() };
-    let record = session::RecordOptions { pids, sched, cuda: !no_cuda, asyncio: crate::families::asyncio::AsyncOptions { enabled: false, ..Default::default() }, ..session::RecordOptions::default() };
+    let record = session::RecordOptions { pids, sched, cuda: !no_cuda, asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: false, ..Default::default() }, ..session::RecordOptions::default() };
     let opts = crate::cli::top::TopOptions { record, python, refresh };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -1,6 +1,6 @@
 //! `infertrace top`: a live terminal view of the processes being traced,
 //! redrawn every `--refresh` (1 s) from the running collectors. It drives
-//! the same window as `record` ([`crate::engine::session::Live`]: attach, wake-ups
+//! the same window as `record` ([`crate::engine::run::Engine`]: attach, wake-ups
 //! and polls, snapshots, and the same close that detaches every probe);
 //! [`state`] turns consecutive snapshots into rates, [`view`] draws them
 //! with ratatui, [`terminal`] owns the terminal (raw mode and the
@@ -20,7 +20,11 @@ use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModif
 use crate::{
     recording::Recording,
     report::{fmt::printable, verdict},
-    engine::session::{Live, RecordError, RecordOptions},
+    engine::{
+        run::Engine,
+        session::{self, RecordError},
+        RecordOptions,
+    },
 };
 
 /// How often the screen is redrawn by default.
@@ -138,7 +142,8 @@ pub async fn run(mut opts: TopOptions, argv: Vec<String>) -> Result<TopOutcome, 
     opts.record.quiet = true;
     use tokio::signal::unix::{signal, SignalKind};
     // Attached before the screen is taken: an error is one line on a normal terminal.
-    let mut live = Live::open(opts.record, argv)?;
+    let btf = session::preflight(&opts.record)?;
+    let mut live = Engine::open(opts.record, argv, btf, crate::families::list())?;
     let signals = Signals {
         int: signal(SignalKind::interrupt()).map_err(TopError::Signals)?,
         term: signal(SignalKind::terminate()).map_err(TopError::Signals)?,
@@ -160,7 +165,7 @@ struct Signals {
 /// The screen's loop: snapshots every `refresh`, keys, signals, and the
 /// session's own wake-ups and polls. The terminal is restored when it
 /// returns (or unwinds).
-async fn drive(live: &mut Live, refresh: Duration, mut signals: Signals) -> Result<(), TopError> {
+async fn drive(live: &mut Engine, refresh: Duration, mut signals: Signals) -> Result<(), TopError> {
     let mut screen = terminal::Screen::enter().map_err(TopError::Terminal)?;
     let mut keys = terminal::keys();
     let mut ui = view::Ui::default();
@@ -192,7 +197,9 @@ async fn drive(live: &mut Live, refresh: Duration, mut signals: Signals) -> Resu
                 screen.draw(&model, &ui).map_err(TopError::Terminal)?;
             }
             // As in `record`, a failed poll ends the window.
-            stepped = live.step() => stepped?,
+            stepped = live.step() => {
+                stepped?;
+            }
         }
     }
 }

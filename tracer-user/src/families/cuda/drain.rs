@@ -29,7 +29,7 @@ struct Shared {
     ring: RingBuf<MapData>,
     replay: Replay,
     /// `record --timeline`: a copy of every event, bounded (None: off).
-    timeline: Option<crate::families::timeline::Bounded<CudaEvent>>,
+    timeline: Option<crate::engine::Bounded<CudaEvent>>,
 }
 
 impl Shared {
@@ -84,7 +84,7 @@ impl EventDrain {
 
     /// Keeps a copy of every event from now on, at most `limit` (`record --timeline`).
     pub fn keep_timeline(&self, limit: u64) {
-        lock(&self.shared).timeline = Some(crate::families::timeline::Bounded::new(limit));
+        lock(&self.shared).timeline = Some(crate::engine::Bounded::new(limit));
     }
 
     /// The events kept for the timeline and how many did not fit (after draining the ring).

@@ -47,7 +47,7 @@ use std::{
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
 
 use super::{HOT_NESTED, RECHECK_EVERY_NS};
-use crate::{os::clock, families::overhead::{calibrate, stats}, os::probe::ProbeError, os::procfs, recording::cuda::LaunchSampling, os::uprobe_multi};
+use crate::{os::clock, os::{bpf_stats as stats, trap_timing as calibrate}, os::probe::ProbeError, os::procfs, recording::cuda::LaunchSampling, os::uprobe_multi};
 
 /// The period a slice's on-time is a share of. Each attachment and release
 /// costs the target too, beyond the traps (page copies, TLB flushes, its

@@ -14,7 +14,7 @@
 //! the targets' syscall tables: that time is the tracer's.
 
 pub mod calibrate;
-pub mod stats;
+
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -22,6 +22,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use crate::os::bpf_stats as stats;
 use crate::{
     engine::{Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
     os::probe::ProbeError,

@@ -2,7 +2,7 @@
 //! (`python::Interpreter`), hands the kernel its layout, the tid -> thread
 //! state map (refreshed every 25 ms, as threads appear) and its GIL range,
 //! and resolves the captured Python stacks while their processes are alive
-//! (into `stacks::PyFrames`, shared with every family that records stacks).
+//! (into `resolve::PyFrames`, registered with the stack resolver shared with every family that records stacks).
 //! It has no kernel programs of its own: the stack walk runs inside the
 //! other families' programs.
 
@@ -17,6 +17,7 @@ use tracer_common::{
     python::{GilRange, PyLayout, PY_MAX_DEPTH},
 };
 
+use super::resolve::PyFrames;
 use crate::{
     engine::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
     os::probe::{self, ProbeError},
@@ -203,13 +204,15 @@ impl PythonCollector {
         } else {
             cx.sink.note(format!("pid {pid}: GIL state not located; GIL waits are counted as lock time"));
         }
-        cx.stacks.python.add(pid, interp);
+        if let Some(py) = frames(cx) {
+            py.add(pid, interp);
+        }
         self.refresh(cx, pid)
     }
 
     /// Re-reads the thread list of `pid` and updates the kernel's tid -> tstate map.
     fn refresh(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
-        let Some(interp) = cx.stacks.python.get(pid) else { return Ok(()) };
+        let Some(interp) = frames(cx).and_then(|py| py.get(pid)) else { return Ok(()) };
         let Ok(states) = interp.thread_states() else { return Ok(()) };
         let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, "PY_TSTATE")?;
         let old = self.published.remove(&pid).unwrap_or_default();
@@ -227,7 +230,9 @@ impl PythonCollector {
     /// A process exited: its threads leave the kernel map; the interpreter
     /// (and its cache of resolved code objects) stays for late stacks.
     fn exited(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
-        cx.stacks.python.resolve_new(&mut cx.ebpf)?;
+        if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
+            py.resolve_new(&mut cx.ebpf)?;
+        }
         if let Some(tids) = self.published.remove(&pid) {
             let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, "PY_TSTATE")?;
             for tid in tids {
@@ -236,6 +241,11 @@ impl PythonCollector {
         }
         Ok(())
     }
+}
+
+/// The Python frame resolver registered at attach.
+fn frames(cx: &mut Context) -> Option<&mut PyFrames> {
+    cx.stacks.python_mut::<PyFrames>()
 }
 
 impl Collector for PythonCollector {
@@ -249,7 +259,10 @@ impl Collector for PythonCollector {
         self.published.retain(|pid, _| !pids.contains(pid));
     }
 
-    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    /// Registers the Python frame resolver with the stack resolver every
+    /// family uses.
+    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+        cx.stacks.set_python(Box::new(PyFrames::default()));
         Ok(())
     }
 
@@ -277,19 +290,23 @@ impl Collector for PythonCollector {
         self.retry_pending(cx)?;
         if self.last_refresh.elapsed() + EAGER_RETRY / 2 >= REFRESH {
             self.last_refresh = Instant::now();
-            for pid in cx.stacks.python.pids() {
+            for pid in frames(cx).map(|py| py.pids()).unwrap_or_default() {
                 self.refresh(cx, pid)?;
             }
         }
         if self.last_resolve.elapsed() >= RESOLVE {
             self.last_resolve = Instant::now();
-            cx.stacks.python.resolve_new(&mut cx.ebpf)?;
+            if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
+            py.resolve_new(&mut cx.ebpf)?;
+        }
         }
         Ok(())
     }
 
     fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
-        cx.stacks.python.resolve_new(&mut cx.ebpf)?;
+        if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
+            py.resolve_new(&mut cx.ebpf)?;
+        }
         if cx.window_end.is_some() {
             // Processes still pending at the end of the window: alive, or
             // gone with their structures misread (as in `retry_pending`).
@@ -302,7 +319,7 @@ impl Collector for PythonCollector {
                 }
             }
         }
-        for (pid, version) in cx.stacks.python.versions() {
+        for (pid, version) in frames(cx).map(|py| py.versions()).unwrap_or_default() {
             cx.sink.note(format!("pid {pid}: CPython {version}, Python stacks attributed"));
         }
         // A stack cut at the depth limit is kept (its leaf frames are

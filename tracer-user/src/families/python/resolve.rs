@@ -2,12 +2,16 @@
 //! targets (put here by the Python collector) and the code objects resolved
 //! from their memory, cached by stack id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    any::Any,
+    collections::{BTreeMap, HashMap, HashSet},
+};
 
 use aya::{maps::HashMap as BpfHashMap, Ebpf};
 use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK};
 
 use crate::{
+    engine::stacks::PythonFrames,
     os::probe::{self, ProbeError},
     families::python::Interpreter,
     recording::Frame,
@@ -123,5 +127,31 @@ impl PyFrames {
         let frames = stacks.get(&id).map(|s| self.resolve(s)).unwrap_or_default();
         self.resolved.insert(id, frames.clone());
         frames
+    }
+}
+
+impl PythonFrames for PyFrames {
+    fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+        PyFrames::take_copies(self, ebpf)
+    }
+
+    fn load_stacks(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
+        PyFrames::load_stacks(ebpf)
+    }
+
+    fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
+        PyFrames::frames(self, id, stacks)
+    }
+
+    fn problems(&self) -> BTreeMap<u32, Vec<String>> {
+        PyFrames::problems(self)
+    }
+
+    fn forget(&mut self, pids: &HashSet<u32>) {
+        PyFrames::forget(self, pids)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }

@@ -36,27 +36,7 @@ pub static TABLE: FamilyTable = FamilyTable {
 /// How often the ring buffer (8 MiB, ~130 000 records) is drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
 
-/// Keeps at most `limit` items, counting the others.
-#[derive(Clone, Debug, Default)]
-pub struct Bounded<T> {
-    pub items: Vec<T>,
-    pub limit: u64,
-    pub dropped: u64,
-}
-
-impl<T> Bounded<T> {
-    pub fn new(limit: u64) -> Self {
-        Bounded { items: Vec::new(), limit, dropped: 0 }
-    }
-
-    pub fn push(&mut self, item: T) {
-        if (self.items.len() as u64) < self.limit {
-            self.items.push(item);
-        } else {
-            self.dropped += 1;
-        }
-    }
-}
+pub use crate::engine::Bounded;
 
 #[derive(Default)]
 pub struct TimelineCollector {

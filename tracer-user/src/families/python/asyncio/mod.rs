@@ -22,6 +22,7 @@
 //! thread that has tasks or a running loop. Rendered by
 //! `crate::report::async_dump`.
 
+pub mod record;
 mod locate;
 mod offsets;
 

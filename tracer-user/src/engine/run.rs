@@ -1,0 +1,210 @@
+//! The one loop `record`, `top` and `agent` run on: an [`Engine`] holds
+//! the window (the context and the collectors), wakes a collector as soon
+//! as the kernel writes to its ring buffer, and runs each collector's poll
+//! at its own period. A command adds its own arms beside
+//! [`Engine::step`] in its `select!` (signals, checkpoints, screen
+//! refreshes, agent windows) and calls [`Engine::snapshot`] and
+//! [`Engine::close`].
+
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
+
+use super::{
+    session::{self, RecordError},
+    Collector, Context, Families, RecordOptions, TargetEvent,
+};
+use crate::{os::btf_offsets::KernelBtf, recording::{Origin, Recording}};
+
+/// What woke [`Engine::step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stepped {
+    /// A collector's ring buffer had records: taken, events delivered.
+    Woken,
+    /// The tick: the polls that were due ran.
+    Ticked,
+}
+
+/// One tracing window and the collectors that fill it.
+pub struct Engine {
+    pub cx: Context,
+    collectors: Vec<Box<dyn Collector>>,
+    wakers: Wakers,
+    due: Vec<Instant>,
+    tick: tokio::time::Interval,
+    tick_every: Duration,
+}
+
+impl Engine {
+    /// Opens the window: loads the object with every family's globals,
+    /// attaches every collector, delivers the targets (`opts.pids`, the
+    /// launched `opts.command`), then lets a launched command run. Call
+    /// inside a tokio runtime. Probes are attached to descriptors this
+    /// process owns: whatever ends it, the kernel detaches them.
+    pub fn open(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf, families: Families) -> Result<Engine, RecordError> {
+        let mut cx = session::open_context(opts, btf, argv, (families.tables)())?;
+        let mut collectors = (families.collectors)(&cx.opts);
+        for c in collectors.iter_mut() {
+            c.attach(&mut cx)?;
+        }
+        for pid in cx.opts.pids.clone() {
+            cx.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
+        }
+        if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
+            cx.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
+        }
+        dispatch(&mut cx, &mut collectors)?;
+        if let Some(l) = cx.targets.launched.as_mut() {
+            l.release()?;
+        }
+        let wakers = Wakers::new(&collectors, &mut cx);
+        let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
+        let due = vec![Instant::now(); collectors.len()];
+        Ok(Engine { cx, collectors, wakers, due, tick: tokio::time::interval(tick_every), tick_every })
+    }
+
+    /// Waits for a collector's wake-up or the next tick and runs what is
+    /// due. Cancel-safe: a `select!` may drop it for another arm.
+    pub async fn step(&mut self) -> Result<Stepped, RecordError> {
+        tokio::select! {
+            woken = self.wakers.ready() => {
+                for i in woken {
+                    self.collectors[i].wake(&mut self.cx)?;
+                }
+                self.dispatch()?;
+                Ok(Stepped::Woken)
+            }
+            _ = self.tick.tick() => {
+                self.poll_due()?;
+                Ok(Stepped::Ticked)
+            }
+        }
+    }
+
+    /// Delivers the events queued in the context (targets the caller
+    /// added with [`Context::emit`]) to every collector.
+    pub fn dispatch(&mut self) -> Result<(), RecordError> {
+        dispatch(&mut self.cx, &mut self.collectors)
+    }
+
+    /// Runs every collector's poll that is due, then delivers the events. A
+    /// poll due within half a tick is run now: the ticks are `tick` apart, and
+    /// a poll that waited for the next one would run at twice its period.
+    fn poll_due(&mut self) -> Result<(), RecordError> {
+        let now = Instant::now();
+        for (c, at) in self.collectors.iter_mut().zip(self.due.iter_mut()) {
+            if now + self.tick_every / 2 >= *at {
+                *at = now + c.poll_every();
+                c.poll(&mut self.cx)?;
+            }
+        }
+        self.dispatch()
+    }
+
+    /// What every collector has so far, as a recording (the window goes on).
+    pub fn snapshot(&mut self) -> Result<Recording, RecordError> {
+        session::snapshot(&mut self.cx, &mut self.collectors)
+    }
+
+    /// Targets still alive.
+    pub fn alive(&self) -> usize {
+        self.cx.targets.alive_count()
+    }
+
+    /// The collectors' few words for a status line.
+    pub fn status(&self) -> impl Iterator<Item = String> + '_ {
+        self.collectors.iter().filter_map(|c| c.status())
+    }
+
+    /// Drops everything kept of these processes (exited, and covered by a
+    /// window): memory stays flat under process churn (the agent).
+    pub fn forget(&mut self, pids: &HashSet<u32>) {
+        for c in self.collectors.iter_mut() {
+            c.forget(&mut self.cx, pids);
+        }
+        self.cx.exited.forget(pids);
+        self.cx.stacks.forget(pids);
+        self.cx.targets.states.retain(|pid, _| !pids.contains(pid));
+    }
+
+    /// Closes the window (every program detached, the last events taken)
+    /// and returns the final recording.
+    pub async fn close(&mut self) -> Result<Recording, RecordError> {
+        let rec = session::close(&mut self.cx, &mut self.collectors)?;
+        if let Some(log) = self.cx.ebpf_log.take() {
+            log.finish().await;
+        }
+        Ok(rec)
+    }
+}
+
+/// Delivers the queued target events to every collector.
+pub(crate) fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
+    while let Some(ev) = cx.next_event() {
+        for c in collectors.iter_mut() {
+            c.target(cx, &ev)?;
+        }
+    }
+    Ok(())
+}
+
+/// The collectors' [`wake_fd`](Collector::wake_fd)s, registered with the
+/// runtime (a duplicate of each descriptor, so no borrow of the collector
+/// is held across the loop): the loop wakes as soon as the kernel writes
+/// to one of those ring buffers, rather than at the next tick.
+struct Wakers(Vec<(usize, tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>)>);
+
+impl Wakers {
+    fn new(collectors: &[Box<dyn Collector>], cx: &mut Context) -> Wakers {
+        let mut v = Vec::new();
+        for (i, c) in collectors.iter().enumerate() {
+            let Some(fd) = c.wake_fd() else { continue };
+            match register(fd) {
+                Ok(a) => v.push((i, a)),
+                Err(e) => cx.sink.note(format!("{}: events wait for the next poll ({e})", c.name())),
+            }
+        }
+        Wakers(v)
+    }
+
+    /// The indexes of the collectors whose descriptor is readable, once at
+    /// least one is (never, with none). Readiness is cleared before the
+    /// collector reads, so a record written meanwhile wakes again.
+    async fn ready(&self) -> Vec<usize> {
+        if self.0.is_empty() {
+            return std::future::pending().await;
+        }
+        std::future::poll_fn(|task| {
+            let mut woken = Vec::new();
+            for (i, fd) in &self.0 {
+                match fd.poll_read_ready(task) {
+                    std::task::Poll::Ready(Ok(mut guard)) => {
+                        guard.clear_ready();
+                        woken.push(*i);
+                    }
+                    // An error from the reactor: no wake (taking it for one
+                    // would spin); the ticks still poll that collector.
+                    std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => {}
+                }
+            }
+            if woken.is_empty() {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(woken)
+            }
+        })
+        .await
+    }
+}
+
+/// A duplicate of `fd`, registered with the runtime for readability (a
+/// ring buffer the kernel wakes; the agent's exec events use it too).
+pub fn register(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    fd.try_clone_to_owned().and_then(|owned| {
+        // SAFETY: an OwnedFd's descriptor stays open and the same until
+        // the AsyncFd that owns it is dropped.
+        unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+            .map_err(std::io::Error::from)
+    })
+}
