@@ -21,6 +21,7 @@
 //! [`Sink`], the one channel for notes and lost-event counters.
 
 mod bounded;
+mod order;
 pub mod checkpoint;
 pub mod ebpf_log;
 mod exited;
@@ -39,6 +40,7 @@ use std::{collections::VecDeque, path::PathBuf, time::Duration};
 use aya::Ebpf;
 
 pub use bounded::Bounded;
+pub use order::{snapshot_order, OrderError, Part};
 pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
 pub use options::{
     AsyncOptions, RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
@@ -195,6 +197,20 @@ pub trait Collector {
     /// (events go to [`Context::emit`], delivered right after).
     fn wake(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
+    }
+
+    /// The parts of the recording this family fills in its
+    /// [`snapshot`](Self::snapshot) (others may read them in theirs).
+    fn provides(&self) -> &'static [Part] {
+        &[]
+    }
+
+    /// The parts other families fill that this one reads in its
+    /// [`snapshot`](Self::snapshot): the engine runs their snapshots first
+    /// ([`snapshot_order`]). A part no collector of the window provides is
+    /// simply absent. Declared here, checked on the source by a test.
+    fn needs(&self) -> &'static [Part] {
+        &[]
     }
 
     /// Fills this family's part of `rec` with what it has so far. Called at

@@ -57,6 +57,8 @@ pub enum RecordError {
     Recording(#[from] crate::recording::RecordingError),
     #[error("signal handling: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Order(#[from] super::OrderError),
 }
 
 impl RecordError {
@@ -73,6 +75,7 @@ impl RecordError {
             Self::Arch(_) => "infertrace supports x86_64 and aarch64",
             Self::Recording(_) => "check free space and permissions of the output directory",
             Self::Signals(_) => "retry",
+            Self::Order(_) => "a bug in infertrace's families: please report it",
         }
     }
 }
@@ -263,8 +266,9 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
         tracer_overhead: None,
         asyncio: None,
     };
-    for c in collectors.iter_mut() {
-        c.snapshot(cx, &mut rec)?;
+    let order = super::snapshot_order(collectors).map_err(RecordError::Order)?;
+    for i in order {
+        collectors[i].snapshot(cx, &mut rec)?;
     }
     // Once every family has resolved its stacks: Python frames that could
     // not be resolved, per process and cause.

@@ -6,7 +6,7 @@ use aya::maps::HashMap as BpfHashMap;
 use tracer_common::sched::SampleKey;
 
 use crate::{
-    engine::{programs::Links, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
+    engine::{Part, programs::Links, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
     os::probe::{self, ProbeError},
     recording::{Recording, StackKind, StackRecord},
 };
@@ -23,6 +23,10 @@ pub struct CpuSampleCollector {
 }
 
 impl Collector for CpuSampleCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Stacks]
+    }
+
     fn name(&self) -> &'static str {
         "cpu_samples"
     }

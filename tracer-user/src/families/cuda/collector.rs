@@ -38,7 +38,7 @@ use super::{
     search::{self, TargetFacts},
 };
 use crate::{
-    engine::{Collector, Context, TargetEvent, Topic},
+    engine::{Part, Collector, Context, TargetEvent, Topic},
     os::probe::{self, ProbeError},
     os::clock,
     os::procfs::{self, open_in_root},
@@ -569,6 +569,10 @@ impl CudaCollector {
 }
 
 impl Collector for CudaCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Cuda, Part::Timeline]
+    }
+
     fn name(&self) -> &'static str {
         "cuda"
     }

@@ -27,7 +27,7 @@ use nvml_wrapper::{
 
 use crate::{
     os::clock,
-    engine::{Collector, Context, FamilyTable, Sink, Topic},
+    engine::{Part, Collector, Context, FamilyTable, Sink, Topic},
     os::probe::ProbeError,
     recording::{
         cuda::{CudaReport, GpuSample},
@@ -128,6 +128,15 @@ pub struct NvmlCollector {
 pub static TABLE: FamilyTable = FamilyTable { family: "nvml", programs: &[], globals: &[] };
 
 impl Collector for NvmlCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Cuda]
+    }
+
+    /// Reads them: the GPU samples join the CUDA family's report.
+    fn needs(&self) -> &'static [Part] {
+        &[Part::Cuda]
+    }
+
     fn name(&self) -> &'static str {
         "nvml"
     }

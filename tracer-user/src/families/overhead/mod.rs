@@ -24,7 +24,7 @@ use std::{
 
 use crate::os::bpf_stats as stats;
 use crate::{
-    engine::{Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
+    engine::{Part, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
     os::probe::ProbeError,
     recording::{
         overhead::{Calibration, FamilyOverhead, ProgramRuns, TargetOverhead, TracerOverhead, TracerSelf, OVERHEAD_VERSION},
@@ -138,6 +138,15 @@ impl Collector for OverheadStart {
 pub struct OverheadReport(Arc<Mutex<Shared>>);
 
 impl Collector for OverheadReport {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Overhead]
+    }
+
+    /// Reads them: the account of what tracing cost reads every family's counts and each thread's wall time.
+    fn needs(&self) -> &'static [Part] {
+        &[Part::Syscalls, Part::Threads, Part::Cuda]
+    }
+
     fn name(&self) -> &'static str {
         "overhead"
     }

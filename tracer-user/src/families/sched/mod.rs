@@ -23,7 +23,7 @@ use tracer_common::{
 
 pub use crate::engine::SchedOptions;
 use crate::{
-    engine::{
+    engine::{Part, 
         programs::Links, Collector, Context, ExitedThreads, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
         TargetEvent,
     },
@@ -447,6 +447,15 @@ fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, V
 }
 
 impl Collector for SchedCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Threads, Part::Stacks]
+    }
+
+    /// Reads them: wall time splits each thread's on-CPU time with its syscall time.
+    fn needs(&self) -> &'static [Part] {
+        &[Part::Syscalls]
+    }
+
     fn name(&self) -> &'static str {
         "sched"
     }

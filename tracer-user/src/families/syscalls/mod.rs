@@ -20,7 +20,7 @@ use tracer_common::{
 mod slots;
 
 use crate::{
-    engine::{programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
+    engine::{Part, programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     os::probe::ProbeError,
     os::procfs,
     recording::{Origin, Recording, StackKind, StackRecord, ThreadSyscall},
@@ -394,6 +394,10 @@ impl SyscallCollector {
 }
 
 impl Collector for SyscallCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Syscalls, Part::Stacks]
+    }
+
     fn name(&self) -> &'static str {
         "syscalls"
     }

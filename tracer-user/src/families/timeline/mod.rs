@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     os::clock,
-    engine::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent},
+    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent},
     os::probe::ProbeError,
     recording::{
         timeline::{LifecycleEvent, LifecycleKind, SampleEvent, StateInterval, SyscallEvent, ThreadState},
@@ -97,6 +97,15 @@ impl TimelineCollector {
 }
 
 impl Collector for TimelineCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Timeline]
+    }
+
+    /// Reads them: the CUDA family's calls, put into the timeline first, are kept beside the kernel's events.
+    fn needs(&self) -> &'static [Part] {
+        &[Part::Timeline]
+    }
+
     fn name(&self) -> &'static str {
         "timeline"
     }

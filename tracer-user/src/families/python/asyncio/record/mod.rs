@@ -33,7 +33,7 @@ use aya::{
 use tracer_common::asyncio::{SelectorEvent, SELECTOR_SYSCALLS};
 
 use crate::{
-    engine::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent},
+    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent},
     os::probe::{self, ProbeError},
     recording::{
         asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime},
@@ -331,6 +331,10 @@ fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, St
 }
 
 impl Collector for AsyncioCollector {
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Asyncio]
+    }
+
     fn name(&self) -> &'static str {
         "asyncio"
     }
