@@ -324,3 +324,49 @@ fn the_library_has_at_most_eight_top_level_modules() {
         }
     }
 }
+
+/// Functions longer than this are split (tests and `cargo xtask` aside).
+const MAX_FN_LINES: usize = 120;
+
+/// `(lines, file, function)` of every function in `text` longer than
+/// `max`: from its `fn` line to the closing brace at its indentation.
+fn long_functions(text: &str, file: &str, max: usize) -> Vec<(usize, String, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let indent = &l[..l.len() - t.len()];
+        let is_fn = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn ", "async fn ", "pub async fn ", "pub(crate) async fn "]
+            .iter()
+            .any(|p| t.starts_with(p));
+        if !is_fn {
+            continue;
+        }
+        let name = t.split("fn ").nth(1).unwrap_or("").split(['(', '<']).next().unwrap_or("").to_owned();
+        // The body opens on the signature's last line; a declaration ends with `;`.
+        let Some(open) = (i..lines.len()).find(|&j| lines[j].trim_end().ends_with('{') || lines[j].trim_end().ends_with(';')) else { continue };
+        if lines[open].trim_end().ends_with(';') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = (open + 1..lines.len()).find(|&j| lines[j].trim_end() == close) {
+            if end - i + 1 > max {
+                out.push((end - i + 1, file.to_owned(), name));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_longer_than_120_lines() {
+    assert_eq!(long_functions("fn a() {\n    x;\n    y;\n}\n", "t.rs", 3), [(4, "t.rs".to_owned(), "a".to_owned())]);
+    let mut long = Vec::new();
+    for file in modules().values() {
+        let text = fs::read_to_string(file).unwrap_or_default();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        long.extend(long_functions(code, &file.display().to_string(), MAX_FN_LINES));
+    }
+    let list: Vec<String> = long.iter().map(|(n, f, name)| format!("{f}: {name} is {n} lines")).collect();
+    assert!(list.is_empty(), "split these (at most {MAX_FN_LINES} lines):\n{}", list.join("\n"));
+}

@@ -134,6 +134,83 @@ mod tests {
         assert_eq!(described, progs, "the tables and the object's programs differ");
     }
 
+    /// Where each collector's code lives (by `Collector::name`).
+    fn folder(name: &str) -> &'static str {
+        match name {
+            "syscalls" => "syscalls",
+            "sched" => "sched",
+            "cpu_samples" => "cpu_samples",
+            "cuda" => "cuda",
+            "nvml" => "nvml",
+            "python" => "python",
+            "asyncio" => "python/asyncio/record",
+            "timeline" => "timeline",
+            "process" => "process",
+            "overhead" | "overhead calibration" => "overhead",
+            other => panic!("collector {other}: add its folder here"),
+        }
+    }
+
+    /// `rec.FIELD` mentions in a folder's sources (tests left out), with
+    /// the files they are in; sub-folders that are other collectors' are
+    /// left out.
+    fn fields_used(folder: &str, skip: &[&str]) -> BTreeSet<(String, String)> {
+        fn walk(dir: &std::path::Path, skip: &[std::path::PathBuf], out: &mut BTreeSet<(String, String)>) {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    if !skip.contains(&p) {
+                        walk(&p, skip, out);
+                    }
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                let re = regex::Regex::new(r"\brec\.([a-z_]+)").expect("regex");
+                for c in re.captures_iter(code) {
+                    out.insert((c[1].to_owned(), p.display().to_string()));
+                }
+            }
+        }
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/families");
+        let skip: Vec<std::path::PathBuf> = skip.iter().map(|s| base.join(s)).collect();
+        let mut out = BTreeSet::new();
+        walk(&base.join(folder), &skip, &mut out);
+        out
+    }
+
+    /// Every part of the recording a family's code touches in `rec` is one
+    /// it declares (provides or needs), so the snapshot order computed from
+    /// the declarations is the one the code relies on; and the order has
+    /// no cycle.
+    #[test]
+    fn families_declare_the_parts_of_the_recording_they_touch() {
+        use crate::engine::{snapshot_order, Part};
+        // Filled by the engine before any snapshot, or sink-owned.
+        const ENGINE: [&str; 4] = ["host", "duration_ns", "notes", "lost"];
+        let mut opts = RecordOptions::default();
+        opts.timeline_limit = Some(1000);
+        let list = collectors(&opts);
+        snapshot_order(&list).expect("the declared parts form no cycle");
+        // Per folder, what its collectors declare (the overhead pair shares one).
+        let mut declared: std::collections::BTreeMap<&str, (String, BTreeSet<&str>)> = Default::default();
+        for c in &list {
+            let e = declared.entry(folder(c.name())).or_insert_with(|| (c.name().to_owned(), BTreeSet::new()));
+            e.1.extend(c.provides().iter().chain(c.needs()).flat_map(|p: &Part| p.fields().iter().copied()));
+        }
+        let mut bad = Vec::new();
+        for (dir, (name, fields)) in &declared {
+            let skip: &[&str] = if *dir == "python" { &["asyncio"] } else { &[] };
+            for (field, file) in fields_used(dir, skip) {
+                if !fields.contains(field.as_str()) && !ENGINE.contains(&field.as_str()) {
+                    bad.push(format!("{file}: `rec.{field}` is not in what {name} provides or needs"));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "undeclared reads or writes of the recording:\n{}", bad.join("\n"));
+    }
+
     #[test]
     fn every_global_has_a_value_with_defaults() {
         let btf = crate::os::btf_offsets::KernelBtf::load(std::path::Path::new("/sys/kernel/btf/vmlinux"));
