@@ -2,7 +2,7 @@
  * nvmlsim: a STAND-IN for libnvidia-ml.so.1 in the tests of infertrace. It is
  * NOT NVML, talks to no driver and knows no GPU: it exports, under the soname
  * libnvidia-ml.so.1 and with NVML's C signatures, the functions infertrace's
- * GPU sampler (tracer-user/src/nvml.rs, through the nvml-wrapper crate)
+ * GPU sampler (tracer-user/src/families/nvml/mod.rs, through the nvml-wrapper crate)
  * calls, and answers them with fixed, known values, so that sampling, the
  * report and the recording can be tested on machines without a GPU. It
  * prints nothing.

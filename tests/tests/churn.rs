@@ -19,7 +19,7 @@ use serde_json::Value;
 /// The tolerance on the parts adding up to wall time.
 const SUM_TOLERANCE: f64 = 0.02;
 /// Exited threads of a process that keep rows of their own
-/// (tracer-user/src/collect/exited.rs).
+/// (tracer-user/src/engine/exited.rs).
 const KEEP_PER_PROCESS: usize = 32;
 /// The workload's own threads that live through it: main, steady-cpu, steady-io.
 const LONG_LIVED: usize = 3;

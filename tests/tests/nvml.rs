@@ -1,4 +1,4 @@
-//! NVML GPU sampling through `infertrace record` (tracer-user/src/nvml.rs).
+//! NVML GPU sampling through `infertrace record` (tracer-user/src/families/nvml/mod.rs).
 //!
 //! The library is tests/nvmlsim: a STAND-IN for libnvidia-ml.so.1, NOT NVML
 //! (no GPU here), built by tests/nvmlsim/build.sh into target/nvmlsim and

@@ -298,7 +298,7 @@ pub struct CudaStats {
     /// events are lost): for an async copy, the copies followed, as the
     /// thread's next copy or sync, by a sync of their stream (or of the
     /// device); for a sync, the syncs that followed such a copy. The same
-    /// rule as the replay's (`cuda/replay.rs`).
+    /// rule as the replay's (`tracer-user/src/families/cuda/replay.rs`).
     pub sync_pairs: u64,
     /// Time of the syncs counted in `sync_pairs`.
     pub sync_pair_ns: u64,

@@ -64,12 +64,12 @@ pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 
 /// (runtime -> driver), direct calls]`, while that driver function is
 /// probed in that process. What userspace learns from to stop probing a
 /// driver function that a process reaches only through its runtime
-/// (`tracer-user/src/cuda/driver_gate.rs`).
+/// (`tracer-user/src/families/cuda/driver_gate.rs`).
 #[map]
 pub static CUDA_DRV_ROUTE: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(16384, 0);
 
 /// `--max-overhead`: the launch-sampling slice `[start, end)`, CLOCK_MONOTONIC
-/// ns, written by userspace (`tracer-user/src/cuda/slicer.rs`). `start` 0:
+/// ns, written by userspace (`tracer-user/src/families/cuda/slicer.rs`). `start` 0:
 /// launches are not sampled, every launch counts. Otherwise a launch
 /// counts only inside the slice (hits while the probes are being attached
 /// or released fall outside it).

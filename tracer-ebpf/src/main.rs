@@ -107,7 +107,7 @@ pub fn bump_targets_gen() {
     }
 }
 
-/// Lifecycle records for the process follower (`tracer_common::proc_events`):
+/// Lifecycle records for the process follower (`tracer_common::process`):
 /// fork/exec/exit from `process`, executable mappings from `syscalls`.
 #[map]
 pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);

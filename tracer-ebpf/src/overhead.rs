@@ -1,5 +1,5 @@
 //! Calibration programs for the tracer's self-reported overhead
-//! (`tracer-user/src/overhead/calibrate.rs`): empty programs that the tracer
+//! (`tracer-user/src/families/overhead/calibrate.rs`): empty programs that the tracer
 //! attaches for a moment at startup, to its own process only, to measure
 //! what the kernel's mechanism costs per hit on this machine (the uprobe
 //! trap, the uretprobe's return trap, the syscall tracepoints' slow path),
