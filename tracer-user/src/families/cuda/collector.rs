@@ -653,6 +653,9 @@ impl Collector for CudaCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        if let Some(ev) = self.events.as_ref() {
+            ev.report(&mut cx.sink);
+        }
         if self.used(&mut cx.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
             if cx.opts.timeline_limit.is_some() {
