@@ -497,13 +497,7 @@ impl CudaCollector {
             let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
             for (k, v) in dead {
                 let _ = map.remove(&k);
-                let r = self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default();
-                r.count += v.count;
-                r.bytes += v.bytes;
-                r.total_ns += v.total_ns;
-                r.errors += v.errors;
-                r.sync_pairs += v.sync_pairs;
-                r.sync_pair_ns += v.sync_pair_ns;
+                self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default().merge(&v);
             }
         }
         {
