@@ -304,6 +304,19 @@ pub struct CudaStats {
     pub sync_pair_ns: u64,
 }
 
+impl CudaStats {
+    /// Adds `other` into `self`, field by field (the calls of two
+    /// aggregates: a retired thread's, the entries of one call site).
+    pub fn merge(&mut self, other: &CudaStats) {
+        self.count += other.count;
+        self.bytes += other.bytes;
+        self.total_ns += other.total_ns;
+        self.errors += other.errors;
+        self.sync_pairs += other.sync_pairs;
+        self.sync_pair_ns += other.sync_pair_ns;
+    }
+}
+
 /// Key of `CUDA_LAUNCHES`: launches of one kernel from one site, per thread.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -402,6 +415,19 @@ mod tests {
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
         assert_eq!(core::mem::size_of::<CudaInflight>(), 144);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
+    }
+
+    #[test]
+    fn stats_merge_adds_every_field() {
+        let mut a = CudaStats { count: 1, bytes: 2, total_ns: 3, errors: 4, sync_pairs: 5, sync_pair_ns: 6 };
+        let b = CudaStats { count: 10, bytes: 20, total_ns: 30, errors: 40, sync_pairs: 50, sync_pair_ns: 60 };
+        a.merge(&b);
+        assert_eq!(a, CudaStats { count: 11, bytes: 22, total_ns: 33, errors: 44, sync_pairs: 55, sync_pair_ns: 66 });
+        a.merge(&CudaStats::default());
+        assert_eq!(a.count, 11);
+        let mut z = CudaStats::default();
+        z.merge(&b);
+        assert_eq!(z, b);
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod stacks;
 pub mod targets;
 pub mod release;
 pub mod programs;
+pub mod ring;
 mod sink;
 mod target_set;
 

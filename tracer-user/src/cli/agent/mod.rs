@@ -322,7 +322,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                for pid in execs.drain() {
+                for pid in execs.drain(&mut agent.engine.cx.sink) {
                     agent.on_exec(pid)?;
                 }
                 agent.engine.dispatch()?;

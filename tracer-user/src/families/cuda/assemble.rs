@@ -57,32 +57,35 @@ impl CudaCollector {
         let mut sites = SiteCache { sites: HashMap::new() };
 
         // Calls, by (pid, api, kind, site).
-        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = BTreeMap::new();
+        let mut sums: BTreeMap<(u32, u32, u32, Site), CudaStats> = BTreeMap::new();
         let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
         for (k, v) in &stats {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
             let site = sites.resolve(raw, cx)?;
-            let key = (k.pid, k.api, k.kind, site.clone());
-            let c = calls.entry(key.clone()).or_insert_with(|| CudaCall {
-                pid: k.pid,
-                api: api_name(k.api),
-                kind: kind_name(k.kind).map(str::to_owned),
-                count: 0,
-                bytes: 0,
-                total_ns: 0,
-                errors: 0,
-                site,
-                return_codes: BTreeMap::new(),
-                pinned: None,
-                pageable: None,
-                events_lost: 0,
-            });
-            c.count += v.count;
-            c.bytes += v.bytes;
-            c.total_ns += v.total_ns;
-            c.errors += v.errors;
+            let key = (k.pid, k.api, k.kind, site);
+            sums.entry(key.clone()).or_default().merge(v);
             raw_of_call.entry(key).or_default().insert(raw);
         }
+        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = sums
+            .into_iter()
+            .map(|(key, v)| {
+                let c = CudaCall {
+                    pid: key.0,
+                    api: api_name(key.1),
+                    kind: kind_name(key.2).map(str::to_owned),
+                    count: v.count,
+                    bytes: v.bytes,
+                    total_ns: v.total_ns,
+                    errors: v.errors,
+                    site: key.3.clone(),
+                    return_codes: BTreeMap::new(),
+                    pinned: None,
+                    pageable: None,
+                    events_lost: 0,
+                };
+                (key, c)
+            })
+            .collect();
         for (key, raws) in &raw_of_call {
             let c = calls.get_mut(key).expect("call key");
             let mut events = 0;

@@ -497,13 +497,7 @@ impl CudaCollector {
             let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
             for (k, v) in dead {
                 let _ = map.remove(&k);
-                let r = self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default();
-                r.count += v.count;
-                r.bytes += v.bytes;
-                r.total_ns += v.total_ns;
-                r.errors += v.errors;
-                r.sync_pairs += v.sync_pairs;
-                r.sync_pair_ns += v.sync_pair_ns;
+                self.retired_stats.entry(CudaKey { tid: 0, ..k }).or_default().merge(&v);
             }
         }
         {
@@ -657,6 +651,9 @@ impl Collector for CudaCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+        if let Some(ev) = self.events.as_ref() {
+            ev.report(&mut cx.sink);
+        }
         if self.used(&mut cx.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
             if cx.opts.timeline_limit.is_some() {

@@ -6,7 +6,8 @@
 //! 2 MiB ring, which absorbs a 400 ms stall of the drain thread itself.
 //! The collector's own `drain` (every poll, and before a report) empties
 //! the ring too, under the same lock, so a report sees every event
-//! submitted before it.
+//! submitted before it. Items too short to be an event are counted here
+//! and reach the sink from the collector's snapshot ([`EventDrain::report`]).
 
 use std::{
     sync::{
@@ -21,12 +22,13 @@ use aya::maps::{MapData, RingBuf};
 use tracer_common::cuda::CudaEvent;
 
 use super::replay::Replay;
+use crate::engine::{ring::Records, Sink};
 
 /// Period of the drain thread.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 struct Shared {
-    ring: RingBuf<MapData>,
+    ring: Records<CudaEvent>,
     replay: Replay,
     /// `record --timeline`: a copy of every event, bounded (None: off).
     timeline: Option<crate::engine::Bounded<CudaEvent>>,
@@ -35,20 +37,13 @@ struct Shared {
 impl Shared {
     /// Applies every event in the ring; returns how many.
     fn drain(&mut self) -> u64 {
-        let mut n = 0;
-        while let Some(item) = self.ring.next() {
-            if item.len() < std::mem::size_of::<CudaEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole CudaEvent; read_unaligned copes with alignment.
-            let ev: CudaEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            self.replay.apply(&ev);
-            if let Some(t) = self.timeline.as_mut() {
+        let (replay, timeline) = (&mut self.replay, &mut self.timeline);
+        self.ring.drain(|ev| {
+            replay.apply(&ev);
+            if let Some(t) = timeline.as_mut() {
                 t.push(ev);
             }
-            n += 1;
-        }
-        n
+        })
     }
 }
 
@@ -68,6 +63,7 @@ fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 impl EventDrain {
     /// Starts draining `ring` every [`DRAIN_EVERY`].
     pub fn start(ring: RingBuf<MapData>) -> std::io::Result<Self> {
+        let ring = Records::new(ring, "cuda_short_records");
         let shared = Arc::new(Mutex::new(Shared { ring, replay: Replay::default(), timeline: None }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -92,6 +88,11 @@ impl EventDrain {
         let mut s = lock(&self.shared);
         s.drain();
         s.timeline.as_ref().map(|t| (t.items.clone(), t.dropped))
+    }
+
+    /// Sets the count of items too short to be an event in `sink` (drained from the thread, which has no sink).
+    pub fn report(&self, sink: &mut Sink) {
+        lock(&self.shared).ring.report(sink);
     }
 
     /// Drains what is in the ring now, then runs `f` on the replay.

@@ -3,11 +3,11 @@
 //! after the agent and matches is picked up at its exec, not by a scan.
 //! Attached by the agent only.
 
-use aya::maps::{MapData, RingBuf};
+use aya::maps::RingBuf;
 use tracer_common::proc_events::{ProcEvent, KIND_EXEC};
 
 use crate::{
-    engine::{programs::Links, Context, FamilyTable, ProgramKind, ProgramSpec},
+    engine::{programs::Links, ring::Records, Context, FamilyTable, ProgramKind, ProgramSpec, Sink},
     os::probe::ProbeError,
 };
 
@@ -17,7 +17,7 @@ const AGENT_EXEC: ProgramSpec =
 pub static TABLE: FamilyTable = FamilyTable { family: "agent", programs: &[AGENT_EXEC], globals: &[] };
 
 pub struct ExecWatch {
-    pub ring: RingBuf<MapData>,
+    pub ring: Records<ProcEvent>,
     links: Links,
 }
 
@@ -27,22 +27,19 @@ impl ExecWatch {
         links.attach(cx, &AGENT_EXEC)?;
         let map = cx.ebpf.take_map("AGENT_EXECS").ok_or(ProbeError::MissingMap("AGENT_EXECS"))?;
         let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("AGENT_EXECS", e))?;
-        Ok(ExecWatch { ring, links })
+        Ok(ExecWatch { ring: Records::new(ring, "exec_watch_short_records"), links })
     }
 
-    /// The pids that exec'd since the last call.
-    pub fn drain(&mut self) -> Vec<u32> {
+    /// The pids that exec'd since the last call (items too short to be a
+    /// record are counted in `sink`).
+    pub fn drain(&mut self, sink: &mut Sink) -> Vec<u32> {
         let mut out = Vec::new();
-        while let Some(item) = self.ring.next() {
-            if item.len() < std::mem::size_of::<ProcEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole ProcEvent; read_unaligned copes with alignment.
-            let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        self.ring.drain(|ev| {
             if ev.kind == KIND_EXEC {
                 out.push(ev.pid);
             }
-        }
+        });
+        self.ring.report(sink);
         out
     }
 

@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     engine::{
-        programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
+        programs::Links, ring::Records, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
         TargetState,
     },
     os::probe::{self, ProbeError},
@@ -60,7 +60,7 @@ const REOBSERVE_ALL: Duration = Duration::from_secs(1);
 /// from it, the mappings snapshot for symbolization, the drop counters.
 #[derive(Default)]
 pub struct ProcessCollector {
-    events: Option<RingBuf<MapData>>,
+    events: Option<Records<ProcEvent>>,
     links: Links,
     /// Processes whose mappings to snapshot again, and when.
     reobserve: Vec<(u32, Instant)>,
@@ -77,20 +77,15 @@ impl ProcessCollector {
     fn drain(&mut self) -> Vec<TargetEvent> {
         let mut out = Vec::new();
         let Some(rb) = self.events.as_mut() else { return out };
-        while let Some(item) = rb.next() {
-            if item.len() < std::mem::size_of::<ProcEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole ProcEvent; read_unaligned copes with alignment.
-            let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        rb.drain(|ev| {
             out.push(match ev.kind {
                 KIND_FORK => TargetEvent::Forked { pid: ev.pid, parent: ev.ppid, comm: comm_string(&ev.comm) },
                 KIND_EXEC => TargetEvent::Execed { pid: ev.pid, comm: comm_string(&ev.comm) },
                 KIND_EXIT => TargetEvent::Exited { pid: ev.pid },
                 KIND_MAPPED => TargetEvent::Mapped { pid: ev.pid, ts_ns: ev.ts_ns },
-                _ => continue,
-            });
-        }
+                _ => return,
+            })
+        });
         out
     }
 
@@ -131,7 +126,7 @@ impl Collector for ProcessCollector {
         // The syscall family's `sys_exit` reports executable mappings here.
         cx.mappings_followed = true;
         let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
-        self.events = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?);
+        self.events = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?, "process_short_records"));
         Ok(())
     }
 
@@ -230,6 +225,9 @@ impl Collector for ProcessCollector {
                 let n = probe::counter(&mut cx.ebpf, idx)?;
                 cx.sink.set_lost(*name, n);
             }
+        }
+        if let Some(rb) = self.events.as_ref() {
+            rb.report(&mut cx.sink);
         }
         Ok(())
     }

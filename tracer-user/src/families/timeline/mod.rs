@@ -11,7 +11,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{PerCpuArray, RingBuf};
 use tracer_common::{
     sched::{NO_STACK, REASON_GIL, STATE_OFF_CPU, STATE_RUNNABLE, STATE_RUNNING},
     timeline::{TimelineEvent, KIND_SAMPLE, KIND_STATE, KIND_SYSCALL, KIND_THREAD_EXIT, KIND_THREAD_START},
@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     os::clock,
-    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent},
+    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent, ring::Records},
     os::probe::ProbeError,
     recording::{
         timeline::{LifecycleEvent, LifecycleKind, SampleEvent, StateInterval, SyscallEvent, ThreadState},
@@ -40,7 +40,7 @@ pub use crate::engine::Bounded;
 
 #[derive(Default)]
 pub struct TimelineCollector {
-    ring: Option<RingBuf<MapData>>,
+    ring: Option<Records<TimelineEvent>>,
     events: Bounded<TimelineEvent>,
     lifecycle: Vec<LifecycleEvent>,
     /// (pid, user, kernel, Python stack) -> index into `stacks`.
@@ -64,14 +64,7 @@ fn state_of(state: u32, r: u32) -> Option<(ThreadState, Option<OffCpuReason>)> {
 impl TimelineCollector {
     fn drain(&mut self) {
         let Some(ring) = self.ring.as_mut() else { return };
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<TimelineEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a whole TimelineEvent; read_unaligned copes with alignment.
-            let ev: TimelineEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            self.events.push(ev);
-        }
+        ring.drain(|ev| self.events.push(ev));
     }
 
     fn stack(&mut self, cx: &mut Context, pid: u32, user: i32, kernel: i32, py: u64) -> Result<Option<u32>, ProbeError> {
@@ -114,7 +107,7 @@ impl Collector for TimelineCollector {
         let Some(limit) = cx.opts.timeline_limit else { return Ok(()) };
         self.events = Bounded::new(limit);
         let map = cx.ebpf.take_map("TIMELINE_EVENTS").ok_or(ProbeError::MissingMap("TIMELINE_EVENTS"))?;
-        self.ring = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("TIMELINE_EVENTS", e))?);
+        self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("TIMELINE_EVENTS", e))?, "timeline_short_records"));
         Ok(())
     }
 
@@ -149,6 +142,9 @@ impl Collector for TimelineCollector {
         let start = cx.window_start;
         let rel = |t: u64| t.saturating_sub(start);
         let in_kernel = Self::kernel_lost(cx);
+        if let Some(ring) = self.ring.as_ref() {
+            ring.report(&mut cx.sink);
+        }
         let mut tl = rec.timeline.take().unwrap_or_default();
         tl.window_start_mono_ns = start;
         tl.limit = limit;

@@ -27,13 +27,13 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{PerCpuArray, RingBuf},
     programs::{trace_point::TracePointLinkId, TracePoint},
 };
 use tracer_common::asyncio::{SelectorEvent, SELECTOR_SYSCALLS};
 
 use crate::{
-    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent},
+    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent, ring::Records},
     os::probe::{self, ProbeError},
     recording::{
         asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime},
@@ -103,7 +103,7 @@ struct StepGroup {
 #[derive(Default)]
 pub struct AsyncioCollector {
     links: Vec<(&'static str, TracePointLinkId)>,
-    ring: Option<RingBuf<MapData>>,
+    ring: Option<Records<SelectorEvent>>,
     sampler: Option<Sampler>,
     threshold_ns: u64,
     iterations: HashMap<(u32, u32), LoopIterations>,
@@ -126,14 +126,9 @@ fn key_of(c: &Charged) -> (AsyncLine, Option<AsyncLine>) {
 impl AsyncioCollector {
     fn drain(&mut self) {
         let Some(ring) = self.ring.as_mut() else { return };
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<SelectorEvent>() {
-                continue;
-            }
-            // SAFETY: the length is checked; SelectorEvent is plain data.
-            let e: SelectorEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        ring.drain(|e| {
             self.iterations.entry((e.pid, e.tid)).or_insert_with(|| LoopIterations::new(e.ts_ns)).event(&e, self.threshold_ns);
-        }
+        });
     }
 
     fn take_ticks(&mut self) {
@@ -357,7 +352,7 @@ impl Collector for AsyncioCollector {
                 }
             }
             let map = cx.ebpf.take_map("ASYNC_EVENTS").ok_or(ProbeError::MissingMap("ASYNC_EVENTS"))?;
-            self.ring = Some(RingBuf::try_from(map).map_err(|e| ProbeError::map("ASYNC_EVENTS", e))?);
+            self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("ASYNC_EVENTS", e))?, "asyncio_short_records"));
         }
         match Sampler::start(SAMPLE_HZ) {
             Ok(s) => self.sampler = Some(s),
@@ -393,6 +388,9 @@ impl Collector for AsyncioCollector {
         self.drain();
         self.resolve(cx.now_or_end(), cx.window_end.is_some());
         cx.sink.set_lost("asyncio_events_lost", Self::kernel_lost(cx));
+        if let Some(ring) = self.ring.as_ref() {
+            ring.report(&mut cx.sink);
+        }
         rec.asyncio = self.report();
         Ok(())
     }
