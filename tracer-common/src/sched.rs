@@ -1,5 +1,5 @@
 //! Wall-time accounting: a per-thread state machine driven by sched_switch
-//! and sched_wakeup, plus CPU samples. All aggregated in the kernel.
+//! and sched_wakeup, aggregated in the kernel. (CPU samples: `cpu_samples`.)
 
 use crate::syscalls::HIST_BUCKETS;
 
@@ -107,17 +107,6 @@ pub struct OffCpuKey {
     pub py_stack: u64,
 }
 
-/// Key of the `CPU_SAMPLES` map (value: sample count).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SampleKey {
-    pub pid: u32,
-    pub tid: u32,
-    pub user_stack: i32,
-    pub kernel_stack: i32,
-    pub py_stack: u64,
-}
-
 /// Key of the `RUNQ_HIST` map: (pid, log2 bucket) -> count.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -132,7 +121,6 @@ const _: () = assert!(HIST_BUCKETS <= 64);
 mod pod {
     unsafe impl aya::Pod for super::ThreadState {}
     unsafe impl aya::Pod for super::OffCpuKey {}
-    unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::RunqKey {}
     unsafe impl aya::Pod for super::ReusedKey {}
 }
@@ -145,7 +133,6 @@ mod tests {
     fn sizes_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16 + 8);
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
-        assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
         assert_eq!(core::mem::size_of::<ReusedKey>(), 16);
     }

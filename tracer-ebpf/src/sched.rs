@@ -1,13 +1,13 @@
 //! Wall-time accounting in the kernel: a per-thread state machine (running,
 //! runnable, off CPU for a reason) driven by sched_switch and
 //! sched_wakeup/wakeup_new, off-CPU time aggregated by (thread, reason,
-//! stacks), run-queue latency histograms, and CPU samples with stacks.
+//! stacks) and run-queue latency histograms. (CPU samples: `cpu_samples.rs`.)
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, map, perf_event},
+    macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
-    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext},
 };
 use tracer_common::{
     counters,
@@ -31,9 +31,6 @@ pub static REUSED_THREADS: HashMap<ReusedKey, ThreadState> = HashMap::with_max_e
 
 #[map]
 pub static OFFCPU_STACKS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(32768, 0);
-
-#[map]
-pub static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(32768, 0);
 
 #[map]
 pub static RUNQ_HIST: HashMap<RunqKey, u64> = HashMap::with_max_entries(8192, 0);
@@ -322,33 +319,5 @@ pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
     wakeup(&ctx, true);
-    0
-}
-
-/// CPU-clock samples on every CPU, kept for targets only.
-#[perf_event]
-pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if tid == 0 || !is_target(tgid) || window_closed(unsafe { bpf_ktime_get_ns() }) {
-        return 0;
-    }
-    let key = SampleKey {
-        pid: tgid,
-        tid,
-        user_stack: user_stack_id(&ctx),
-        kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
-        py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
-    };
-    crate::timeline::sample(&key);
-    match CPU_SAMPLES.get_ptr_mut(&key) {
-        Some(p) => unsafe { *p += 1 },
-        None => {
-            if CPU_SAMPLES.insert(&key, &1u64, 0).is_err() {
-                count_drop(counters::STACKS_LOST);
-            }
-        }
-    }
     0
 }

@@ -3,7 +3,7 @@
 //! stack (`CPU_SAMPLES`), read here into symbolized CPU stacks.
 
 use aya::maps::HashMap as BpfHashMap;
-use tracer_common::sched::SampleKey;
+use tracer_common::cpu_samples::SampleKey;
 
 use crate::{
     engine::{programs::Links, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},

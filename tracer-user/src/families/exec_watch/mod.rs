@@ -4,7 +4,7 @@
 //! Attached by the agent only.
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::proc_events::{ProcEvent, KIND_EXEC};
+use tracer_common::process::{ProcEvent, KIND_EXEC};
 
 use crate::{
     engine::{programs::Links, Context, FamilyTable, ProgramKind, ProgramSpec},
@@ -14,7 +14,7 @@ use crate::{
 const AGENT_EXEC: ProgramSpec =
     ProgramSpec { name: "agent_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } };
 
-pub static TABLE: FamilyTable = FamilyTable { family: "agent", programs: &[AGENT_EXEC], globals: &[] };
+pub static TABLE: FamilyTable = FamilyTable { family: "exec_watch", programs: &[AGENT_EXEC], globals: &[] };
 
 pub struct ExecWatch {
     pub ring: RingBuf<MapData>,

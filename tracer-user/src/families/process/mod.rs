@@ -13,7 +13,7 @@ use aya::{
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
+    process::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
     target_flags,
 };
 

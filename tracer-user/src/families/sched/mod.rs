@@ -13,8 +13,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
+    cpu_samples::SampleKey,
     sched::{
-        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, SampleKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
+        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
         REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
         STATE_RUNNABLE, STATE_RUNNING,
     },
