@@ -7,6 +7,7 @@
 pub mod asyncio;
 pub mod cpu_samples;
 pub mod cuda;
+pub mod maps;
 pub mod process;
 pub mod python;
 pub mod sched;

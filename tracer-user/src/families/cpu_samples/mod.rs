@@ -40,7 +40,7 @@ impl Collector for CpuSampleCollector {
         rec.sample_hz = cx.opts.sched.frequency;
         let pids = cx.targets.all_pids();
         let samples: Vec<(SampleKey, u64)> = {
-            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, "CPU_SAMPLES")?;
+            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CPU_SAMPLES)?;
             map.iter().filter_map(Result::ok).filter(|(k, _)| pids.contains(&k.pid)).collect()
         };
         for (k, n) in samples {

@@ -25,8 +25,8 @@ impl ExecWatch {
     pub fn attach(cx: &mut Context) -> Result<ExecWatch, ProbeError> {
         let mut links = Links::default();
         links.attach(cx, &AGENT_EXEC)?;
-        let map = cx.ebpf.take_map("AGENT_EXECS").ok_or(ProbeError::MissingMap("AGENT_EXECS"))?;
-        let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("AGENT_EXECS", e))?;
+        let map = cx.ebpf.take_map(tracer_common::maps::AGENT_EXECS).ok_or(ProbeError::MissingMap(tracer_common::maps::AGENT_EXECS))?;
+        let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::AGENT_EXECS, e))?;
         Ok(ExecWatch { ring, links })
     }
 

@@ -175,7 +175,7 @@ fn off_cpu_times(off: &[u64; REASONS]) -> OffCpuTimes {
 /// start), so that time before the first scheduler event is classified.
 /// Entries the kernel already created are left alone.
 fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
-    let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+    let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
     for tid in procfs::thread_ids(pid) {
         let Some(state) = procfs::thread_state(pid, tid) else { continue };
         let mut t = ThreadState {
@@ -213,7 +213,7 @@ fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
 fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
     let mut exited = Vec::new();
     {
-        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
         let dead: Vec<(u32, ThreadState)> =
             threads.iter().filter_map(Result::ok).filter(|(_, t)| t.state == STATE_DEAD).collect();
         for (tid, t) in dead {
@@ -226,7 +226,7 @@ fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
         }
     }
     {
-        let mut reused: BpfHashMap<_, ReusedKey, ThreadState> = probe::hash_map(ebpf, "REUSED_THREADS")?;
+        let mut reused: BpfHashMap<_, ReusedKey, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::REUSED_THREADS)?;
         let lives: Vec<(ReusedKey, ThreadState)> = reused.iter().filter_map(Result::ok).collect();
         for (k, t) in lives {
             let _ = reused.remove(&k);
@@ -276,7 +276,7 @@ impl SchedCollector {
     /// Moves the off-CPU and CPU-sample entries of the threads just summed
     /// out of the kernel maps, into the per-process sums (tid 0).
     fn fold_stacks(&mut self, ebpf: &mut Ebpf, summed: &HashSet<(u32, u32)>) -> Result<(), ProbeError> {
-        let mut offcpu: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
+        let mut offcpu: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, tracer_common::maps::OFFCPU_STACKS)?;
         let taken: Vec<(OffCpuKey, u64)> =
             offcpu.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
         for (k, ns) in taken {
@@ -284,7 +284,7 @@ impl SchedCollector {
             let v = self.folded_offcpu.entry(OffCpuKey { tid: 0, ..k }).or_default();
             *v = v.saturating_add(ns);
         }
-        let mut samples: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
+        let mut samples: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, tracer_common::maps::CPU_SAMPLES)?;
         let taken: Vec<(SampleKey, u64)> =
             samples.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
         for (k, n) in taken {
@@ -310,7 +310,7 @@ impl SchedCollector {
     ) -> Result<(Vec<ThreadTimes>, HashMap<OffCpuKey, u64>), ProbeError> {
         let mut states: Vec<ThreadState> = self.kept.values().copied().collect();
         {
-            let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+            let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
             states.extend(threads.iter().filter_map(Result::ok).map(|(_, t)| t));
         }
         let mut open_offcpu: HashMap<OffCpuKey, u64> = HashMap::new();
@@ -408,7 +408,7 @@ pub const EXITED_THREADS_COMM: &str = "(exited threads)";
 /// Off-CPU stacks: the kernel's aggregates plus the intervals still open.
 fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
     {
-        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, "OFFCPU_STACKS")?;
+        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::OFFCPU_STACKS)?;
         for (k, ns) in map.iter().filter_map(Result::ok) {
             *offcpu.entry(k).or_default() += ns;
         }
@@ -435,7 +435,7 @@ fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffC
 
 fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {
     let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
+    let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, tracer_common::maps::RUNQ_HIST)?;
     for (k, n) in hist.iter().filter_map(Result::ok) {
         if target_pids.contains(&k.pid) {
             let h = out.entry(k.pid).or_insert_with(|| vec![0; HIST_BUCKETS]);
@@ -462,12 +462,12 @@ impl Collector for SchedCollector {
     /// Fills the classification table and attaches the scheduler programs.
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         {
-            let map = cx.ebpf.map_mut("REASON_OF_NR").ok_or(ProbeError::MissingMap("REASON_OF_NR"))?;
-            let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+            let map = cx.ebpf.map_mut(tracer_common::maps::REASON_OF_NR).ok_or(ProbeError::MissingMap(tracer_common::maps::REASON_OF_NR))?;
+            let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::REASON_OF_NR, e))?;
             for nr in 0..REASON_TABLE_SIZE {
                 let r = classify(std::env::consts::ARCH, nr);
                 if r != OffCpuReason::Other {
-                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map(tracer_common::maps::REASON_OF_NR, e))?;
                 }
             }
         }
