@@ -93,7 +93,7 @@ impl PyFrames {
         let old_lasti = interp.layout().version <= 310;
         stack.frames[..n]
             .iter()
-            .filter(|f| f._pad < FRAME_OWNED_BY_CSTACK && f.code != 0)
+            .filter(|f| f.owner < FRAME_OWNED_BY_CSTACK && f.code != 0)
             .map(|f| {
                 // <= 3.10: the field is the int f_lasti (sign-extended for -1).
                 let instr = if old_lasti { f.instr as u32 as i32 as i64 as u64 } else { f.instr };
