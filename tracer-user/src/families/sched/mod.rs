@@ -15,9 +15,9 @@ use aya::{
 use tracer_common::{
     cpu_samples::SampleKey,
     sched::{
-        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
+        Charge, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL,
         REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
-        STATE_RUNNABLE, STATE_RUNNING,
+        STATE_RUNNING, STATE_UNKNOWN,
     },
     syscalls::HIST_BUCKETS,
 };
@@ -178,16 +178,8 @@ fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
     let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
     for tid in procfs::thread_ids(pid) {
         let Some(state) = procfs::thread_state(pid, tid) else { continue };
-        let mut t = ThreadState {
-            pid,
-            tid,
-            since_ns: now,
-            first_ns: now,
-            user_stack: NO_STACK,
-            kernel_stack: NO_STACK,
-            exec_ns: procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN),
-            ..Default::default()
-        };
+        let exec_ns = procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN);
+        let mut t = ThreadState::new(pid, tid, STATE_UNKNOWN, now, exec_ns);
         if let Some(c) = procfs::thread_comm(pid, tid) {
             let n = c.len().min(15);
             t.comm[..n].copy_from_slice(&c.as_bytes()[..n]);
@@ -325,44 +317,17 @@ impl SchedCollector {
         for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid) && t.first_ns < end_ns) {
             let end = if t.state == STATE_DEAD && t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
             let mut open = end.saturating_sub(t.since_ns);
-            if t.state == STATE_RUNNABLE || t.state == STATE_OFF_CPU {
+            if t.waiting() {
                 // Still waiting at the end, or running since a switch-in the
                 // tracepoint never reported: the scheduler's CPU-time counter
                 // (read just after the window) tells.
                 let now_exec = procfs::thread_exec_ns(t.pid, t.tid).unwrap_or(EXEC_UNKNOWN);
-                let (ran, rest) = split_missed_switch_in(open, t.exec_ns, now_exec);
-                t.on_cpu_ns += ran;
-                open = rest;
+                open = t.take_missed_run(open, now_exec);
             }
-            match t.state {
-                STATE_RUNNING => t.on_cpu_ns += open,
-                STATE_RUNNABLE if t.reason != REASON_GIL => {
-                    t.runqueue_ns += open;
-                    if t.in_syscall != 0 {
-                        t.blocked_in_syscall_ns += open;
-                    }
-                }
-                // Off CPU, or woken to take the GIL and waiting for a CPU
-                // (GIL time, as in the kernel).
-                STATE_OFF_CPU | STATE_RUNNABLE => {
-                    if let Some(slot) = t.off_cpu_ns.get_mut(t.reason as usize) {
-                        *slot += open;
-                    }
-                    if t.in_syscall != 0 {
-                        t.blocked_in_syscall_ns += open;
-                    }
-                    let key = OffCpuKey {
-                        pid: t.pid,
-                        tid: t.tid,
-                        reason: t.reason,
-                        user_stack: t.user_stack,
-                        kernel_stack: t.kernel_stack,
-                        _pad: 0,
-                        py_stack: t.py_stack,
-                    };
-                    *open_offcpu.entry(key).or_default() += open;
-                }
-                _ => {}
+            // The interval still open, counted as the kernel counts the
+            // intervals that end (`ThreadState::charge`).
+            if t.charge(open) == Charge::OffCpu {
+                *open_offcpu.entry(t.offcpu_key()).or_default() += open;
             }
             let sys_total = syscall_time.get(&(t.pid, t.tid)).copied().unwrap_or(0);
             // A live thread's current name; the kernel's copy (from its last
