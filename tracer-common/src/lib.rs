@@ -5,8 +5,10 @@
 #![no_std]
 
 pub mod asyncio;
+pub mod cpu_samples;
 pub mod cuda;
-pub mod proc_events;
+pub mod maps;
+pub mod process;
 pub mod python;
 pub mod sched;
 pub mod syscalls;

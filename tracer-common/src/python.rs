@@ -51,11 +51,15 @@ pub struct PyFrameRec {
     pub instr: u64,
     /// `co_firstlineno` of `code` (detects a reused code address).
     pub checksum: u32,
-    /// The frame owner byte (3.11+; 0 before). Owners >= 3 are C-stack shims.
-    pub _pad: u32,
+    /// The frame owner byte (3.11+; 0 before), zero-extended. From
+    /// `FRAME_OWNED_BY_CSTACK` up the frame carries no Python function.
+    pub owner: u32,
 }
 
-/// Frame owner values from this one up are C-stack shim frames.
+/// Frame owner values from this one up carry no Python function: frames
+/// owned by the C stack (3.12, 3.13 entry shims) or, from 3.14, by the
+/// interpreter (3) or the C stack (4). Compared with `PyFrameRec::owner` in
+/// the kernel and with the owner byte read from the process in userspace.
 pub const FRAME_OWNED_BY_CSTACK: u32 = 3;
 /// Low bits of a frame's code field that are tags, not address (3.14+'s
 /// `_PyStackRef`, `Py_TAG_BITS` <= 3). Objects are at least 8-byte aligned,

@@ -1,5 +1,5 @@
 //! Wall-time accounting: a per-thread state machine driven by sched_switch
-//! and sched_wakeup, plus CPU samples. All aggregated in the kernel.
+//! and sched_wakeup, aggregated in the kernel. (CPU samples: `cpu_samples`.)
 
 use crate::syscalls::HIST_BUCKETS;
 
@@ -84,6 +84,115 @@ pub fn split_missed_switch_in(elapsed: u64, exec_then: u64, exec_now: u64) -> (u
     (ran, elapsed - ran)
 }
 
+/// Where the time a thread spends in its current state is counted
+/// (`ThreadState::charge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// `on_cpu_ns`.
+    OnCpu,
+    /// `runqueue_ns`, and the run-queue histogram.
+    Runqueue,
+    /// `off_cpu_ns[reason]`, and the off-CPU stacks.
+    OffCpu,
+    /// Nowhere (unknown or dead).
+    Nowhere,
+}
+
+/// Where time in `state` with off-CPU reason `reason` is counted. A thread
+/// woken to take the GIL and waiting for a CPU still waits in take_gil: GIL
+/// time, off CPU (documented in docs/python.md).
+#[inline(always)]
+pub fn charge_of(state: u32, reason: u32) -> Charge {
+    match state {
+        STATE_RUNNING => Charge::OnCpu,
+        STATE_RUNNABLE if reason != REASON_GIL => Charge::Runqueue,
+        STATE_RUNNABLE | STATE_OFF_CPU => Charge::OffCpu,
+        _ => Charge::Nowhere,
+    }
+}
+
+/// The off-CPU accounting, the same in the kernel (each interval that ends)
+/// and in userspace (the intervals still open when the window closes). Plain
+/// code: no loops, no allocation, inlined into the BPF programs.
+impl ThreadState {
+    /// A thread seen for the first time: in `state` since `since_ns`, no
+    /// stacks yet, the kernel's CPU-time counter at `exec_ns`.
+    #[inline(always)]
+    pub fn new(pid: u32, tid: u32, state: u32, since_ns: u64, exec_ns: u64) -> ThreadState {
+        ThreadState {
+            pid,
+            tid,
+            state,
+            reason: REASON_OTHER,
+            since_ns,
+            first_ns: since_ns,
+            user_stack: NO_STACK,
+            kernel_stack: NO_STACK,
+            exec_ns,
+            ..Default::default()
+        }
+    }
+
+    /// Runnable or off CPU: a wait whose switch-in may have gone unreported.
+    #[inline(always)]
+    pub fn waiting(&self) -> bool {
+        self.state == STATE_RUNNABLE || self.state == STATE_OFF_CPU
+    }
+
+    /// The end of a wait, `elapsed` ns after it began, seen with the kernel's
+    /// CPU-time counter at `exec_now`: the part the thread actually ran
+    /// (`split_missed_switch_in`) goes to `on_cpu_ns`. Returns the rest, the
+    /// time still to count in the state.
+    #[inline(always)]
+    pub fn take_missed_run(&mut self, elapsed: u64, exec_now: u64) -> u64 {
+        let (ran, rest) = split_missed_switch_in(elapsed, self.exec_ns, exec_now);
+        self.on_cpu_ns += ran;
+        rest
+    }
+
+    /// Counts `ns` spent in the current state in the thread's sums (time
+    /// waiting inside a syscall in `blocked_in_syscall_ns` too) and says
+    /// where it went: the caller adds the off-CPU stacks or run-queue
+    /// histogram entry.
+    #[inline(always)]
+    pub fn charge(&mut self, ns: u64) -> Charge {
+        let charge = charge_of(self.state, self.reason);
+        match charge {
+            Charge::OnCpu => self.on_cpu_ns += ns,
+            Charge::Runqueue => {
+                self.runqueue_ns += ns;
+                if self.in_syscall != 0 {
+                    self.blocked_in_syscall_ns += ns;
+                }
+            }
+            Charge::OffCpu => {
+                if let Some(slot) = self.off_cpu_ns.get_mut(self.reason as usize) {
+                    *slot += ns;
+                }
+                if self.in_syscall != 0 {
+                    self.blocked_in_syscall_ns += ns;
+                }
+            }
+            Charge::Nowhere => {}
+        }
+        charge
+    }
+
+    /// Key of the off-CPU stacks aggregate of the current interval.
+    #[inline(always)]
+    pub fn offcpu_key(&self) -> OffCpuKey {
+        OffCpuKey {
+            pid: self.pid,
+            tid: self.tid,
+            reason: self.reason,
+            user_stack: self.user_stack,
+            kernel_stack: self.kernel_stack,
+            _pad: 0,
+            py_stack: self.py_stack,
+        }
+    }
+}
+
 /// Key of the `REUSED_THREADS` map: an earlier life of a reused thread id
 /// (value: its closed `ThreadState`).
 #[repr(C)]
@@ -107,17 +216,6 @@ pub struct OffCpuKey {
     pub py_stack: u64,
 }
 
-/// Key of the `CPU_SAMPLES` map (value: sample count).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SampleKey {
-    pub pid: u32,
-    pub tid: u32,
-    pub user_stack: i32,
-    pub kernel_stack: i32,
-    pub py_stack: u64,
-}
-
 /// Key of the `RUNQ_HIST` map: (pid, log2 bucket) -> count.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -132,7 +230,6 @@ const _: () = assert!(HIST_BUCKETS <= 64);
 mod pod {
     unsafe impl aya::Pod for super::ThreadState {}
     unsafe impl aya::Pod for super::OffCpuKey {}
-    unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::RunqKey {}
     unsafe impl aya::Pod for super::ReusedKey {}
 }
@@ -145,7 +242,6 @@ mod tests {
     fn sizes_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16 + 8);
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
-        assert_eq!(core::mem::size_of::<SampleKey>(), 24);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
         assert_eq!(core::mem::size_of::<ReusedKey>(), 16);
     }
@@ -160,5 +256,80 @@ mod tests {
         assert_eq!(split_missed_switch_in(100, EXEC_UNKNOWN, 1_200), (0, 100));
         assert_eq!(split_missed_switch_in(100, 1_000, EXEC_UNKNOWN), (0, 100));
         assert_eq!(split_missed_switch_in(100, 2_000, 1_000), (0, 100));
+    }
+
+    fn thread(state: u32, reason: u32, in_syscall: u32) -> ThreadState {
+        ThreadState { reason, in_syscall, py_stack: 9, ..ThreadState::new(10, 11, state, 1_000, 500) }
+    }
+
+    #[test]
+    fn new_thread_has_no_stacks() {
+        let t = ThreadState::new(10, 11, STATE_RUNNABLE, 1_000, 500);
+        assert_eq!((t.pid, t.tid, t.state, t.reason), (10, 11, STATE_RUNNABLE, REASON_OTHER));
+        assert_eq!((t.since_ns, t.first_ns, t.end_ns, t.exec_ns), (1_000, 1_000, 0, 500));
+        assert_eq!((t.user_stack, t.kernel_stack, t.py_stack), (NO_STACK, NO_STACK, 0));
+    }
+
+    #[test]
+    fn charge_by_state() {
+        assert_eq!(charge_of(STATE_RUNNING, REASON_OTHER), Charge::OnCpu);
+        assert_eq!(charge_of(STATE_RUNNABLE, REASON_OTHER), Charge::Runqueue);
+        // Woken to take the GIL, waiting for a CPU: GIL time.
+        assert_eq!(charge_of(STATE_RUNNABLE, REASON_GIL), Charge::OffCpu);
+        assert_eq!(charge_of(STATE_OFF_CPU, REASON_IO), Charge::OffCpu);
+        assert_eq!(charge_of(STATE_DEAD, REASON_OTHER), Charge::Nowhere);
+        assert_eq!(charge_of(STATE_UNKNOWN, REASON_OTHER), Charge::Nowhere);
+
+        let mut t = thread(STATE_RUNNING, REASON_OTHER, 1);
+        assert_eq!(t.charge(7), Charge::OnCpu);
+        // On CPU inside a syscall is not blocked time.
+        assert_eq!((t.on_cpu_ns, t.blocked_in_syscall_ns), (7, 0));
+
+        let mut t = thread(STATE_RUNNABLE, REASON_OTHER, 1);
+        assert_eq!(t.charge(5), Charge::Runqueue);
+        assert_eq!(t.charge(2), Charge::Runqueue);
+        assert_eq!((t.runqueue_ns, t.blocked_in_syscall_ns, t.off_cpu_ns), (7, 7, [0; REASONS]));
+
+        let mut t = thread(STATE_OFF_CPU, REASON_SLEEP, 0);
+        assert_eq!(t.charge(4), Charge::OffCpu);
+        assert_eq!((t.off_cpu_ns[REASON_SLEEP as usize], t.blocked_in_syscall_ns, t.runqueue_ns), (4, 0, 0));
+
+        let mut t = thread(STATE_RUNNABLE, REASON_GIL, 1);
+        assert_eq!(t.charge(3), Charge::OffCpu);
+        assert_eq!((t.off_cpu_ns[REASON_GIL as usize], t.blocked_in_syscall_ns, t.runqueue_ns), (3, 3, 0));
+
+        // A reason out of range is not counted (and does not panic).
+        let mut t = thread(STATE_OFF_CPU, REASONS as u32, 1);
+        assert_eq!(t.charge(3), Charge::OffCpu);
+        assert_eq!((t.off_cpu_ns, t.blocked_in_syscall_ns), ([0; REASONS], 3));
+
+        let mut t = thread(STATE_DEAD, REASON_OTHER, 1);
+        assert_eq!(t.charge(3), Charge::Nowhere);
+        assert_eq!((t.on_cpu_ns, t.runqueue_ns, t.off_cpu_ns, t.blocked_in_syscall_ns), (0, 0, [0; REASONS], 0));
+    }
+
+    #[test]
+    fn missed_run_then_charge_adds_up() {
+        // Off CPU for 100 ns by our events, but the counter says it ran 30.
+        let mut t = thread(STATE_OFF_CPU, REASON_IO, 1);
+        assert!(t.waiting());
+        let rest = t.take_missed_run(100, 530);
+        assert_eq!((rest, t.on_cpu_ns), (70, 30));
+        assert_eq!(t.charge(rest), Charge::OffCpu);
+        assert_eq!((t.off_cpu_ns[REASON_IO as usize], t.blocked_in_syscall_ns), (70, 70));
+        assert_eq!(t.on_cpu_ns + t.off_cpu_ns.iter().sum::<u64>(), 100);
+        // Unknown counter: everything stays in the state.
+        let mut t = ThreadState { exec_ns: EXEC_UNKNOWN, ..thread(STATE_RUNNABLE, REASON_OTHER, 0) };
+        assert_eq!(t.take_missed_run(100, 530), 100);
+        assert_eq!(t.on_cpu_ns, 0);
+        assert!(!thread(STATE_RUNNING, REASON_OTHER, 0).waiting());
+        assert!(!thread(STATE_DEAD, REASON_OTHER, 0).waiting());
+    }
+
+    #[test]
+    fn offcpu_key_of_the_interval() {
+        let t = ThreadState { user_stack: 3, kernel_stack: 4, ..thread(STATE_OFF_CPU, REASON_LOCK, 0) };
+        let k = t.offcpu_key();
+        assert_eq!(k, OffCpuKey { pid: 10, tid: 11, reason: REASON_LOCK, user_stack: 3, kernel_stack: 4, _pad: 0, py_stack: 9 });
     }
 }

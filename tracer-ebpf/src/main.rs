@@ -1,7 +1,9 @@
 //! infertrace kernel programs.
 //!
 //! Module layout (no cycles):
-//! - probe families, one module each: `process`, `sched`, `syscalls`, `cuda`.
+//! - probe families, one module each, named as the families of
+//!   `tracer-user/src/families/`: `process`, `syscalls`, `sched`,
+//!   `cpu_samples`, `cuda`, `exec_watch`, `overhead`, `asyncio`.
 //!   A family imports from this crate root (and the helper module below)
 //!   only, never from another family.
 //! - `python`: the CPython stack walker, a helper the families call; it has
@@ -16,9 +18,10 @@
 // onto the 512-byte BPF stack.
 #![allow(clippy::needless_borrows_for_generic_args)]
 
-mod agent;
 mod asyncio;
+mod cpu_samples;
 mod cuda;
+mod exec_watch;
 mod overhead;
 mod process;
 mod python;
@@ -33,7 +36,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::tracing::StackIdContext,
 };
-use tracer_common::{proc_events::ProcEvent, syscalls::SyscallStart};
+use tracer_common::{process::ProcEvent, syscalls::SyscallStart};
 
 /// Processes (tgid) being traced, with `tracer_common::target_flags`.
 /// Userspace inserts the explicit targets; `process` adds forked children.

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    proc_events::{KIND_EXEC, KIND_EXIT, KIND_FORK},
+    process::{KIND_EXEC, KIND_EXIT, KIND_FORK},
     target_flags,
 };
 

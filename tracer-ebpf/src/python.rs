@@ -143,7 +143,7 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
             Some(o) => read_u64(frame + o) as u32 & 0xff,
             None => 0,
         };
-        scratch.frames[i] = PyFrameRec { code, instr, checksum, _pad: owner };
+        scratch.frames[i] = PyFrameRec { code, instr, checksum, owner };
         hash = (hash ^ code).wrapping_mul(0x0000_0100_0000_01b3);
         hash = (hash ^ instr).wrapping_mul(0x0000_0100_0000_01b3);
         len += 1;
@@ -305,7 +305,7 @@ extern "C" fn remember_frame(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let c = unsafe { &*(ctx as *const CodesCtx) };
     let Some(stack) = PY_SCRATCH.get_ptr(c.slot) else { return 1 };
     let Some(f) = (unsafe { &*stack }).frames.get(i as usize) else { return 1 };
-    if f._pad >= FRAME_OWNED_BY_CSTACK || f.code == 0 {
+    if f.owner >= FRAME_OWNED_BY_CSTACK || f.code == 0 {
         return 0;
     }
     let (code, checksum) = (f.code, f.checksum);
@@ -417,7 +417,7 @@ fn debug_odd_frames(pid: u32, tid: u32, stack: &PyStack, len: u32) {
     // beyond `len`).
     let live: u64 = if len >= 64 { u64::MAX } else { (1u64 << len) - 1 };
     for (i, f) in stack.frames.iter().enumerate() {
-        let owner = (f._pad & 0xff) as u64;
+        let owner = (f.owner & 0xff) as u64;
         let on = (live >> i) & 1;
         unknown |= on * ((owner + (7 - MAX_KNOWN_OWNER as u64)) >> 3);
         owners |= on << (owner & 63);

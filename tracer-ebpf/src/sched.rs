@@ -1,13 +1,13 @@
 //! Wall-time accounting in the kernel: a per-thread state machine (running,
 //! runnable, off CPU for a reason) driven by sched_switch and
 //! sched_wakeup/wakeup_new, off-CPU time aggregated by (thread, reason,
-//! stacks), run-queue latency histograms, and CPU samples with stacks.
+//! stacks) and run-queue latency histograms. (CPU samples: `cpu_samples.rs`.)
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, map, perf_event},
+    macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
-    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext},
 };
 use tracer_common::{
     counters,
@@ -31,9 +31,6 @@ pub static REUSED_THREADS: HashMap<ReusedKey, ThreadState> = HashMap::with_max_e
 
 #[map]
 pub static OFFCPU_STACKS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(32768, 0);
-
-#[map]
-pub static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(32768, 0);
 
 #[map]
 pub static RUNQ_HIST: HashMap<RunqKey, u64> = HashMap::with_max_entries(8192, 0);
@@ -91,18 +88,7 @@ fn thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> Option<*mut
     }
     // Read only for a new entry: an existing one has its value from its last switch-out.
     let exec = if task == 0 { EXEC_UNKNOWN } else { task_exec_ns(task) };
-    let fresh = ThreadState {
-        pid: tgid,
-        tid,
-        state,
-        reason: REASON_OTHER,
-        since_ns: since,
-        first_ns: since,
-        user_stack: NO_STACK,
-        kernel_stack: NO_STACK,
-        exec_ns: exec,
-        ..Default::default()
-    };
+    let fresh = ThreadState::new(tgid, tid, state, since, exec);
     if THREADS.insert(&tid, &fresh, 0).is_err() {
         count_drop(counters::THREADS_FULL);
         return None;
@@ -110,28 +96,24 @@ fn thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> Option<*mut
     THREADS.get_ptr_mut(&tid)
 }
 
+/// Counts `ns` more in the thread's current state: its sums
+/// (`ThreadState::charge`, shared with userspace), and the off-CPU stacks
+/// or the run-queue histogram.
 #[inline(always)]
-fn add_off_cpu(t: &mut ThreadState, ns: u64) {
-    let r = t.reason as usize;
-    if let Some(slot) = t.off_cpu_ns.get_mut(r) {
-        *slot += ns;
+fn charge(t: &mut ThreadState, ns: u64) {
+    match t.charge(ns) {
+        Charge::OffCpu => add_off_cpu_stacks(&t.offcpu_key(), ns),
+        Charge::Runqueue => add_runqueue_hist(t.pid, ns),
+        Charge::OnCpu | Charge::Nowhere => {}
     }
-    if t.in_syscall != 0 {
-        t.blocked_in_syscall_ns += ns;
-    }
-    let key = OffCpuKey {
-        pid: t.pid,
-        tid: t.tid,
-        reason: t.reason,
-        user_stack: t.user_stack,
-        kernel_stack: t.kernel_stack,
-        _pad: 0,
-        py_stack: t.py_stack,
-    };
-    match OFFCPU_STACKS.get_ptr_mut(&key) {
+}
+
+#[inline(always)]
+fn add_off_cpu_stacks(key: &OffCpuKey, ns: u64) {
+    match OFFCPU_STACKS.get_ptr_mut(key) {
         Some(p) => unsafe { *p += ns },
         None => {
-            if OFFCPU_STACKS.insert(&key, &ns, 0).is_err() {
+            if OFFCPU_STACKS.insert(key, &ns, 0).is_err() {
                 count_drop(counters::STACKS_LOST);
             }
         }
@@ -139,12 +121,8 @@ fn add_off_cpu(t: &mut ThreadState, ns: u64) {
 }
 
 #[inline(always)]
-fn add_runqueue(t: &mut ThreadState, ns: u64) {
-    t.runqueue_ns += ns;
-    if t.in_syscall != 0 {
-        t.blocked_in_syscall_ns += ns;
-    }
-    let key = RunqKey { pid: t.pid, bucket: hist_bucket(ns) as u32 };
+fn add_runqueue_hist(pid: u32, ns: u64) {
+    let key = RunqKey { pid, bucket: hist_bucket(ns) as u32 };
     match RUNQ_HIST.get_ptr_mut(&key) {
         Some(p) => unsafe { *p += 1 },
         None => {
@@ -194,16 +172,11 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         // kernel's CPU-time counter says how long it actually ran; the
         // timeline shows the wait first, then the run, as the sums count them.
         STATE_RUNNABLE | STATE_OFF_CPU => {
-            let (ran, rest) = split_missed_switch_in(elapsed, t.exec_ns, exec);
+            let rest = t.take_missed_run(elapsed, exec);
             let ran_from = t.since_ns + rest;
             crate::timeline::interval(t, t.state, t.since_ns, ran_from);
             crate::timeline::interval(t, STATE_RUNNING, ran_from, now);
-            t.on_cpu_ns += ran;
-            if t.state == STATE_RUNNABLE && t.reason != REASON_GIL {
-                add_runqueue(t, rest);
-            } else {
-                add_off_cpu(t, rest);
-            }
+            charge(t, rest);
         }
         _ => crate::timeline::state_ended(t, now),
     }
@@ -246,18 +219,11 @@ fn switch_in(tgid: u32, tid: u32, now: u64, task: u64) {
     let Some(t) = thread(tgid, tid, STATE_RUNNABLE, now, task) else { return };
     let t = unsafe { &mut *t };
     crate::timeline::state_ended(t, now);
-    let elapsed = now.saturating_sub(t.since_ns);
-    match t.state {
-        // Woken to take the GIL, then waiting for a CPU: still waiting in
-        // take_gil, so it stays GIL time (documented in docs/python.md).
-        STATE_RUNNABLE if t.reason == REASON_GIL => add_off_cpu(t, elapsed),
-        STATE_RUNNABLE => add_runqueue(t, elapsed),
-        // Woken without a wakeup we saw: count the wait as off-CPU.
-        STATE_OFF_CPU => add_off_cpu(t, elapsed),
-        // A switch-out we missed (around attach): keep the parts adding up.
-        STATE_RUNNING => t.on_cpu_ns += elapsed,
-        _ => {}
-    }
+    // Runnable: run-queue time (GIL time for a thread woken to take the
+    // GIL, `charge_of`). Off CPU: woken without a wakeup we saw, the wait
+    // counts as off-CPU. Running: a switch-out we missed (around attach),
+    // counted on CPU to keep the parts adding up.
+    charge(t, now.saturating_sub(t.since_ns));
     t.state = STATE_RUNNING;
     t.since_ns = now;
 }
@@ -290,22 +256,12 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         if REUSED_THREADS.insert(&key, &*t, 0).is_err() {
             count_drop(counters::THREADS_FULL);
         }
-        *t = ThreadState {
-            pid: tgid,
-            tid,
-            state: STATE_RUNNABLE,
-            since_ns: now,
-            first_ns: now,
-            user_stack: NO_STACK,
-            kernel_stack: NO_STACK,
-            exec_ns: task_exec_ns(task),
-            ..Default::default()
-        };
+        *t = ThreadState::new(tgid, tid, STATE_RUNNABLE, now, task_exec_ns(task));
         return;
     }
     if t.state == STATE_OFF_CPU {
         crate::timeline::state_ended(t, now);
-        add_off_cpu(t, now.saturating_sub(t.since_ns));
+        charge(t, now.saturating_sub(t.since_ns));
         t.state = STATE_RUNNABLE;
         t.since_ns = now;
     }
@@ -322,33 +278,5 @@ pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
     wakeup(&ctx, true);
-    0
-}
-
-/// CPU-clock samples on every CPU, kept for targets only.
-#[perf_event]
-pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if tid == 0 || !is_target(tgid) || window_closed(unsafe { bpf_ktime_get_ns() }) {
-        return 0;
-    }
-    let key = SampleKey {
-        pid: tgid,
-        tid,
-        user_stack: user_stack_id(&ctx),
-        kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
-        py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
-    };
-    crate::timeline::sample(&key);
-    match CPU_SAMPLES.get_ptr_mut(&key) {
-        Some(p) => unsafe { *p += 1 },
-        None => {
-            if CPU_SAMPLES.insert(&key, &1u64, 0).is_err() {
-                count_drop(counters::STACKS_LOST);
-            }
-        }
-    }
     0
 }

@@ -19,7 +19,7 @@ use crate::{
     count_drop, emit_proc_event, global, is_target, python, syscall_slot, user_stack_id, window_closed, window_start_ns,
     SYSCALL_START, TARGETS,
 };
-use tracer_common::proc_events::KIND_MAPPED;
+use tracer_common::process::KIND_MAPPED;
 
 #[map]
 pub static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(32768, 0);

@@ -11,7 +11,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     python::SlowKey,
-    sched::{SampleKey, ThreadState, NO_STACK},
+    cpu_samples::SampleKey,
+    sched::{ThreadState, NO_STACK},
     timeline::{TimelineEvent, KIND_SAMPLE, KIND_STATE, KIND_SYSCALL, RING_BYTES},
 };
 

@@ -141,11 +141,11 @@ pub fn load_object(tables: &[&FamilyTable], inputs: &LoadInputs<'_>) -> Result<E
     let mut loader = EbpfLoader::new();
     loader.btf(Some(&inputs.btf.btf));
     if let Some(n) = cuda_ring_bytes()? {
-        loader.map_max_entries("CUDA_EVENTS", n);
+        loader.map_max_entries(tracer_common::maps::CUDA_EVENTS, n);
     }
     if inputs.opts.timeline_limit.is_none() {
         // `record --timeline` off: the ring stays empty; one page, not 8 MiB.
-        loader.map_max_entries("TIMELINE_EVENTS", 4096);
+        loader.map_max_entries(tracer_common::maps::TIMELINE_EVENTS, 4096);
     }
     for (name, v) in &values {
         match v {

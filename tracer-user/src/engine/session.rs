@@ -432,9 +432,9 @@ const WINDOW_START: u32 = 0;
 const WINDOW_END: u32 = 1;
 
 fn set_window(ebpf: &mut Ebpf, slot: u32, ns: u64) -> Result<(), RecordError> {
-    let map = ebpf.map_mut("WINDOW").ok_or(ProbeError::MissingMap("WINDOW"))?;
-    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map("WINDOW", e))?;
-    arr.set(slot, ns, 0).map_err(|e| ProbeError::map("WINDOW", e))?;
+    let map = ebpf.map_mut(tracer_common::maps::WINDOW).ok_or(ProbeError::MissingMap(tracer_common::maps::WINDOW))?;
+    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::WINDOW, e))?;
+    arr.set(slot, ns, 0).map_err(|e| ProbeError::map(tracer_common::maps::WINDOW, e))?;
     Ok(())
 }
 

@@ -90,8 +90,8 @@ impl Stacks {
             Some(p) => p.load_stacks(ebpf)?,
             None => HashMap::new(),
         };
-        let map = ebpf.map("STACKS").ok_or(ProbeError::MissingMap("STACKS"))?;
-        let map: StackTraceMap<&MapData> = StackTraceMap::try_from(map).map_err(|e| ProbeError::map("STACKS", e))?;
+        let map = ebpf.map(tracer_common::maps::STACKS).ok_or(ProbeError::MissingMap(tracer_common::maps::STACKS))?;
+        let map: StackTraceMap<&MapData> = StackTraceMap::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::STACKS, e))?;
         let native = map
             .iter()
             .filter_map(Result::ok)

@@ -119,6 +119,73 @@ mod tests {
         (progs, globals)
     }
 
+    /// The maps of the embedded kernel object: data symbols in the legacy
+    /// `maps` section (aya-ebpf's `#[map]`) or the BTF `.maps` section.
+    fn object_maps() -> BTreeSet<String> {
+        let obj = object::File::parse(crate::os::probe::object_bytes()).expect("the embedded object is ELF");
+        let mut maps = BTreeSet::new();
+        for sym in obj.symbols() {
+            let (Ok(name), Some(idx)) = (sym.name(), sym.section_index()) else { continue };
+            let Ok(section) = obj.section_by_index(idx) else { continue };
+            if sym.kind() == SymbolKind::Data && matches!(section.name(), Ok("maps" | ".maps")) {
+                maps.insert(name.to_owned());
+            }
+        }
+        maps
+    }
+
+    /// `tracer_common::maps`: each constant is its own name, listed in
+    /// `ALL`, and a map of the object; every map constant the userspace
+    /// sources name is in `ALL`.
+    #[test]
+    fn map_names_are_maps_of_the_object() {
+        use tracer_common::maps::ALL;
+        let maps = object_maps();
+        for name in ALL {
+            assert!(maps.contains(*name), "tracer_common::maps::{name}: no such map in the object ({maps:?})");
+        }
+        let src = include_str!("../../../tracer-common/src/maps.rs");
+        let mut consts = 0;
+        for line in src.lines() {
+            let Some((ident, value)) = line.strip_prefix("pub const ").and_then(|l| l.split_once(": &str = ")) else { continue };
+            let value = value.trim_end_matches(';').trim_matches('"');
+            assert_eq!(ident, value, "tracer_common::maps::{ident} names another map");
+            assert!(ALL.contains(&value), "tracer_common::maps::{ident} is missing from ALL");
+            consts += 1;
+        }
+        assert_eq!(consts, ALL.len(), "tracer_common::maps::ALL lists a name twice");
+        // Best effort: the paths to a map constant (not `use` lists) in
+        // the code (not the comments) of tracer-user/src.
+        let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+        let mut used = BTreeSet::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read_dir").map(|e| e.expect("dir entry").path()) {
+                if entry.is_dir() {
+                    dirs.push(entry);
+                    continue;
+                }
+                if entry.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&entry).expect("read source");
+                for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                    for (i, m) in line.match_indices("maps::") {
+                        let rest = &line[i + m.len()..];
+                        let name: String = rest.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+                        let whole = !rest[name.len()..].starts_with(|c: char| c.is_ascii_alphanumeric());
+                        if !name.is_empty() && whole && name != "ALL" {
+                            used.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(used.contains("WINDOW"), "no use of tracer_common::maps found: is the scan broken?");
+        for name in &used {
+            assert!(ALL.contains(&name.as_str()), "maps::{name} is used by tracer-user but missing from tracer_common::maps::ALL");
+        }
+    }
+
     #[test]
     fn tables_describe_every_program_once_and_name_real_globals() {
         let (progs, globals) = object_contents();

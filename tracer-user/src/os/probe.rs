@@ -64,9 +64,9 @@ where
 
 /// `COUNTERS[idx]` summed over CPUs.
 pub fn counter(ebpf: &mut Ebpf, idx: u32) -> Result<u64, ProbeError> {
-    let map = ebpf.map_mut("COUNTERS").ok_or(ProbeError::MissingMap("COUNTERS"))?;
-    let arr: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(map).map_err(|e| ProbeError::map("COUNTERS", e))?;
-    let vals = arr.get(&idx, 0).map_err(|e| ProbeError::map("COUNTERS", e))?;
+    let map = ebpf.map_mut(tracer_common::maps::COUNTERS).ok_or(ProbeError::MissingMap(tracer_common::maps::COUNTERS))?;
+    let arr: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::COUNTERS, e))?;
+    let vals = arr.get(&idx, 0).map_err(|e| ProbeError::map(tracer_common::maps::COUNTERS, e))?;
     Ok(vals.iter().sum())
 }
 

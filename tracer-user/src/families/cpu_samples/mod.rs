@@ -3,7 +3,7 @@
 //! stack (`CPU_SAMPLES`), read here into symbolized CPU stacks.
 
 use aya::maps::HashMap as BpfHashMap;
-use tracer_common::sched::SampleKey;
+use tracer_common::cpu_samples::SampleKey;
 
 use crate::{
     engine::{Part, programs::Links, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
@@ -44,7 +44,7 @@ impl Collector for CpuSampleCollector {
         rec.sample_hz = cx.opts.sched.frequency;
         let pids = cx.targets.all_pids();
         let samples: Vec<(SampleKey, u64)> = {
-            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, "CPU_SAMPLES")?;
+            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CPU_SAMPLES)?;
             map.iter().filter_map(Result::ok).filter(|(k, _)| pids.contains(&k.pid)).collect()
         };
         for (k, n) in samples {

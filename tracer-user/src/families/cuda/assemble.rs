@@ -42,7 +42,7 @@ impl CudaCollector {
         // had its event submitted, so a call without one was lost (while
         // recording, calls that return in between are only in the events).
         let stats: Vec<(CudaKey, CudaStats)> = {
-            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, "CUDA_STATS")?;
+            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_STATS)?;
             map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
         };
         report.events_lost = probe::counter(&mut cx.ebpf, counters::CUDA_EVENTS_LOST)?;
@@ -51,7 +51,7 @@ impl CudaCollector {
         let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
         replay.close(start + window_ns / 2);
         let launches: Vec<(LaunchKey, u64)> = {
-            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, "CUDA_LAUNCHES")?;
+            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
             map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
         };
         let mut sites = SiteCache { sites: HashMap::new() };

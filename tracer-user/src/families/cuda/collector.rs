@@ -122,7 +122,7 @@ fn publish_text(cx: &mut Context, pid: u32, text: &[Option<(u64, u64)>; 2]) -> R
         text[1].map_or(0, |r| r.0),
         text[1].map_or(0, |r| r.1),
     ];
-    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, "CUDA_TEXT")?;
+    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_TEXT)?;
     if let Err(e) = map.insert(pid, flat, 0) {
         cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
     }
@@ -146,11 +146,11 @@ impl CudaCollector {
         if self.attached.is_empty() {
             return Ok(false);
         }
-        let stats: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+        let stats: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, tracer_common::maps::CUDA_STATS)?;
         if stats.keys().next().is_some() {
             return Ok(true);
         }
-        let launches: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        let launches: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
         Ok(launches.keys().next().is_some())
     }
 
@@ -473,8 +473,8 @@ impl CudaCollector {
             }
         }
         if self.events.is_none() {
-            let map = cx.ebpf.take_map("CUDA_EVENTS").ok_or(ProbeError::MissingMap("CUDA_EVENTS"))?;
-            let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("CUDA_EVENTS", e))?;
+            let map = cx.ebpf.take_map(tracer_common::maps::CUDA_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_EVENTS))?;
+            let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_EVENTS, e))?;
             self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
             if let (Some(ev), Some(limit)) = (&self.events, cx.opts.timeline_limit) {
                 ev.keep_timeline(limit);
@@ -493,7 +493,7 @@ impl CudaCollector {
         }
         let gone = |tid: u32| !procfs::exists(tid);
         {
-            let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, "CUDA_STATS")?;
+            let mut map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(ebpf, tracer_common::maps::CUDA_STATS)?;
             let dead: Vec<(CudaKey, CudaStats)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
             for (k, v) in dead {
                 let _ = map.remove(&k);
@@ -501,7 +501,7 @@ impl CudaCollector {
             }
         }
         {
-            let mut map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+            let mut map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
             let dead: Vec<(LaunchKey, u64)> = map.iter().filter_map(Result::ok).filter(|(k, _)| gone(k.tid)).collect();
             for (k, n) in dead {
                 let _ = map.remove(&k);
@@ -510,17 +510,17 @@ impl CudaCollector {
                 *self.retired_launches.entry(LaunchKey { tid, ..k }).or_default() += n;
             }
         }
-        let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, "CUDA_INFLIGHT")?;
+        let mut map: BpfHashMap<_, u32, tracer_common::cuda::CudaInflight> = probe::hash_map(ebpf, tracer_common::maps::CUDA_INFLIGHT)?;
         let dead: Vec<u32> = map.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
         for t in &dead {
             let _ = map.remove(t);
         }
-        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, "CUDA_TEXT")?;
+        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, tracer_common::maps::CUDA_TEXT)?;
         let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
         for p in &gone_pids {
             let _ = text.remove(p);
         }
-        let mut route: BpfHashMap<_, u64, [u64; 2]> = probe::hash_map(ebpf, "CUDA_DRV_ROUTE")?;
+        let mut route: BpfHashMap<_, u64, [u64; 2]> = probe::hash_map(ebpf, tracer_common::maps::CUDA_DRV_ROUTE)?;
         let gone_keys: Vec<u64> = route.keys().filter_map(Result::ok).filter(|k| gone((k >> 32) as u32)).collect();
         for k in &gone_keys {
             let _ = route.remove(k);
@@ -543,7 +543,7 @@ impl CudaCollector {
         if self.attached.is_empty() {
             return Ok(());
         }
-        let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, "CUDA_LAUNCHES")?;
+        let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
         let mut wanted: Vec<(u32, u64)> = map
             .keys()
             .filter_map(Result::ok)

@@ -179,7 +179,7 @@ impl DriverGate {
         let now = clock::monotonic_ns();
         let route: HashMap<u64, [u64; 2]> = {
             let map: BpfHashMap<_, u64, [u64; 2]> =
-                probe::hash_map(&mut cx.ebpf, "CUDA_DRV_ROUTE")?;
+                probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_DRV_ROUTE)?;
             map.iter().filter_map(Result::ok).collect()
         };
         let mut closing: Vec<OwnedFd> = Vec::new();

@@ -272,14 +272,14 @@ impl LaunchSlicer {
         fds: &uprobe_multi::MapFds,
     ) -> Result<Self, ProbeError> {
         let mut slice: Array<MapData, u64> =
-            Array::try_from(map_from(fds, "CUDA_SLICE")?).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
+            Array::try_from(map_from(fds, tracer_common::maps::CUDA_SLICE)?).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE, e))?;
         let hits: BpfHashMap<MapData, u32, u64> =
-            BpfHashMap::try_from(map_from(fds, "CUDA_SLICE_HITS")?).map_err(|e| ProbeError::map("CUDA_SLICE_HITS", e))?;
+            BpfHashMap::try_from(map_from(fds, tracer_common::maps::CUDA_SLICE_HITS)?).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE_HITS, e))?;
         let route: BpfHashMap<MapData, u64, [u64; 2]> =
-            BpfHashMap::try_from(map_from(fds, "CUDA_DRV_ROUTE")?).map_err(|e| ProbeError::map("CUDA_DRV_ROUTE", e))?;
+            BpfHashMap::try_from(map_from(fds, tracer_common::maps::CUDA_DRV_ROUTE)?).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_DRV_ROUTE, e))?;
         // Sampled from now on: nothing counts until a slice opens.
-        slice.set(1, 1, 0).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
-        slice.set(0, 1, 0).map_err(|e| ProbeError::map("CUDA_SLICE", e))?;
+        slice.set(1, 1, 0).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE, e))?;
+        slice.set(0, 1, 0).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE, e))?;
         let uprobe_ns = if uprobe_ns > 0.0 { uprobe_ns } else { FALLBACK_UPROBE_NS };
         let inner = Arc::new(Mutex::new(Inner { uprobe_ns, trap_samples: 1, duty: 1.0, ..Default::default() }));
         let stop = Arc::new(AtomicBool::new(false));

@@ -4,7 +4,7 @@
 //! Attached by the agent only.
 
 use aya::maps::RingBuf;
-use tracer_common::proc_events::{ProcEvent, KIND_EXEC};
+use tracer_common::process::{ProcEvent, KIND_EXEC};
 
 use crate::{
     engine::{programs::Links, ring::Records, Context, FamilyTable, ProgramKind, ProgramSpec, Sink},
@@ -14,7 +14,7 @@ use crate::{
 const AGENT_EXEC: ProgramSpec =
     ProgramSpec { name: "agent_exec", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_process_exec" } };
 
-pub static TABLE: FamilyTable = FamilyTable { family: "agent", programs: &[AGENT_EXEC], globals: &[] };
+pub static TABLE: FamilyTable = FamilyTable { family: "exec_watch", programs: &[AGENT_EXEC], globals: &[] };
 
 pub struct ExecWatch {
     pub ring: Records<ProcEvent>,
@@ -25,8 +25,8 @@ impl ExecWatch {
     pub fn attach(cx: &mut Context) -> Result<ExecWatch, ProbeError> {
         let mut links = Links::default();
         links.attach(cx, &AGENT_EXEC)?;
-        let map = cx.ebpf.take_map("AGENT_EXECS").ok_or(ProbeError::MissingMap("AGENT_EXECS"))?;
-        let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map("AGENT_EXECS", e))?;
+        let map = cx.ebpf.take_map(tracer_common::maps::AGENT_EXECS).ok_or(ProbeError::MissingMap(tracer_common::maps::AGENT_EXECS))?;
+        let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::AGENT_EXECS, e))?;
         Ok(ExecWatch { ring: Records::new(ring, "exec_watch_short_records"), links })
     }
 

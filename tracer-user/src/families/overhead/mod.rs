@@ -192,10 +192,10 @@ impl Collector for OverheadReport {
 
 /// `WINDOW[0]`, the window start the kernel programs compare with.
 fn set_window_start(ebpf: &mut aya::Ebpf, ns: u64) -> Result<(), ProbeError> {
-    let map = ebpf.map_mut("WINDOW").ok_or(ProbeError::MissingMap("WINDOW"))?;
+    let map = ebpf.map_mut(tracer_common::maps::WINDOW).ok_or(ProbeError::MissingMap(tracer_common::maps::WINDOW))?;
     let mut arr: aya::maps::Array<&mut aya::maps::MapData, u64> =
-        aya::maps::Array::try_from(map).map_err(|e| ProbeError::map("WINDOW", e))?;
-    arr.set(0, ns, 0).map_err(|e| ProbeError::map("WINDOW", e))
+        aya::maps::Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::WINDOW, e))?;
+    arr.set(0, ns, 0).map_err(|e| ProbeError::map(tracer_common::maps::WINDOW, e))
 }
 
 /// The kernel keeps 15 bytes of a program's name.

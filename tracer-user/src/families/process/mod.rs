@@ -13,7 +13,7 @@ use aya::{
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
+    process::{ProcEvent, KIND_EXEC, KIND_EXIT, KIND_FORK, KIND_MAPPED},
     target_flags,
 };
 
@@ -125,8 +125,8 @@ impl Collector for ProcessCollector {
         }
         // The syscall family's `sys_exit` reports executable mappings here.
         cx.mappings_followed = true;
-        let map = cx.ebpf.take_map("PROC_EVENTS").ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
-        self.events = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("PROC_EVENTS", e))?, "process_short_records"));
+        let map = cx.ebpf.take_map(tracer_common::maps::PROC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::PROC_EVENTS))?;
+        self.events = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::PROC_EVENTS, e))?, "process_short_records"));
         Ok(())
     }
 
@@ -238,19 +238,19 @@ impl Collector for ProcessCollector {
 }
 
 fn targets_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, u8>, ProbeError> {
-    probe::hash_map(ebpf, "TARGETS")
+    probe::hash_map(ebpf, tracer_common::maps::TARGETS)
 }
 
 /// Invalidates the kernel's per-CPU target caches after a change.
 fn bump_generation(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-    let map = ebpf.map_mut("TARGETS_GEN").ok_or(ProbeError::MissingMap("TARGETS_GEN"))?;
-    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map("TARGETS_GEN", e))?;
+    let map = ebpf.map_mut(tracer_common::maps::TARGETS_GEN).ok_or(ProbeError::MissingMap(tracer_common::maps::TARGETS_GEN))?;
+    let mut arr: Array<&mut MapData, u64> = Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::TARGETS_GEN, e))?;
     let gen = arr.get(&0, 0).unwrap_or(0);
-    arr.set(0, gen.wrapping_add(1), 0).map_err(|e| ProbeError::map("TARGETS_GEN", e))
+    arr.set(0, gen.wrapping_add(1), 0).map_err(|e| ProbeError::map(tracer_common::maps::TARGETS_GEN, e))
 }
 
 pub fn add_target(ebpf: &mut Ebpf, pid: u32, flags: u8) -> Result<(), ProbeError> {
-    targets_map(ebpf)?.insert(pid, flags, 0).map_err(|e| ProbeError::map("TARGETS", e))?;
+    targets_map(ebpf)?.insert(pid, flags, 0).map_err(|e| ProbeError::map(tracer_common::maps::TARGETS, e))?;
     bump_generation(ebpf)
 }
 

@@ -196,11 +196,11 @@ impl PythonCollector {
         if let Some(note) = interp.layout_note() {
             cx.sink.note(format!("pid {pid}: {note}"));
         }
-        let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(&mut cx.ebpf, "PY_LAYOUT")?;
-        map.insert(pid, layout, 0).map_err(|e| ProbeError::map("PY_LAYOUT", e))?;
+        let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_LAYOUT)?;
+        map.insert(pid, layout, 0).map_err(|e| ProbeError::map(tracer_common::maps::PY_LAYOUT, e))?;
         if let Some((start, end)) = interp.gil_range() {
-            let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(&mut cx.ebpf, "GIL_RANGE")?;
-            gil.insert(pid, GilRange { start, end }, 0).map_err(|e| ProbeError::map("GIL_RANGE", e))?;
+            let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::GIL_RANGE)?;
+            gil.insert(pid, GilRange { start, end }, 0).map_err(|e| ProbeError::map(tracer_common::maps::GIL_RANGE, e))?;
         } else {
             cx.sink.note(format!("pid {pid}: GIL state not located; GIL waits are counted as lock time"));
         }
@@ -214,7 +214,7 @@ impl PythonCollector {
     fn refresh(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
         let Some(interp) = frames(cx).and_then(|py| py.get(pid)) else { return Ok(()) };
         let Ok(states) = interp.thread_states() else { return Ok(()) };
-        let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, "PY_TSTATE")?;
+        let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_TSTATE)?;
         let old = self.published.remove(&pid).unwrap_or_default();
         let new: Vec<u32> = states.iter().map(|(tid, _)| *tid).collect();
         for tid in old.iter().filter(|t| !new.contains(t)) {
@@ -234,7 +234,7 @@ impl PythonCollector {
             py.resolve_new(&mut cx.ebpf)?;
         }
         if let Some(tids) = self.published.remove(&pid) {
-            let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, "PY_TSTATE")?;
+            let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_TSTATE)?;
             for tid in tids {
                 let _ = map.remove(&tid);
             }

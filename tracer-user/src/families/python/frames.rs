@@ -38,7 +38,7 @@ impl Interpreter {
             InstrKind::Pointer => le_u64(&buf, o.frame_instr),
             _ => u64::from(le_u32(&buf, o.frame_instr)),
         };
-        let skip = o.frame_owner.is_some_and(|off| buf[off as usize] >= layout::FRAME_OWNED_BY_CSTACK);
+        let skip = o.frame_owner.is_some_and(|off| u32::from(buf[off as usize]) >= layout::FRAME_OWNED_BY_CSTACK);
         let code = le_u64(&buf, o.frame_code) & !layout::CODE_TAG_MASK;
         Ok(RawFrame { code, back: le_u64(&buf, o.frame_back), instr, skip })
     }

@@ -93,9 +93,9 @@ pub const TP_BASICSIZE: u64 = 32;
 pub const TP_MEMBERS: u64 = 240;
 pub const MEMBERDEF_SIZE: u64 = 40;
 pub const MEMBERDEF_OFFSET: u64 = 16;
-/// Frames owned by the C stack (3.12, 3.13 entry shims) or, from 3.14, by
-/// the interpreter (3) or the C stack (4) carry no Python function.
-pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+/// Owners from this one up carry no Python function (the kernel's walk
+/// skips the same frames).
+pub use tracer_common::python::FRAME_OWNED_BY_CSTACK;
 /// Tag bits of a frame's code field (3.14+), masked off everywhere.
 pub use tracer_common::python::CODE_TAG_MASK;
 

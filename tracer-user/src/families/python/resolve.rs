@@ -47,7 +47,7 @@ impl PyFrames {
     /// entries are removed from the kernel map once taken, so that it does
     /// not fill up in a long recording.
     pub fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-        let mut map: BpfHashMap<_, PyCodeKey, PyCodeRaw> = probe::hash_map(ebpf, "PY_CODES")?;
+        let mut map: BpfHashMap<_, PyCodeKey, PyCodeRaw> = probe::hash_map(ebpf, tracer_common::maps::PY_CODES)?;
         let keys: Vec<PyCodeKey> = map.keys().filter_map(Result::ok).collect();
         for key in keys {
             if let (Ok(raw), Some(interp)) = (map.get(&key, 0), self.interpreters.get_mut(&key.pid)) {
@@ -76,7 +76,7 @@ impl PyFrames {
             return Ok(());
         }
         self.take_copies(ebpf)?;
-        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, tracer_common::maps::PY_STACKS)?;
         let fresh: Vec<u64> = map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect();
         for id in fresh {
             if let Ok(stack) = map.get(&id, 0) {
@@ -93,7 +93,7 @@ impl PyFrames {
         let old_lasti = interp.layout().version <= 310;
         stack.frames[..n]
             .iter()
-            .filter(|f| f._pad < FRAME_OWNED_BY_CSTACK && f.code != 0)
+            .filter(|f| f.owner < FRAME_OWNED_BY_CSTACK && f.code != 0)
             .map(|f| {
                 // <= 3.10: the field is the int f_lasti (sign-extended for -1).
                 let instr = if old_lasti { f.instr as u32 as i32 as i64 as u64 } else { f.instr };
@@ -115,7 +115,7 @@ impl PyFrames {
 
     /// Reads all captured stacks out of the kernel.
     pub fn load_stacks(ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
-        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, "PY_STACKS")?;
+        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, tracer_common::maps::PY_STACKS)?;
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 

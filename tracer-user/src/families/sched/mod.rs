@@ -13,10 +13,11 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
+    cpu_samples::SampleKey,
     sched::{
-        split_missed_switch_in, OffCpuKey, ReusedKey, RunqKey, SampleKey, ThreadState, EXEC_UNKNOWN, NO_STACK, REASONS, REASON_GIL,
+        Charge, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL,
         REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
-        STATE_RUNNABLE, STATE_RUNNING,
+        STATE_RUNNING, STATE_UNKNOWN,
     },
     syscalls::HIST_BUCKETS,
 };
@@ -174,19 +175,11 @@ fn off_cpu_times(off: &[u64; REASONS]) -> OffCpuTimes {
 /// start), so that time before the first scheduler event is classified.
 /// Entries the kernel already created are left alone.
 fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
-    let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+    let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
     for tid in procfs::thread_ids(pid) {
         let Some(state) = procfs::thread_state(pid, tid) else { continue };
-        let mut t = ThreadState {
-            pid,
-            tid,
-            since_ns: now,
-            first_ns: now,
-            user_stack: NO_STACK,
-            kernel_stack: NO_STACK,
-            exec_ns: procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN),
-            ..Default::default()
-        };
+        let exec_ns = procfs::thread_exec_ns(pid, tid).unwrap_or(EXEC_UNKNOWN);
+        let mut t = ThreadState::new(pid, tid, STATE_UNKNOWN, now, exec_ns);
         if let Some(c) = procfs::thread_comm(pid, tid) {
             let n = c.len().min(15);
             t.comm[..n].copy_from_slice(&c.as_bytes()[..n]);
@@ -212,7 +205,7 @@ fn seed_process(ebpf: &mut Ebpf, pid: u32, now: u64) -> Result<(), ProbeError> {
 fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
     let mut exited = Vec::new();
     {
-        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+        let mut threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
         let dead: Vec<(u32, ThreadState)> =
             threads.iter().filter_map(Result::ok).filter(|(_, t)| t.state == STATE_DEAD).collect();
         for (tid, t) in dead {
@@ -225,7 +218,7 @@ fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
         }
     }
     {
-        let mut reused: BpfHashMap<_, ReusedKey, ThreadState> = probe::hash_map(ebpf, "REUSED_THREADS")?;
+        let mut reused: BpfHashMap<_, ReusedKey, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::REUSED_THREADS)?;
         let lives: Vec<(ReusedKey, ThreadState)> = reused.iter().filter_map(Result::ok).collect();
         for (k, t) in lives {
             let _ = reused.remove(&k);
@@ -275,7 +268,7 @@ impl SchedCollector {
     /// Moves the off-CPU and CPU-sample entries of the threads just summed
     /// out of the kernel maps, into the per-process sums (tid 0).
     fn fold_stacks(&mut self, ebpf: &mut Ebpf, summed: &HashSet<(u32, u32)>) -> Result<(), ProbeError> {
-        let mut offcpu: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, "OFFCPU_STACKS")?;
+        let mut offcpu: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(ebpf, tracer_common::maps::OFFCPU_STACKS)?;
         let taken: Vec<(OffCpuKey, u64)> =
             offcpu.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
         for (k, ns) in taken {
@@ -283,7 +276,7 @@ impl SchedCollector {
             let v = self.folded_offcpu.entry(OffCpuKey { tid: 0, ..k }).or_default();
             *v = v.saturating_add(ns);
         }
-        let mut samples: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, "CPU_SAMPLES")?;
+        let mut samples: BpfHashMap<_, SampleKey, u64> = probe::hash_map(ebpf, tracer_common::maps::CPU_SAMPLES)?;
         let taken: Vec<(SampleKey, u64)> =
             samples.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
         for (k, n) in taken {
@@ -309,7 +302,7 @@ impl SchedCollector {
     ) -> Result<(Vec<ThreadTimes>, HashMap<OffCpuKey, u64>), ProbeError> {
         let mut states: Vec<ThreadState> = self.kept.values().copied().collect();
         {
-            let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, "THREADS")?;
+            let threads: BpfHashMap<_, u32, ThreadState> = probe::hash_map(ebpf, tracer_common::maps::THREADS)?;
             states.extend(threads.iter().filter_map(Result::ok).map(|(_, t)| t));
         }
         let mut open_offcpu: HashMap<OffCpuKey, u64> = HashMap::new();
@@ -324,44 +317,17 @@ impl SchedCollector {
         for mut t in states.into_iter().filter(|t| target_pids.contains(&t.pid) && t.first_ns < end_ns) {
             let end = if t.state == STATE_DEAD && t.end_ns != 0 { t.end_ns.min(end_ns) } else { end_ns };
             let mut open = end.saturating_sub(t.since_ns);
-            if t.state == STATE_RUNNABLE || t.state == STATE_OFF_CPU {
+            if t.waiting() {
                 // Still waiting at the end, or running since a switch-in the
                 // tracepoint never reported: the scheduler's CPU-time counter
                 // (read just after the window) tells.
                 let now_exec = procfs::thread_exec_ns(t.pid, t.tid).unwrap_or(EXEC_UNKNOWN);
-                let (ran, rest) = split_missed_switch_in(open, t.exec_ns, now_exec);
-                t.on_cpu_ns += ran;
-                open = rest;
+                open = t.take_missed_run(open, now_exec);
             }
-            match t.state {
-                STATE_RUNNING => t.on_cpu_ns += open,
-                STATE_RUNNABLE if t.reason != REASON_GIL => {
-                    t.runqueue_ns += open;
-                    if t.in_syscall != 0 {
-                        t.blocked_in_syscall_ns += open;
-                    }
-                }
-                // Off CPU, or woken to take the GIL and waiting for a CPU
-                // (GIL time, as in the kernel).
-                STATE_OFF_CPU | STATE_RUNNABLE => {
-                    if let Some(slot) = t.off_cpu_ns.get_mut(t.reason as usize) {
-                        *slot += open;
-                    }
-                    if t.in_syscall != 0 {
-                        t.blocked_in_syscall_ns += open;
-                    }
-                    let key = OffCpuKey {
-                        pid: t.pid,
-                        tid: t.tid,
-                        reason: t.reason,
-                        user_stack: t.user_stack,
-                        kernel_stack: t.kernel_stack,
-                        _pad: 0,
-                        py_stack: t.py_stack,
-                    };
-                    *open_offcpu.entry(key).or_default() += open;
-                }
-                _ => {}
+            // The interval still open, counted as the kernel counts the
+            // intervals that end (`ThreadState::charge`).
+            if t.charge(open) == Charge::OffCpu {
+                *open_offcpu.entry(t.offcpu_key()).or_default() += open;
             }
             let sys_total = syscall_time.get(&(t.pid, t.tid)).copied().unwrap_or(0);
             // A live thread's current name; the kernel's copy (from its last
@@ -407,7 +373,7 @@ pub const EXITED_THREADS_COMM: &str = "(exited threads)";
 /// Off-CPU stacks: the kernel's aggregates plus the intervals still open.
 fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
     {
-        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, "OFFCPU_STACKS")?;
+        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::OFFCPU_STACKS)?;
         for (k, ns) in map.iter().filter_map(Result::ok) {
             *offcpu.entry(k).or_default() += ns;
         }
@@ -434,7 +400,7 @@ fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffC
 
 fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {
     let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, "RUNQ_HIST")?;
+    let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, tracer_common::maps::RUNQ_HIST)?;
     for (k, n) in hist.iter().filter_map(Result::ok) {
         if target_pids.contains(&k.pid) {
             let h = out.entry(k.pid).or_insert_with(|| vec![0; HIST_BUCKETS]);
@@ -470,12 +436,12 @@ impl Collector for SchedCollector {
     /// Fills the classification table and attaches the scheduler programs.
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         {
-            let map = cx.ebpf.map_mut("REASON_OF_NR").ok_or(ProbeError::MissingMap("REASON_OF_NR"))?;
-            let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+            let map = cx.ebpf.map_mut(tracer_common::maps::REASON_OF_NR).ok_or(ProbeError::MissingMap(tracer_common::maps::REASON_OF_NR))?;
+            let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::REASON_OF_NR, e))?;
             for nr in 0..REASON_TABLE_SIZE {
                 let r = classify(std::env::consts::ARCH, nr);
                 if r != OffCpuReason::Other {
-                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map("REASON_OF_NR", e))?;
+                    table.set(nr, reason_code(r), 0).map_err(|e| ProbeError::map(tracer_common::maps::REASON_OF_NR, e))?;
                 }
             }
         }

@@ -111,15 +111,15 @@ pub struct SyscallCollector {
 type KeptRows = (u32, u32, Box<[(u32, Acc)]>);
 
 fn stats_map(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, SyscallKey, SyscallStats>, ProbeError> {
-    crate::os::probe::hash_map(ebpf, "SYSCALL_STATS")
+    crate::os::probe::hash_map(ebpf, tracer_common::maps::SYSCALL_STATS)
 }
 
 /// Every CPU's pending calls (`SYSCALL_PENDING`), the empty ones left out.
 fn pending_rows(ebpf: &mut Ebpf) -> Result<Vec<SyscallPending>, ProbeError> {
-    let map = ebpf.map_mut("SYSCALL_PENDING").ok_or(ProbeError::MissingMap("SYSCALL_PENDING"))?;
+    let map = ebpf.map_mut(tracer_common::maps::SYSCALL_PENDING).ok_or(ProbeError::MissingMap(tracer_common::maps::SYSCALL_PENDING))?;
     let arr: PerCpuArray<&mut MapData, SyscallPending> =
-        PerCpuArray::try_from(map).map_err(|e| ProbeError::map("SYSCALL_PENDING", e))?;
-    let values = arr.get(&0, 0).map_err(|e| ProbeError::map("SYSCALL_PENDING", e))?;
+        PerCpuArray::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::SYSCALL_PENDING, e))?;
+    let values = arr.get(&0, 0).map_err(|e| ProbeError::map(tracer_common::maps::SYSCALL_PENDING, e))?;
     Ok(values.iter().filter(|p| p.tid != 0).copied().collect())
 }
 
@@ -129,7 +129,7 @@ fn forget_kernel_rows(ebpf: &mut Ebpf, rows: &[(Key, Acc)]) -> Result<(), ProbeE
     for &((pid, tid, nr), _) in rows {
         let _ = map.remove(&SyscallKey { pid, tid, nr, _pad: 0 });
     }
-    let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
+    let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, tracer_common::maps::SYSCALL_ERRNO)?;
     for ((pid, tid, nr), a) in rows {
         for &errno in a.errnos.keys() {
             let _ = emap.remove(&ErrnoKey { pid: *pid, tid: *tid, nr: *nr, errno });
@@ -168,7 +168,7 @@ impl SyscallCollector {
         {
             let map = stats_map(ebpf)?;
             for item in map.iter() {
-                let (k, v) = item.map_err(|e| ProbeError::map("SYSCALL_STATS", e))?;
+                let (k, v) = item.map_err(|e| ProbeError::map(tracer_common::maps::SYSCALL_STATS, e))?;
                 let key = (k.pid, k.tid, k.nr);
                 let acc = Acc { stats: v, ..Acc::default() };
                 if alive(k.pid, k.tid) {
@@ -201,9 +201,9 @@ impl SyscallCollector {
         }
         let mut dead_errno = Vec::new();
         {
-            let map: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
+            let map: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, tracer_common::maps::SYSCALL_ERRNO)?;
             for item in map.iter() {
-                let (k, n) = item.map_err(|e| ProbeError::map("SYSCALL_ERRNO", e))?;
+                let (k, n) = item.map_err(|e| ProbeError::map(tracer_common::maps::SYSCALL_ERRNO, e))?;
                 let key = (k.pid, k.tid, k.nr);
                 if alive(k.pid, k.tid) {
                     live.entry(key).or_default().errnos.insert(k.errno, n);
@@ -219,12 +219,12 @@ impl SyscallCollector {
         for k in &dead_keys {
             let _ = map.remove(k);
         }
-        let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, "SYSCALL_ERRNO")?;
+        let mut emap: BpfHashMap<_, ErrnoKey, u64> = crate::os::probe::hash_map(ebpf, tracer_common::maps::SYSCALL_ERRNO)?;
         for k in &dead_errno {
             let _ = emap.remove(k);
         }
         if retire_dead {
-            let mut smap: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(ebpf, "SYSCALL_START")?;
+            let mut smap: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(ebpf, tracer_common::maps::SYSCALL_START)?;
             let stale: Vec<u32> = smap.keys().filter_map(Result::ok).filter(|tid| procfs::tgid_of(*tid).is_none()).collect();
             for tid in stale {
                 let _ = smap.remove(&tid);
@@ -288,7 +288,7 @@ impl SyscallCollector {
             forget_kernel_rows(&mut cx.ebpf, &taken_live)?;
         }
         if !summed.is_empty() {
-            let mut slow: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, "SLOW_SYSCALLS")?;
+            let mut slow: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
             let taken: Vec<(SlowKey, SlowStats)> =
                 slow.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
             for (k, v) in taken {
@@ -341,7 +341,7 @@ impl SyscallCollector {
         let mut active: HashSet<u32> = all.keys().map(|&(_, tid, _)| tid).collect();
         let mut in_flight: Vec<SyscallStart> = Vec::new();
         {
-            let starts: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(&mut cx.ebpf, "SYSCALL_START")?;
+            let starts: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SYSCALL_START)?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
         }
         // A thread that owns a slot keeps its calls there: its entry in
@@ -471,7 +471,7 @@ impl Collector for SyscallCollector {
 /// `folded`: those of summed exited threads (tid 0), out of the kernel map.
 fn slow_syscall_stacks(cx: &mut Context, target_pids: &[u32], folded: &HashMap<SlowKey, SlowStats>) -> Result<Vec<StackRecord>, ProbeError> {
     let mut rows: Vec<(SlowKey, SlowStats)> = {
-        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, "SLOW_SYSCALLS")?;
+        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
         map.iter().filter_map(Result::ok).collect()
     };
     rows.extend(folded.iter().map(|(k, v)| (*k, *v)));

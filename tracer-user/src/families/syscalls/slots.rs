@@ -11,8 +11,8 @@ use tracer_common::syscalls::SyscallStart;
 
 use crate::{os::probe::ProbeError, os::procfs};
 
-const SLOTS: &str = "SYSCALL_SLOTS";
-const OWNER: &str = "SYSCALL_SLOT_OWNER";
+const SLOTS: &str = tracer_common::maps::SYSCALL_SLOTS;
+const OWNER: &str = tracer_common::maps::SYSCALL_SLOT_OWNER;
 
 /// The owned slots, as (slot, owner tid).
 fn owned(ebpf: &mut Ebpf) -> Result<Vec<(u32, u32)>, ProbeError> {

@@ -83,7 +83,7 @@ impl TimelineCollector {
     }
 
     fn kernel_lost(cx: &mut Context) -> u64 {
-        let Some(map) = cx.ebpf.map("TIMELINE_LOST") else { return 0 };
+        let Some(map) = cx.ebpf.map(tracer_common::maps::TIMELINE_LOST) else { return 0 };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
@@ -106,8 +106,8 @@ impl Collector for TimelineCollector {
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         let Some(limit) = cx.opts.timeline_limit else { return Ok(()) };
         self.events = Bounded::new(limit);
-        let map = cx.ebpf.take_map("TIMELINE_EVENTS").ok_or(ProbeError::MissingMap("TIMELINE_EVENTS"))?;
-        self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("TIMELINE_EVENTS", e))?, "timeline_short_records"));
+        let map = cx.ebpf.take_map(tracer_common::maps::TIMELINE_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::TIMELINE_EVENTS))?;
+        self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::TIMELINE_EVENTS, e))?, "timeline_short_records"));
         Ok(())
     }
 

@@ -294,7 +294,7 @@ impl AsyncioCollector {
     }
 
     fn kernel_lost(cx: &Context) -> u64 {
-        let Some(map) = cx.ebpf.map("ASYNC_LOST") else { return 0 };
+        let Some(map) = cx.ebpf.map(tracer_common::maps::ASYNC_LOST) else { return 0 };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
@@ -351,8 +351,8 @@ impl Collector for AsyncioCollector {
                     }
                 }
             }
-            let map = cx.ebpf.take_map("ASYNC_EVENTS").ok_or(ProbeError::MissingMap("ASYNC_EVENTS"))?;
-            self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map("ASYNC_EVENTS", e))?, "asyncio_short_records"));
+            let map = cx.ebpf.take_map(tracer_common::maps::ASYNC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::ASYNC_EVENTS))?;
+            self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::ASYNC_EVENTS, e))?, "asyncio_short_records"));
         }
         match Sampler::start(SAMPLE_HZ) {
             Ok(s) => self.sampler = Some(s),

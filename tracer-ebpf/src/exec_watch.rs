@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    proc_events::{ProcEvent, KIND_EXEC},
+    process::{ProcEvent, KIND_EXEC},
 };
 
 use crate::count_drop;
