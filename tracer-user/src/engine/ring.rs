@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{asyncio::SelectorEvent, cuda::CudaEvent, proc_events::ProcEvent, timeline::TimelineEvent};
+use tracer_common::{asyncio::SelectorEvent, cuda::CudaEvent, process::ProcEvent, timeline::TimelineEvent};
 
 use super::Sink;
 
