@@ -86,7 +86,9 @@ pub struct Context {
     pub btf: KernelBtf,
     /// Where tracefs is mounted, when it could be.
     pub tracefs: Option<PathBuf>,
-    pub opts: RecordOptions,
+    /// The whole options: the engine's. A family gets its own slice when
+    /// its collector is made (`families::collectors`).
+    pub(in crate::engine) opts: RecordOptions,
     /// The command line infertrace ran with.
     pub argv: Vec<String>,
     /// Wall-clock time when the window opened, Unix ms.

@@ -15,7 +15,7 @@ pub mod timeline;
 
 use crate::engine::{programs, Collector, Families, FamilyTable, RecordOptions};
 use cpu_samples::CpuSampleCollector;
-use cuda::CudaCollector;
+use cuda::{CudaCollector, CudaOptions};
 use nvml::NvmlCollector;
 use process::ProcessCollector;
 use python::collector::PythonCollector;
@@ -60,27 +60,28 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     // The overhead pair: calibration before any probe is attached, the
     // account once every other family has filled the recording.
     let (overhead_start, overhead_report) = overhead::collectors(tables());
-    let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::default())];
+    let mut list: Vec<Box<dyn Collector>> = vec![overhead_start, Box::new(SyscallCollector::new(opts.sched.enabled))];
     if opts.sched.enabled {
         list.push(Box::new(SchedCollector::default()));
-        list.push(Box::new(CpuSampleCollector::default()));
+        list.push(Box::new(CpuSampleCollector::new(opts.sched.frequency)));
     }
     // CUDA before Python: a target's exec reaches the CUDA collector first,
     // which probes what the new program can load before it gets to load it
     // (the Python collector's examination of the interpreter takes longer).
     if opts.cuda {
-        list.push(Box::new(CudaCollector::default()));
-        list.push(Box::new(NvmlCollector::default()));
+        let cuda = CudaOptions { driver: opts.cuda_driver, max_overhead: opts.max_overhead, timeline_limit: opts.timeline_limit, quiet: opts.quiet };
+        list.push(Box::new(CudaCollector::new(cuda)));
+        list.push(Box::new(NvmlCollector::new(opts.gpu_sample_hz)));
     }
     if opts.python {
         list.push(Box::new(PythonCollector::default()));
     }
     if opts.python && opts.asyncio.enabled {
-        list.push(Box::new(python::asyncio::record::AsyncioCollector::default()));
+        list.push(Box::new(python::asyncio::record::AsyncioCollector::new(opts.asyncio)));
     }
     // After CUDA: its snapshot puts the CUDA calls into the timeline first.
     if opts.timeline_limit.is_some() {
-        list.push(Box::new(TimelineCollector::default()));
+        list.push(Box::new(TimelineCollector::new(opts.timeline_limit)));
     }
     list.push(Box::new(ProcessCollector::default()));
     list.push(overhead_report);

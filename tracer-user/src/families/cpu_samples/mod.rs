@@ -19,7 +19,15 @@ pub static TABLE: FamilyTable = FamilyTable {
 
 #[derive(Default)]
 pub struct CpuSampleCollector {
+    /// Samples per second on every CPU (`-F`), 0: none.
+    frequency: u64,
     links: Links,
+}
+
+impl CpuSampleCollector {
+    pub fn new(frequency: u64) -> Self {
+        CpuSampleCollector { frequency, ..Default::default() }
+    }
 }
 
 impl Collector for CpuSampleCollector {
@@ -32,7 +40,7 @@ impl Collector for CpuSampleCollector {
     }
 
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        if cx.opts.sched.frequency > 0 {
+        if self.frequency > 0 {
             for spec in TABLE.programs {
                 self.links.attach(cx, spec)?;
             }
@@ -41,7 +49,7 @@ impl Collector for CpuSampleCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        rec.sample_hz = cx.opts.sched.frequency;
+        rec.sample_hz = self.frequency;
         let pids = cx.targets.all_pids();
         let samples: Vec<(SampleKey, u64)> = {
             let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CPU_SAMPLES)?;

@@ -69,8 +69,23 @@ struct ProcState {
     alive: bool,
 }
 
+/// The options the CUDA family reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaOptions {
+    /// Probe the driver API too (`--no-cuda-driver` turns it off).
+    pub driver: bool,
+    /// `--max-overhead`: launches probed in slices sized to this budget.
+    pub max_overhead: Option<f64>,
+    /// `--timeline-limit` with `--timeline`: per-call events kept.
+    pub timeline_limit: Option<u64>,
+    /// `-q`: no progress line while probes are released.
+    pub quiet: bool,
+}
+
 #[derive(Default)]
 pub struct CudaCollector {
+    /// What the options ask of this family.
+    opts: CudaOptions,
     pub(super) thresholds: Thresholds,
     /// None: not loaded yet; Some(false): loading failed (noted).
     loaded: Option<bool>,
@@ -164,7 +179,7 @@ impl CudaCollector {
             return Ok(());
         }
         let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
-        for found in search::candidates(&root, &facts, cx.opts.cuda_driver) {
+        for found in search::candidates(&root, &facts, self.opts.driver) {
             self.probe_found(cx, pid, &root, &found, &mapped)?;
         }
         Ok(())
@@ -254,7 +269,7 @@ impl CudaCollector {
         let mut uses = false;
         // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
         let mut text: [Option<(u64, u64)>; 2] = [None, None];
-        let driver = cx.opts.cuda_driver;
+        let driver = self.opts.driver;
         let mut cands: Vec<discovery::Candidate> = discovery::candidates(&maps, exe.as_deref())
             .into_iter()
             .filter(|c| driver || !discovery::is_driver_name(c.line.basename()))
@@ -462,7 +477,7 @@ impl CudaCollector {
                     cx.sink.note_on(Topic::Gpu, n);
                 }
                 self.probes = Some(probes);
-                if let Some(budget) = cx.opts.max_overhead {
+                if let Some(budget) = self.opts.max_overhead {
                     self.start_slicer(cx, budget);
                 }
             }
@@ -476,7 +491,7 @@ impl CudaCollector {
             let map = cx.ebpf.take_map(tracer_common::maps::CUDA_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_EVENTS))?;
             let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_EVENTS, e))?;
             self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
-            if let (Some(ev), Some(limit)) = (&self.events, cx.opts.timeline_limit) {
+            if let (Some(ev), Some(limit)) = (&self.events, self.opts.timeline_limit) {
                 ev.keep_timeline(limit);
             }
         }
@@ -562,6 +577,12 @@ impl CudaCollector {
 
 }
 
+impl CudaCollector {
+    pub fn new(opts: CudaOptions) -> Self {
+        CudaCollector { opts, ..Default::default() }
+    }
+}
+
 impl Collector for CudaCollector {
     fn provides(&self) -> &'static [Part] {
         &[Part::Cuda, Part::Timeline]
@@ -644,7 +665,7 @@ impl Collector for CudaCollector {
         if let Some(slicer) = self.slicer.as_mut() {
             probes.adopt(slicer.finish());
         }
-        let (_, errors) = probes.release(&mut cx.ebpf, cx.opts.quiet);
+        let (_, errors) = probes.release(&mut cx.ebpf, self.opts.quiet);
         for e in errors {
             cx.sink.note_on(Topic::Gpu, e);
         }
@@ -656,7 +677,7 @@ impl Collector for CudaCollector {
         }
         if self.used(&mut cx.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
-            if cx.opts.timeline_limit.is_some() {
+            if self.opts.timeline_limit.is_some() {
                 self.timeline_calls(cx, rec)?;
             }
         }

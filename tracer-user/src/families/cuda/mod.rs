@@ -26,6 +26,6 @@ pub const HOT_NESTED: u64 = 1000;
 /// How long a function stays off before it is probed again for a re-check.
 pub const RECHECK_EVERY_NS: u64 = 5_000_000_000;
 
-pub use collector::CudaCollector;
+pub use collector::{CudaCollector, CudaOptions};
 pub use findings::Thresholds;
 pub use crate::recording::cuda::{api_name, kind_name, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Finding, GpuSample, Site};

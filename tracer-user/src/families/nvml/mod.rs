@@ -122,7 +122,15 @@ impl GpuSampling {
 /// merged at the end (NVML has no kernel programs).
 #[derive(Default)]
 pub struct NvmlCollector {
+    /// Samples per second (`--gpu-sample-hz`).
+    hz: u32,
     sampler: Option<Sampler>,
+}
+
+impl NvmlCollector {
+    pub fn new(hz: u32) -> Self {
+        NvmlCollector { hz, sampler: None }
+    }
 }
 
 pub static TABLE: FamilyTable = FamilyTable { family: "nvml", programs: &[], globals: &[] };
@@ -143,7 +151,7 @@ impl Collector for NvmlCollector {
 
     /// Starts the sampler thread (loading NVML can take seconds).
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.sampler = Some(Sampler::start(SamplerOptions::new(cx.opts.gpu_sample_hz, cx.window_start)));
+        self.sampler = Some(Sampler::start(SamplerOptions::new(self.hz, cx.window_start)));
         Ok(())
     }
 

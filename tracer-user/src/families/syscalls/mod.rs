@@ -86,6 +86,8 @@ const VERDICT_WAIT_DRAINS: u32 = 5;
 /// The syscall probe family.
 #[derive(Default)]
 pub struct SyscallCollector {
+    /// Whether the scheduler family runs (`record --no-sched` turns it off).
+    sched_on: bool,
     links: Links,
     /// Latest snapshot of live threads.
     live: HashMap<Key, Acc>,
@@ -232,7 +234,7 @@ impl SyscallCollector {
             slots::retire_dead(ebpf)?;
         }
         self.live = live;
-        if !cx.opts.sched.enabled {
+        if !self.sched_on {
             // No scheduler collector: this one sees the exits, and decides
             // by syscall time.
             for (pid, tid) in newly_dead {
@@ -390,6 +392,14 @@ impl SyscallCollector {
             .collect();
         out.sort_by_key(|t| (t.pid, t.tid, t.nr));
         Ok(out)
+    }
+}
+
+impl SyscallCollector {
+    /// `sched_on`: the scheduler family runs too (its switches flush the
+    /// per-CPU pending rows).
+    pub fn new(sched_on: bool) -> Self {
+        SyscallCollector { sched_on, ..Default::default() }
     }
 }
 

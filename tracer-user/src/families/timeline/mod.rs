@@ -40,6 +40,8 @@ pub use crate::engine::Bounded;
 
 #[derive(Default)]
 pub struct TimelineCollector {
+    /// Events kept per source (`--timeline-limit`); None: no timeline.
+    limit: Option<u64>,
     ring: Option<Records<TimelineEvent>>,
     events: Bounded<TimelineEvent>,
     lifecycle: Vec<LifecycleEvent>,
@@ -89,6 +91,12 @@ impl TimelineCollector {
     }
 }
 
+impl TimelineCollector {
+    pub fn new(limit: Option<u64>) -> Self {
+        TimelineCollector { limit, ..Default::default() }
+    }
+}
+
 impl Collector for TimelineCollector {
     fn provides(&self) -> &'static [Part] {
         &[Part::Timeline]
@@ -104,7 +112,7 @@ impl Collector for TimelineCollector {
     }
 
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        let Some(limit) = cx.opts.timeline_limit else { return Ok(()) };
+        let Some(limit) = self.limit else { return Ok(()) };
         self.events = Bounded::new(limit);
         let map = cx.ebpf.take_map(tracer_common::maps::TIMELINE_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::TIMELINE_EVENTS))?;
         self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::TIMELINE_EVENTS, e))?, "timeline_short_records"));
@@ -137,7 +145,7 @@ impl Collector for TimelineCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        let Some(limit) = cx.opts.timeline_limit else { return Ok(()) };
+        let Some(limit) = self.limit else { return Ok(()) };
         self.drain();
         let start = cx.window_start;
         let rel = |t: u64| t.saturating_sub(start);

@@ -325,6 +325,13 @@ fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, St
     Some((at, doing))
 }
 
+impl AsyncioCollector {
+    /// `opts.blocked_threshold`: a step at least this long is a blocked loop.
+    pub fn new(opts: AsyncOptions) -> Self {
+        AsyncioCollector { threshold_ns: opts.blocked_threshold.as_nanos() as u64, ..Default::default() }
+    }
+}
+
 impl Collector for AsyncioCollector {
     fn provides(&self) -> &'static [Part] {
         &[Part::Asyncio]
@@ -335,7 +342,6 @@ impl Collector for AsyncioCollector {
     }
 
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.threshold_ns = cx.opts.asyncio.blocked_threshold.as_nanos() as u64;
         self.arch = std::env::consts::ARCH.to_owned();
         if cx.tracefs.is_none() {
             cx.sink.note("tracefs unavailable: asyncio loops get no busy/idle split nor blocked-loop findings");
