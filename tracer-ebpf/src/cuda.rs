@@ -163,7 +163,9 @@ fn cookie(ctx: &ProbeContext) -> u32 {
 }
 
 /// FNV-1a over the first `min(len, FINGERPRINT_BYTES)` bytes at `addr`.
-#[inline(always)]
+/// A function of its own: its 64-byte buffer is not on the stack while
+/// the Python stack walk (a deeper call chain) is.
+#[inline(never)]
 fn fingerprint(addr: u64, len: u64) -> u64 {
     let mut words = [0u64; (FINGERPRINT_BYTES / 8) as usize];
     let ok = unsafe {
@@ -235,8 +237,6 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     }
     let tid = pid_tgid as u32;
     let sp = user_sp(ctx);
-    // The thread's pending async copy survives the slot's reuse.
-    let mut last = (0u32, CudaKey::default(), 0u64);
     // The thread's slot, rewritten in place below when it has one (an
     // insert would copy it into a new element and free the old one).
     let mut own: *mut CudaInflight = core::ptr::null_mut();
@@ -244,7 +244,6 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
         own = slot;
         // SAFETY: map value owned by this thread.
         unsafe {
-            last = ((*slot).last_copy_active, (*slot).last_copy, (*slot).last_copy_stream);
             if (*slot).active != 0 {
                 // Called from inside the call in flight: deeper in the stack,
                 // or a driver function the runtime call tail-called (same
@@ -267,27 +266,12 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
     let py_stack = python::capture_reusing(tgid, tid, python::SCRATCH_UPROBE);
     let user_stack = native_stack_unless(ctx, py_stack);
     let fp = if (kind == KIND_HTOD || kind == KIND_DEFAULT) && api::is_copy(api) { fingerprint(src, bytes) } else { 0 };
-    let rec = CudaInflight {
-        start_ns: 0,
-        api,
-        kind,
-        bytes,
-        dst,
-        src,
-        stream,
-        fingerprint: fp,
-        py_stack,
-        caller: return_address(ctx),
-        sp,
-        user_stack,
-        depth: 0,
-        active: 1,
-        last_copy_active: last.0,
-        last_copy: last.1,
-        last_copy_stream: last.2,
-    };
+    let caller = return_address(ctx);
     if own.is_null() {
-        if CUDA_INFLIGHT.insert(&tid, &rec, 0).is_err() {
+        // A zeroed slot (no pending async copy), filled in place below: a
+        // `CudaInflight` built here would take 144 bytes of the 512-byte
+        // stack that this program shares with the Python stack walk.
+        if CUDA_INFLIGHT.insert(&tid, &INFLIGHT_ZERO, 0).is_err() {
             count_drop(counters::CUDA_LOST);
             return;
         }
@@ -295,13 +279,32 @@ fn begin(ctx: &ProbeContext, api: u32, kind: u32, bytes: u64, dst: u64, src: u64
             Some(slot) => own = slot,
             None => return,
         }
-    } else {
-        // SAFETY: the thread's own slot (only it writes there).
-        unsafe { *own = rec };
+    }
+    // SAFETY: the thread's own slot (only it writes there). The thread's
+    // pending async copy (`last_copy*`) survives the slot's reuse.
+    unsafe {
+        let s = &mut *own;
+        s.api = api;
+        s.kind = kind;
+        s.bytes = bytes;
+        s.dst = dst;
+        s.src = src;
+        s.stream = stream;
+        s.fingerprint = fp;
+        s.py_stack = py_stack;
+        s.caller = caller;
+        s.sp = sp;
+        s.user_stack = user_stack;
+        s.depth = 0;
+        s.active = 1;
     }
     // Timed from here: the stack captures above are not the call's time.
     unsafe { (*own).start_ns = bpf_ktime_get_ns() };
 }
+
+/// What a thread's first call inserts into `CUDA_INFLIGHT` (from global
+/// data, not the stack).
+static INFLIGHT_ZERO: CudaInflight = unsafe { core::mem::zeroed() };
 
 /// The user stack id when there is no Python stack, else -1 (a function of
 /// its own, like `route`).
