@@ -223,19 +223,18 @@ mod tests {
     /// the files they are in; sub-folders that are other collectors' are
     /// left out.
     fn fields_used(folder: &str, skip: &[&str]) -> BTreeSet<(String, String)> {
-        fn walk(dir: &std::path::Path, skip: &[std::path::PathBuf], out: &mut BTreeSet<(String, String)>) {
+        fn walk(dir: &std::path::Path, skip: &[std::path::PathBuf], re: &regex::Regex, out: &mut BTreeSet<(String, String)>) {
             let Ok(entries) = std::fs::read_dir(dir) else { return };
             for e in entries.flatten() {
                 let p = e.path();
                 if p.is_dir() {
                     if !skip.contains(&p) {
-                        walk(&p, skip, out);
+                        walk(&p, skip, re, out);
                     }
                     continue;
                 }
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
                 let code = text.split("#[cfg(test)]").next().unwrap_or("");
-                let re = regex::Regex::new(r"\brec\.([a-z_]+)").expect("regex");
                 for c in re.captures_iter(code) {
                     out.insert((c[1].to_owned(), p.display().to_string()));
                 }
@@ -244,7 +243,8 @@ mod tests {
         let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/families");
         let skip: Vec<std::path::PathBuf> = skip.iter().map(|s| base.join(s)).collect();
         let mut out = BTreeSet::new();
-        walk(&base.join(folder), &skip, &mut out);
+        let re = regex::Regex::new(r"\brec\.([a-z_]+)").expect("regex");
+        walk(&base.join(folder), &skip, &re, &mut out);
         out
     }
 
@@ -257,8 +257,7 @@ mod tests {
         use crate::engine::{snapshot_order, Part};
         // Filled by the engine before any snapshot, or sink-owned.
         const ENGINE: [&str; 4] = ["host", "duration_ns", "notes", "lost"];
-        let mut opts = RecordOptions::default();
-        opts.timeline_limit = Some(1000);
+        let opts = RecordOptions { timeline_limit: Some(1000), ..RecordOptions::default() };
         let list = collectors(&opts);
         snapshot_order(&list).expect("the declared parts form no cycle");
         // Per folder, what its collectors declare (the overhead pair shares one).
