@@ -12,11 +12,11 @@ use std::collections::HashMap;
 
 use crate::{
     families::python::{
-        asyncio::{AsyncioError, AsyncioReader, TaskState},
+        asyncio::{AsyncioError, AsyncioReader},
         Interpreter,
     },
     recording::{
-        asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskTime},
+        asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskState, TaskTime},
         Frame,
     },
     report::verdict::sites,
