@@ -18,6 +18,7 @@ use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
 pub mod asyncio;
+pub mod attribution;
 pub mod cuda;
 pub mod limits;
 pub mod output;

@@ -10,7 +10,6 @@
 pub mod class;
 pub mod parked;
 pub mod pools;
-pub mod sites;
 pub mod text;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,10 +17,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 pub use class::Class;
-pub use sites::{Charged, SiteRef};
+pub use crate::recording::attribution::{Charged, SiteRef};
 pub use text::render_text;
 
-use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
+use crate::recording::{attribution as sites, Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
 
 /// Two classes whose shares differ by less than this many percentage
 /// points are too close to call.

@@ -37,9 +37,9 @@ use crate::{
     os::probe::{self, ProbeError},
     recording::{
         asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime},
+        attribution::{Charged, SiteRef},
         Recording,
     },
-    report::verdict::sites::{Charged, SiteRef},
 };
 use loops::{LongStep, LoopIterations};
 use sampler::{Sampler, ThreadSample, Tick};

@@ -17,9 +17,8 @@ use crate::{
     },
     recording::{
         asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskState, TaskTime},
-        Frame,
+        attribution as sites, Frame,
     },
-    report::verdict::sites,
 };
 
 /// One task as read at one tick.
