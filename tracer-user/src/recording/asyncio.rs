@@ -152,8 +152,21 @@ pub struct TaskTime {
     pub awaiting: Vec<AwaitTime>,
 }
 
-/// A finding about an event loop.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// What a blocked event loop's step did, by its samples.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum StepActivity {
+    /// Ran on the CPU.
+    Cpu,
+    /// Sat in a blocking syscall (off CPU).
+    Syscall,
+}
+
+/// A finding about an event loop: its kind, numbers and line. What the line
+/// was doing and the advice are the report's to write
+/// (`crate::report::findings`); recordings of format 1 carry them as
+/// written at record time, and those are shown as they are.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct AsyncFinding {
     /// `blocked_event_loop` or `executor_serialized`.
     pub kind: String,
@@ -163,13 +176,32 @@ pub struct AsyncFinding {
     /// The user line responsible.
     #[serde(flatten)]
     pub at: AsyncLine,
-    /// What the line was doing: `blocking syscall clock_nanosleep`, `CPU`, ...
-    pub doing: String,
+    /// Format 1: what the line was doing, in words (`blocking syscall
+    /// clock_nanosleep`, `CPU`, ...). Absent from format 2 on (the report
+    /// writes it from `step`, `syscall` and the loop's times).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doing: Option<String>,
     /// Steps (blocked loop) or stretches (executor) seen.
     pub count: u64,
     pub total_ns: u64,
     pub max_ns: u64,
-    pub advice: String,
+    /// Format 1: the advice, as written at record time. Absent from format
+    /// 2 on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
+    /// `blocked_event_loop`: what the steps did (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepActivity>,
+    /// `blocked_event_loop` in a syscall: its name, when the samples caught
+    /// the thread in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// `executor_serialized`: the loop's idle time and wall time (its
+    /// `idle_ns` and `wall_ns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_idle_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_wall_ns: Option<u64>,
 }
 
 /// The state of a task when it was read.

@@ -151,8 +151,11 @@ pub struct GpuSample {
     pub uuid: Option<String>,
 }
 
-/// Something the detector flagged, with what to do about it.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// Something the detector flagged: its kind, numbers and site. The
+/// sentence that describes it and the advice are the report's to write
+/// (`crate::report::findings`), from these numbers; recordings of format 1
+/// carry them as written at record time, and those are shown as they are.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
@@ -167,8 +170,14 @@ pub struct Finding {
     pub bytes: u64,
     /// Time the pattern cost (copies and the syncs that waited for them).
     pub time_ns: u64,
-    pub message: String,
-    pub advice: String,
+    /// Format 1: the sentence, as written at record time. Absent from
+    /// format 2 on (the report writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Format 1: the advice, as written at record time. Absent from
+    /// format 2 on (the report writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
     /// Calls whose per-call event was lost (ring buffer full) where the
     /// finding looked: at its site, or in its whole process for
     /// `copy_time_share` (which sums the process's sites). Counts, bytes,
@@ -178,6 +187,31 @@ pub struct Finding {
     /// so a finding that rests on it may be understated. 0: nothing lost there.
     #[serde(default)]
     pub events_lost: u64,
+    // The numbers the sentence is written from, beyond count, bytes and
+    // time_ns (format 2; absent from format 1 and where they do not apply).
+    /// The direction of the copies (`HtoD`, `DtoH`): every kind but
+    /// `device_memory_leak` and `copy_time_share`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_kind: Option<String>,
+    /// The site's copies in that direction, and how many of them failed
+    /// (did not return `cudaSuccess`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<u64>,
+    /// `tiny_dtoh_sync`: the largest of the copies (bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// `device_memory_leak`: the allocations the site made (`count` of
+    /// them were never freed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocs: Option<u64>,
+    /// `copy_time_share`: the window `time_ns` is a share of, and the part
+    /// of `time_ns` spent at the finding's site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_time_ns: Option<u64>,
 }
 
 impl Finding {

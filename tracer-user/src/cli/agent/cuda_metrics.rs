@@ -226,9 +226,7 @@ mod tests {
             count: 2,
             bytes: 0,
             time_ns: 0,
-            message: String::new(),
-            advice: String::new(),
-            events_lost: 0,
+            ..Default::default()
         };
         let c = CudaReport {
             calls: vec![call("cudaStreamSynchronize", 3, 2_000_000_000), call("cudaMemcpy", 4, 1_000_000_000)],

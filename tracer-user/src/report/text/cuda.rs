@@ -8,7 +8,10 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use super::nvml;
 use crate::{
     recording::cuda::{CudaCall, CudaReport, Site},
-    report::fmt::{fmt_bytes, fmt_ns, gbps, printable, saturating_sum},
+    report::{
+        findings::{cuda_advice, cuda_message},
+        fmt::{fmt_bytes, fmt_ns, gbps, printable, saturating_sum},
+    },
 };
 
 /// Rows shown per table before "... N more".
@@ -111,7 +114,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         let _ = writeln!(
             out,
             "      {}; {} times, {}, {}",
-            printable(&f.message),
+            printable(&cuda_message(f)),
             f.count,
             fmt_bytes(f.bytes),
             fmt_ns(f.time_ns)
@@ -124,7 +127,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 if f.events_lost_process_wide() { "in this process" } else { "at this site" }
             );
         }
-        let _ = writeln!(out, "      advice: {}", printable(&f.advice));
+        let _ = writeln!(out, "      advice: {}", printable(cuda_advice(f)));
     }
 
     let copies: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.kind.is_some()).collect();
@@ -293,9 +296,9 @@ mod tests {
                 count: 100,
                 bytes: 409_600,
                 time_ns: 2_000_000,
-                message: "m".into(),
-                advice: "a".into(),
-                events_lost: 0,
+                message: Some("m".into()),
+                advice: Some("a".into()),
+                ..Default::default()
             }],
             window_ns: 100_000_000,
             ..Default::default()

@@ -401,7 +401,7 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<
         findings = fs
             .into_iter()
             .take(MAX_FINDINGS)
-            .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: f.advice.clone() })
+            .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: crate::report::findings::cuda_advice(f).to_owned() })
             .collect();
     }
     Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice: top.class.advice().to_owned(), findings })
