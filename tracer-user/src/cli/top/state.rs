@@ -371,6 +371,7 @@ pub mod tests {
             pid: 10,
             api: "cudaMemcpy".into(),
             kind: Some("HtoD".into()),
+            class: None,
             count,
             bytes,
             total_ns: count * 1000,

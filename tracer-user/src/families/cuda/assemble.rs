@@ -21,7 +21,7 @@ use crate::{
     engine::{Context, Topic},
     os::probe::{self, ProbeError},
     recording::{
-        cuda::{api_name, kind_name, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
+        cuda::{api_name, kind_name, CallClass, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
         Frame, FrameKind, UNKNOWN,
     },
 };
@@ -67,6 +67,7 @@ impl CudaCollector {
                 pid: k.pid,
                 api: api_name(k.api),
                 kind: kind_name(k.kind).map(str::to_owned),
+                class: Some(CallClass::of_api(k.api)),
                 count: 0,
                 bytes: 0,
                 total_ns: 0,

@@ -102,6 +102,7 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
             pid: 10,
             api: "cudaStreamSynchronize".into(),
             kind: None,
+            class: None,
             count: 10,
             bytes: 0,
             total_ns: 700 * MS,
