@@ -284,7 +284,7 @@ fn the_report_reads_only_the_model() {
 }
 
 /// The engine's modules a family may not use: the loop and what drives it.
-const ENGINE_INTERNALS: [&str; 3] = ["session", "checkpoint", "run"];
+const ENGINE_INTERNALS: [&str; 4] = ["session", "checkpoint", "run", "record"];
 
 #[test]
 fn families_import_no_report_cli_engine_internals_or_other_family() {

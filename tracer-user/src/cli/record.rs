@@ -111,7 +111,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let outcome = match rt.block_on(session::record(opts, argv, crate::families::list())) {
+    let outcome = match rt.block_on(engine::record::record(opts, argv, crate::families::list())) {
         Ok(o) => o,
         Err(e) => bail!("{e} (hint: {})", e.hint()),
     };

@@ -26,6 +26,7 @@ pub mod checkpoint;
 pub mod ebpf_log;
 mod exited;
 mod options;
+pub mod record;
 pub mod run;
 pub mod session;
 pub mod stacks;

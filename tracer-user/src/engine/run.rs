@@ -131,7 +131,9 @@ impl Engine {
     /// Closes the window (every program detached, the last events taken)
     /// and returns the final recording.
     pub async fn close(&mut self) -> Result<Recording, RecordError> {
-        let rec = session::close(&mut self.cx, &mut self.collectors)?;
+        session::end_window(&mut self.cx, &mut self.collectors)?;
+        dispatch(&mut self.cx, &mut self.collectors)?;
+        let rec = session::snapshot(&mut self.cx, &mut self.collectors)?;
         if let Some(log) = self.cx.ebpf_log.take() {
             log.finish().await;
         }

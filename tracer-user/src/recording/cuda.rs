@@ -37,6 +37,60 @@ impl Site {
     }
 }
 
+/// What a CUDA call does, by its API function.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum CallClass {
+    /// `cudaMemcpy*`, `cuMemcpy*`.
+    Copy,
+    /// Stream, device (context) or event synchronize.
+    Sync,
+    /// A kernel launch.
+    Launch,
+    /// Device or host memory: allocate, free, register, unregister.
+    Memory,
+    Other,
+}
+
+impl CallClass {
+    /// The class of API id `api` (`tracer_common::cuda::api`): what the
+    /// collector stores on each call.
+    pub fn of_api(id: u32) -> CallClass {
+        if api::is_copy(id) {
+            CallClass::Copy
+        } else if api::is_sync(id) {
+            CallClass::Sync
+        } else if api::is_launch(id) {
+            CallClass::Launch
+        } else if matches!(
+            api::canonical(id),
+            api::MALLOC | api::FREE | api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER | api::FREE_HOST | api::HOST_UNREGISTER
+        ) {
+            CallClass::Memory
+        } else {
+            CallClass::Other
+        }
+    }
+
+    /// The class of a probed function by its name (`api` of a call or a
+    /// timeline event, as [`api_name`] wrote it): `Other` for a name that is
+    /// not one of them.
+    pub fn of_name(name: &str) -> CallClass {
+        api::NAMES.iter().position(|n| *n == name).map_or(CallClass::Other, |id| CallClass::of_api(id as u32))
+    }
+
+    /// The class of a native stack frame's function: a probed function's
+    /// ([`of_name`](Self::of_name)); another CUDA copy (`cudaMemcpy*`,
+    /// `cuMemcpy*`) or synchronize (`cu*Synchronize*`) by its name.
+    pub fn of_symbol(name: &str) -> CallClass {
+        match CallClass::of_name(name) {
+            CallClass::Other if name.starts_with("cu") && name.contains("Synchronize") => CallClass::Sync,
+            CallClass::Other if name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy") => CallClass::Copy,
+            class => class,
+        }
+    }
+}
+
 /// One CUDA runtime API called from one site with one copy kind.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct CudaCall {
@@ -44,6 +98,10 @@ pub struct CudaCall {
     pub api: String,
     /// `HtoD`, `DtoH`, `DtoD`, `HtoH`, `Default` (as passed) for copies, else null.
     pub kind: Option<String>,
+    /// What the call does, from its API id (format 2; absent from format 1
+    /// recordings: [`CudaCall::class`] derives it from `api` then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<CallClass>,
     pub count: u64,
     /// Copied (copies) or allocated/registered (memory calls) bytes.
     pub bytes: u64,
@@ -66,6 +124,13 @@ pub struct CudaCall {
     /// `pageable` miss them, and the detector did not see them.
     #[serde(default)]
     pub events_lost: u64,
+}
+
+impl CudaCall {
+    /// What the call does: as recorded, else (format 1) by its API name.
+    pub fn class(&self) -> CallClass {
+        self.class.unwrap_or_else(|| CallClass::of_name(&self.api))
+    }
 }
 
 /// Launches of one kernel from one site.
@@ -151,8 +216,11 @@ pub struct GpuSample {
     pub uuid: Option<String>,
 }
 
-/// Something the detector flagged, with what to do about it.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// Something the detector flagged: its kind, numbers and site. The
+/// sentence that describes it and the advice are the report's to write
+/// (`crate::report::findings`), from these numbers; recordings of format 1
+/// carry them as written at record time, and those are shown as they are.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
@@ -167,8 +235,14 @@ pub struct Finding {
     pub bytes: u64,
     /// Time the pattern cost (copies and the syncs that waited for them).
     pub time_ns: u64,
-    pub message: String,
-    pub advice: String,
+    /// Format 1: the sentence, as written at record time. Absent from
+    /// format 2 on (the report writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Format 1: the advice, as written at record time. Absent from
+    /// format 2 on (the report writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
     /// Calls whose per-call event was lost (ring buffer full) where the
     /// finding looked: at its site, or in its whole process for
     /// `copy_time_share` (which sums the process's sites). Counts, bytes,
@@ -178,6 +252,31 @@ pub struct Finding {
     /// so a finding that rests on it may be understated. 0: nothing lost there.
     #[serde(default)]
     pub events_lost: u64,
+    // The numbers the sentence is written from, beyond count, bytes and
+    // time_ns (format 2; absent from format 1 and where they do not apply).
+    /// The direction of the copies (`HtoD`, `DtoH`): every kind but
+    /// `device_memory_leak` and `copy_time_share`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_kind: Option<String>,
+    /// The site's copies in that direction, and how many of them failed
+    /// (did not return `cudaSuccess`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<u64>,
+    /// `tiny_dtoh_sync`: the largest of the copies (bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// `device_memory_leak`: the allocations the site made (`count` of
+    /// them were never freed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocs: Option<u64>,
+    /// `copy_time_share`: the window `time_ns` is a share of, and the part
+    /// of `time_ns` spent at the finding's site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_time_ns: Option<u64>,
 }
 
 impl Finding {
@@ -272,5 +371,29 @@ pub fn kind_name(kind: u32) -> Option<&'static str> {
 
 pub fn api_name(api: u32) -> String {
     api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_class_from_its_name_is_the_one_from_its_id() {
+        for id in 0..api::COUNT + 2 {
+            let name = api_name(id);
+            assert_eq!(CallClass::of_name(&name), CallClass::of_api(id), "{name}");
+            assert_eq!(CallClass::of_symbol(&name), CallClass::of_api(id), "{name}");
+            // What the name tests said before the class was stored.
+            let sync = name.starts_with("cu") && name.contains("Synchronize");
+            let copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");
+            assert_eq!(CallClass::of_api(id) == CallClass::Sync, sync, "{name}");
+            assert_eq!(CallClass::of_api(id) == CallClass::Copy, copy, "{name}");
+        }
+        assert_eq!(CallClass::of_name("cudaMalloc"), CallClass::Memory);
+        assert_eq!(CallClass::of_name("cuLaunchKernelEx"), CallClass::Launch);
+        assert_eq!(CallClass::of_name("cudaMemcpy3D"), CallClass::Other);
+        assert_eq!(CallClass::of_symbol("cudaMemcpy3D"), CallClass::Copy);
+        assert_eq!(CallClass::of_symbol("cudaThreadSynchronize"), CallClass::Sync);
+    }
 }
 

@@ -18,6 +18,7 @@ use flate2::{read::GzDecoder, write::GzEncoder, Compression};
 use serde::{Deserialize, Serialize};
 
 pub mod asyncio;
+pub mod attribution;
 pub mod cuda;
 pub mod limits;
 pub mod output;
@@ -31,7 +32,10 @@ use limits::{fmt_size, Guard, LimitHit};
 pub const UNKNOWN: &str = "[unknown]";
 
 pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: findings hold numbers, no words (CUDA `message` and `advice`, asyncio
+/// `doing` and `advice` are absent: a reader of version 1 requires them).
+/// Version 1 recordings are read as before.
+pub const FORMAT_VERSION: u32 = 2;
 pub(crate) const ENCODING_GZIP_JSON: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]

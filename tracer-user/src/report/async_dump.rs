@@ -1,13 +1,16 @@
 //! `infertrace dump --async`: the asyncio tasks of a process
-//! ([`crate::families::python::asyncio`]) as a tree per thread's event loop
+//! (read by `crate::families::python::asyncio` into the model's
+//! [`crate::recording::asyncio::LoopTasks`]) as a tree per thread's event loop
 //! ([`render_async_text`]) or JSON ([`render_async_json`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 use super::fmt::{printable, printable_json, printable_text};
-use crate::families::python::asyncio::{AsyncTask, LoopTasks, TaskState};
-use crate::recording::Frame;
+use crate::recording::{
+    asyncio::{AsyncTask, LoopTasks, TaskState},
+    Frame,
+};
 
 /// Text: per thread, a header, then each task that no task of the same
 /// list awaits, with its coroutine stack (innermost first, like a thread's
@@ -137,7 +140,7 @@ pub fn render_async_json(loops: &[LoopTasks]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::python::asyncio::Awaitable;
+    use crate::recording::asyncio::Awaitable;
     use crate::recording::FrameKind;
 
     fn py(function: &str, line: u32) -> Frame {

@@ -59,7 +59,8 @@ struct JsonReport<'a> {
     runqueue_hist_log2_ns: &'a BTreeMap<u32, Vec<u64>>,
     sample_hz: u64,
     cuda: Option<JsonCuda<'a>>,
-    findings: &'a [crate::recording::cuda::Finding],
+    /// The findings with their `message` and `advice` written in.
+    findings: Vec<crate::recording::cuda::Finding>,
     lost_events: u64,
     lost_detail: &'a BTreeMap<String, u64>,
     notes: &'a [String],
@@ -76,7 +77,7 @@ struct JsonReport<'a> {
     tracer_overhead: Option<&'a crate::recording::overhead::TracerOverhead>,
     /// asyncio event loops (`record --async`); absent when none was found.
     #[serde(skip_serializing_if = "Option::is_none")]
-    asyncio: Option<&'a crate::recording::asyncio::AsyncioReport>,
+    asyncio: Option<crate::recording::asyncio::AsyncioReport>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -117,7 +118,7 @@ pub fn render(rec: &Recording) -> String {
             driver_probes_off: &c.driver_probes_off,
             launch_sampling: c.launch_sampling.as_ref(),
         }),
-        findings: rec.cuda.as_ref().map(|c| c.findings.as_slice()).unwrap_or(&[]),
+        findings: rec.cuda.as_ref().map(|c| super::findings::cuda_worded(&c.findings)).unwrap_or_default(),
         lost_events: rec.lost_events(),
         lost_detail: &rec.lost,
         notes: &rec.notes,
@@ -125,7 +126,7 @@ pub fn render(rec: &Recording) -> String {
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
         verdict: super::verdict::verdict(rec),
         tracer_overhead: rec.tracer_overhead.as_ref(),
-        asyncio: rec.asyncio.as_ref(),
+        asyncio: rec.asyncio.as_ref().map(super::findings::async_worded),
     };
     let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

@@ -9,6 +9,7 @@
 pub mod async_dump;
 pub mod diff;
 pub mod dump;
+pub mod findings;
 pub mod fmt;
 pub mod folded;
 #[cfg(test)]

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use prost::Message;
 
 use crate::recording::{
+    cuda::CallClass,
     timeline::{LifecycleKind, ThreadState, Timeline},
     Frame, FrameKind, OffCpuReason, Recording,
 };
@@ -347,7 +348,7 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
 
     // Copy bandwidth per process, in 10 ms bins, from the copies' ends.
     let mut bins: BTreeMap<u32, BTreeMap<u64, u64>> = BTreeMap::new();
-    for c in tl.cuda.iter().filter(|c| tracer_common::cuda::api::NAMES.iter().position(|n| *n == c.api).is_some_and(|a| tracer_common::cuda::api::is_copy(a as u32))) {
+    for c in tl.cuda.iter().filter(|c| CallClass::of_name(&c.api) == CallClass::Copy) {
         *bins.entry(c.pid).or_default().entry(c.end_ns / BIN_NS).or_default() += c.bytes;
     }
     for (pid, per_bin) in bins {

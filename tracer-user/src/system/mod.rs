@@ -1,8 +1,10 @@
 //! Tables about the system the tracer runs on, shared by collectors and
 //! reports: syscall and errno names, and the per-architecture constants the
-//! kernel programs need. Imports nothing of the collectors.
+//! kernel programs need; local date and time formatting. Imports nothing of
+//! the collectors.
 
 mod errno_names;
+pub mod local_time;
 mod syscall_names;
 
 pub use errno_names::errno_name;

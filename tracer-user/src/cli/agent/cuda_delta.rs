@@ -97,6 +97,7 @@ mod tests {
             pid: 7,
             api: api.into(),
             kind: Some("HtoD".into()),
+            class: None,
             count,
             bytes,
             total_ns: ns,

@@ -18,7 +18,7 @@ use prometheus_client::{
 };
 
 use super::labels::TargetLabels;
-use crate::recording::cuda::CudaReport;
+use crate::recording::cuda::{CallClass, CudaReport};
 
 /// Finding sites per target with series of their own.
 pub const MAX_SITES: usize = 20;
@@ -96,7 +96,7 @@ impl CudaMetrics {
             self.bytes.get_or_create(&l).inc_by(call.bytes);
             self.seconds.get_or_create(&l).inc_by(call.total_ns as f64 / 1e9);
             self.errors.get_or_create(&l).inc_by(call.errors);
-            if crate::report::verdict::is_sync_api(&call.api) {
+            if call.class() == CallClass::Sync {
                 self.sync_seconds.get_or_create(&target).inc_by(call.total_ns as f64 / 1e9);
             }
             if target.pid != "other" {
@@ -208,6 +208,7 @@ mod tests {
             pid: 9,
             api: api.into(),
             kind: None,
+            class: None,
             count,
             bytes: 0,
             total_ns: ns,
@@ -226,9 +227,7 @@ mod tests {
             count: 2,
             bytes: 0,
             time_ns: 0,
-            message: String::new(),
-            advice: String::new(),
-            events_lost: 0,
+            ..Default::default()
         };
         let c = CudaReport {
             calls: vec![call("cudaStreamSynchronize", 3, 2_000_000_000), call("cudaMemcpy", 4, 1_000_000_000)],

@@ -283,7 +283,7 @@ impl State {
                         kind: printable(&f.kind).into_owned(),
                         pid: f.pid,
                         site: printable(&f.site.display()).into_owned(),
-                        message: printable(&f.message).into_owned(),
+                        message: printable(&crate::report::findings::cuda_message(f)).into_owned(),
                     });
                 }
             }
@@ -371,6 +371,7 @@ pub mod tests {
             pid: 10,
             api: "cudaMemcpy".into(),
             kind: Some("HtoD".into()),
+            class: None,
             count,
             bytes,
             total_ns: count * 1000,
@@ -389,9 +390,9 @@ pub mod tests {
             count: 1,
             bytes: 1,
             time_ns: 1,
-            message: "m".into(),
-            advice: "a".into(),
-            events_lost: 0,
+            message: Some("m".into()),
+            advice: Some("a".into()),
+            ..Default::default()
         };
         let mut st = State::new();
         let mut rec = snapshot(1, 0);

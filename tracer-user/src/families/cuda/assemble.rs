@@ -21,7 +21,7 @@ use crate::{
     engine::{Context, Topic},
     os::probe::{self, ProbeError},
     recording::{
-        cuda::{api_name, kind_name, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
+        cuda::{api_name, kind_name, CallClass, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
         Frame, FrameKind, UNKNOWN,
     },
 };
@@ -73,6 +73,7 @@ impl CudaCollector {
                     pid: key.0,
                     api: api_name(key.1),
                     kind: kind_name(key.2).map(str::to_owned),
+                    class: Some(CallClass::of_api(key.1)),
                     count: v.count,
                     bytes: v.bytes,
                     total_ns: v.total_ns,

@@ -8,8 +8,8 @@
 //! (`small_htod_copies`, `sync_after_copy`, `pageable_copy`,
 //! `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
 //! `device_memory_leak`); [`detect`] runs them all and ranks the findings.
-//! Sizes and times in messages are formatted by [`crate::report::fmt`], as
-//! in the text report.
+//! A finding holds numbers only: its sentence and advice are written by the
+//! report (`crate::report::findings`).
 
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ use super::{
     replay::{AllocObs, CopyObs, SyncObs},
     Finding, Site,
 };
-use crate::report::fmt::{fmt_bytes, fmt_ns};
+use crate::recording::cuda::kind_name;
 
 /// Detector thresholds (docs/cuda.md explains each).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -112,14 +112,6 @@ fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
     }
 }
 
-const ADVICE_SMALL: &str = "Batch these inputs: collate them into one tensor on the CPU (torch.stack/torch.cat, or the DataLoader's collate_fn) and copy once per batch, or create them directly on the GPU (torch.tensor(..., device='cuda')). From pinned memory (pin_memory=True) with .to(device, non_blocking=True) the copy also overlaps compute.";
-const ADVICE_SYNC: &str = "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()) and do not synchronize after each copy: the stream already orders the copy before the kernels that use it. Synchronize (or wait on a torch.cuda.Event) only where the host needs the result.";
-const ADVICE_PAGEABLE: &str = "Use pinned host memory: DataLoader(pin_memory=True), tensor.pin_memory() once for buffers that are reused, or torch.empty(..., pin_memory=True); then .to(device, non_blocking=True). Pageable copies are staged by the driver and block the CPU even through cudaMemcpyAsync.";
-const ADVICE_TINY: &str = "Avoid .item()/.cpu()/float(t)/bool(t) on GPU tensors inside the loop: each one waits for the GPU to drain. Accumulate on the device (total += loss.detach()) and fetch once after the loop or every N steps; replace Python branches on GPU values with torch.where or masking.";
-const ADVICE_REPEATED: &str = "This data does not change between calls: move it to the GPU once, outside the loop (create it with device='cuda', register it as a module buffer, or cache the device tensor), and reuse the device copy.";
-const ADVICE_SHARE: &str = "Overlap transfers with compute and remove waits: pinned memory with non_blocking=True, prefetch the next batch on a side stream, keep tensors on the GPU between steps, and take .item()/.cpu()/torch.cuda.synchronize() out of the hot loop.";
-const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTorch drop the references that keep device tensors alive (e.g. a list of outputs or losses that also keeps the autograd graph: store loss.item() or .detach()). Watch torch.cuda.memory_allocated() over time to confirm.";
-
 /// One rule: the findings it makes over all sites, given the window's
 /// length (ns).
 type Rule = fn(&[SiteSummary], u64, &Thresholds) -> Vec<Finding>;
@@ -162,9 +154,9 @@ struct Cost {
     time_ns: u64,
 }
 
-/// A finding at one site, with its severity from the share of the window
-/// its time costs.
-fn site_finding(s: &SiteSummary, kind: &str, cost: Cost, window_ns: u64, t: &Thresholds, message: String, advice: &str) -> Finding {
+/// A finding about the copies `c` of direction `kind` at one site, with
+/// its severity from the share of the window its time costs.
+fn copy_finding(s: &SiteSummary, kind: &str, copy_kind: u32, c: &CopyObs, cost: Cost, window_ns: u64, t: &Thresholds) -> Finding {
     Finding {
         kind: kind.to_owned(),
         severity: severity(cost.time_ns, window_ns, t).to_owned(),
@@ -173,31 +165,16 @@ fn site_finding(s: &SiteSummary, kind: &str, cost: Cost, window_ns: u64, t: &Thr
         count: cost.count,
         bytes: cost.bytes,
         time_ns: cost.time_ns,
-        message,
-        advice: advice.to_owned(),
-        events_lost: 0,
+        copy_kind: kind_name(copy_kind).map(str::to_owned),
+        copies: Some(c.count),
+        errors: Some(c.errors),
+        ..Default::default()
     }
 }
 
-/// What a message adds when some of the calls failed.
-fn failed(c: &CopyObs) -> String {
-    if c.errors == 0 {
-        String::new()
-    } else if c.errors == c.count {
-        " (every one of these calls failed)".to_owned()
-    } else {
-        format!(" ({} of these calls failed)", c.errors)
-    }
-}
-
-/// The direction of copies of `kind` in messages; `None` for the kinds no
-/// per-direction rule looks at.
-fn direction(kind: u32) -> Option<&'static str> {
-    match kind {
-        KIND_HTOD => Some("host-to-device"),
-        KIND_DTOH => Some("device-to-host"),
-        _ => None,
-    }
+/// Whether the per-direction rules look at copies of `kind`.
+fn has_direction(kind: u32) -> bool {
+    matches!(kind, KIND_HTOD | KIND_DTOH)
 }
 
 /// D2H copies small enough that waiting for them is all they cost.
@@ -220,21 +197,8 @@ fn repeated_upload(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec
         let Some(c) = s.copies.get(&KIND_HTOD) else { continue };
         let Some((size, n)) = repeated_content(c, t) else { continue };
         let time = c.ns * n / c.count.max(1);
-        out.push(site_finding(
-            s,
-            "repeated_upload",
-            Cost { count: n, bytes: n * size, time_ns: time },
-            window_ns,
-            t,
-            format!(
-                "the same {} of host data was uploaded {n} times from this line ({} of {} host-to-device copies here){}",
-                fmt_bytes(size),
-                n,
-                c.count,
-                failed(c)
-            ),
-            ADVICE_REPEATED,
-        ));
+        // The content's size is bytes / count.
+        out.push(copy_finding(s, "repeated_upload", KIND_HTOD, c, Cost { count: n, bytes: n * size, time_ns: time }, window_ns, t));
     }
     out
 }
@@ -249,21 +213,7 @@ fn small_htod_copies(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> V
         if repeated_content(c, t).is_some() || c.count < t.small_copy_min_count || mean > t.small_copy_max_bytes {
             continue;
         }
-        out.push(site_finding(
-            s,
-            "small_htod_copies",
-            Cost { count: c.count, bytes: c.bytes, time_ns: c.ns },
-            window_ns,
-            t,
-            format!(
-                "{} small host-to-device copies from this line, {} on average ({} in all){}",
-                c.count,
-                fmt_bytes(mean),
-                fmt_bytes(c.bytes),
-                failed(c)
-            ),
-            ADVICE_SMALL,
-        ));
+        out.push(copy_finding(s, "small_htod_copies", KIND_HTOD, c, Cost { count: c.count, bytes: c.bytes, time_ns: c.ns }, window_ns, t));
     }
     out
 }
@@ -278,19 +228,10 @@ fn tiny_dtoh_sync(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<
         if waits < t.min_repeats {
             continue;
         }
-        out.push(site_finding(
-            s,
-            "tiny_dtoh_sync",
-            Cost { count: waits, bytes: c.bytes, time_ns: c.ns + c.sync_pair_ns },
-            window_ns,
-            t,
-            format!(
-                "{waits} tiny device-to-host copies ({} each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop{}",
-                fmt_bytes(c.max_bytes),
-                failed(c)
-            ),
-            ADVICE_TINY,
-        ));
+        out.push(Finding {
+            max_bytes: Some(c.max_bytes),
+            ..copy_finding(s, "tiny_dtoh_sync", KIND_DTOH, c, Cost { count: waits, bytes: c.bytes, time_ns: c.ns + c.sync_pair_ns }, window_ns, t)
+        });
     }
     out
 }
@@ -301,27 +242,15 @@ fn sync_after_copy(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec
     let mut out = Vec::new();
     for s in sites {
         for (kind, c) in &s.copies {
-            let Some(dir) = direction(*kind) else { continue };
-            if (*kind == KIND_DTOH && is_tiny(c, t)) || c.sync_pairs < t.min_repeats {
+            if !has_direction(*kind) || (*kind == KIND_DTOH && is_tiny(c, t)) || c.sync_pairs < t.min_repeats {
                 continue;
             }
-            out.push(site_finding(
-                s,
-                "sync_after_copy",
-                Cost {
-                    count: c.sync_pairs,
-                    bytes: c.bytes * c.sync_pairs / c.count.max(1),
-                    time_ns: c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
-                },
-                window_ns,
-                t,
-                format!(
-                    "{} {dir} copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer{}",
-                    c.sync_pairs,
-                    failed(c)
-                ),
-                ADVICE_SYNC,
-            ));
+            let cost = Cost {
+                count: c.sync_pairs,
+                bytes: c.bytes * c.sync_pairs / c.count.max(1),
+                time_ns: c.sync_pair_ns + c.ns * c.sync_pairs / c.count.max(1),
+            };
+            out.push(copy_finding(s, "sync_after_copy", *kind, c, cost, window_ns, t));
         }
     }
     out
@@ -333,29 +262,11 @@ fn pageable_copy(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<F
     let mut out = Vec::new();
     for s in sites {
         for (kind, c) in &s.copies {
-            let Some(dir) = direction(*kind) else { continue };
-            if c.pageable < t.min_repeats || c.pageable_bytes < t.pageable_min_bytes {
+            if !has_direction(*kind) || c.pageable < t.min_repeats || c.pageable_bytes < t.pageable_min_bytes {
                 continue;
             }
-            out.push(site_finding(
-                s,
-                "pageable_copy",
-                Cost { count: c.pageable, bytes: c.pageable_bytes, time_ns: c.pageable_ns },
-                window_ns,
-                t,
-                format!(
-                    "{} {dir} copies ({}) from this line used pageable host memory{}{}",
-                    c.pageable,
-                    fmt_bytes(c.pageable_bytes),
-                    if c.pageable_ns > 0 && c.pageable_bytes > 0 && c.errors == 0 {
-                        format!(", at {:.2} GB/s", c.pageable_bytes as f64 / c.pageable_ns as f64)
-                    } else {
-                        String::new()
-                    },
-                    failed(c)
-                ),
-                ADVICE_PAGEABLE,
-            ));
+            let cost = Cost { count: c.pageable, bytes: c.pageable_bytes, time_ns: c.pageable_ns };
+            out.push(copy_finding(s, "pageable_copy", *kind, c, cost, window_ns, t));
         }
     }
     out
@@ -385,14 +296,8 @@ fn device_memory_leak(sites: &[SiteSummary], _window_ns: u64, t: &Thresholds) ->
             count: a.live,
             bytes: a.live_bytes,
             time_ns: 0,
-            message: format!(
-                "{} of {} device allocations ({}) from this line were never freed, and it was still allocating in the second half of the window",
-                a.live,
-                a.allocs,
-                fmt_bytes(a.live_bytes)
-            ),
-            advice: ADVICE_LEAK.into(),
-            events_lost: 0,
+            allocs: Some(a.allocs),
+            ..Default::default()
         });
     }
     out
@@ -432,15 +337,9 @@ fn copy_time_share(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec
             count: calls,
             bytes,
             time_ns: ns,
-            message: format!(
-                "host/device copies and synchronizations took {:.0}% of the wall time ({} of {}); this line alone {}",
-                share * 100.0,
-                fmt_ns(ns),
-                fmt_ns(window_ns),
-                fmt_ns(top_ns)
-            ),
-            advice: ADVICE_SHARE.into(),
-            events_lost: 0,
+            window_ns: Some(window_ns),
+            site_time_ns: Some(top_ns),
+            ..Default::default()
         });
     }
     out
@@ -539,6 +438,55 @@ mod tests {
         assert!(!got.contains(&("small_htod_copies".into(), 30)));
         assert!(!got.contains(&("pageable_copy".into(), 10)));
         assert_eq!(got.len(), 7, "{got:?}");
-        assert!(f.iter().all(|f| !f.advice.is_empty() && !f.message.is_empty()));
+        // Numbers only; the report words them as format 1 recorded them.
+        assert!(f.iter().all(|f| f.message.is_none() && f.advice.is_none()));
+        let words = |kind: &str| {
+            let f = f.iter().find(|f| f.kind == kind).unwrap();
+            assert!(!crate::report::findings::cuda_advice(f).is_empty(), "{kind}");
+            crate::report::findings::cuda_message(f).into_owned()
+        };
+        assert_eq!(words("small_htod_copies"), "100 small host-to-device copies from this line, 4.0 KiB on average (400.0 KiB in all)");
+        assert_eq!(
+            words("sync_after_copy"),
+            "100 host-to-device copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer"
+        );
+        assert_eq!(
+            words("tiny_dtoh_sync"),
+            "50 tiny device-to-host copies (4 B each at most) from this line each waited for the GPU: a .item()/.cpu() in a loop"
+        );
+        assert_eq!(
+            words("repeated_upload"),
+            "the same 64.0 KiB of host data was uploaded 40 times from this line (40 of 40 host-to-device copies here)"
+        );
+        assert_eq!(words("pageable_copy"), "20 host-to-device copies (160.0 MiB) from this line used pageable host memory, at 5.59 GB/s");
+        assert_eq!(
+            words("device_memory_leak"),
+            "20 of 20 device allocations (20.0 MiB) from this line were never freed, and it was still allocating in the second half of the window"
+        );
+        assert_eq!(
+            words("copy_time_share"),
+            "host/device copies and synchronizations took 26% of the wall time (51.0 ms of 200.0 ms); this line alone 50.0 ms"
+        );
+    }
+
+    #[test]
+    fn failed_copies_are_in_the_words() {
+        let t = Thresholds::default();
+        let c = CopyObs {
+            count: 20,
+            bytes: 20 << 23,
+            max_bytes: 1 << 23,
+            errors: 3,
+            pageable: 20,
+            pageable_bytes: 20 << 23,
+            pageable_ns: 30_000_000,
+            sync_pairs: 20,
+            ..Default::default()
+        };
+        let s = SiteSummary { pid: 1, site: site(7), copies: copies(KIND_DTOH, c), ..Default::default() };
+        let f = detect(&[s], 1_000_000_000, &t);
+        let words: Vec<String> = f.iter().map(|f| crate::report::findings::cuda_message(f).into_owned()).collect();
+        assert!(words.contains(&"20 device-to-host copies (160.0 MiB) from this line used pageable host memory (3 of these calls failed)".to_owned()), "{words:?}");
+        assert!(words.contains(&"20 device-to-host copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer (3 of these calls failed)".to_owned()), "{words:?}");
     }
 }

@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 
 use crate::{
     recording::asyncio::{AsyncFinding, AsyncLine, AsyncioReport, EventLoop},
-    report::fmt::{fmt_duration, printable},
+    report::{
+        findings::{async_advice, async_doing},
+        fmt::{fmt_duration, printable},
+    },
 };
 
 /// Lines and tasks shown per loop.
@@ -37,15 +40,15 @@ fn finding(out: &mut String, f: &AsyncFinding, threshold_ns: u64) {
             if f.count == 1 { "" } else { "s" },
             fmt_duration(threshold_ns),
             at(&f.at),
-            printable(&f.doing),
+            printable(&async_doing(f)),
             fmt_duration(f.total_ns),
             fmt_duration(f.max_ns)
         ),
-        "executor_serialized" => format!("WORK SERIALIZED BEHIND AN EXECUTOR: at {}: {}", at(&f.at), printable(&f.doing)),
+        "executor_serialized" => format!("WORK SERIALIZED BEHIND AN EXECUTOR: at {}: {}", at(&f.at), printable(&async_doing(f))),
         other => format!("{}: at {}", printable(other), at(&f.at)),
     };
     let _ = writeln!(out, "  {what}");
-    let _ = writeln!(out, "    advice: {}", printable(&f.advice));
+    let _ = writeln!(out, "    advice: {}", printable(async_advice(f)));
 }
 
 fn one_loop(out: &mut String, l: &EventLoop, r: &AsyncioReport) {

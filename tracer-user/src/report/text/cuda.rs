@@ -7,8 +7,11 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::nvml;
 use crate::{
-    recording::cuda::{CudaCall, CudaReport, Site},
-    report::fmt::{fmt_bytes, fmt_ns, gbps, printable, saturating_sum},
+    recording::cuda::{CallClass, CudaCall, CudaReport, Site},
+    report::{
+        findings::{cuda_advice, cuda_message},
+        fmt::{fmt_bytes, fmt_ns, gbps, printable, saturating_sum},
+    },
 };
 
 /// Rows shown per table before "... N more".
@@ -111,7 +114,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         let _ = writeln!(
             out,
             "      {}; {} times, {}, {}",
-            printable(&f.message),
+            printable(&cuda_message(f)),
             f.count,
             fmt_bytes(f.bytes),
             fmt_ns(f.time_ns)
@@ -124,7 +127,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
                 if f.events_lost_process_wide() { "in this process" } else { "at this site" }
             );
         }
-        let _ = writeln!(out, "      advice: {}", printable(&f.advice));
+        let _ = writeln!(out, "      advice: {}", printable(cuda_advice(f)));
     }
 
     let copies: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.kind.is_some()).collect();
@@ -162,7 +165,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         nvml::render(out, cuda, traced);
     }
 
-    let syncs: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.api.contains("Synchronize")).collect();
+    let syncs: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.class() == CallClass::Sync).collect();
     if !syncs.is_empty() {
         let _ = writeln!(out, "\nsyncs by site:");
         let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>6} {:>7}  {:<28} SITE", "CALLS", "TIME", "AVG", "%WALL", "ERRORS", "API");
@@ -184,7 +187,7 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     }
 
     let memory: Vec<&CudaCall> =
-        cuda.calls.iter().filter(|c| c.kind.is_none() && !c.api.contains("Synchronize")).collect();
+        cuda.calls.iter().filter(|c| c.kind.is_none() && c.class() != CallClass::Sync).collect();
     if !memory.is_empty() {
         let _ = writeln!(out, "\nmemory calls by site:");
         let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7}  {:<20} SITE", "CALLS", "BYTES", "TIME", "ERRORS", "API");
@@ -274,6 +277,7 @@ mod tests {
                 pid: 7,
                 api: "cudaMemcpyAsync".into(),
                 kind: Some("HtoD".into()),
+                class: None,
                 count: 100,
                 bytes: 409_600,
                 total_ns: 2_000_000,
@@ -293,9 +297,9 @@ mod tests {
                 count: 100,
                 bytes: 409_600,
                 time_ns: 2_000_000,
-                message: "m".into(),
-                advice: "a".into(),
-                events_lost: 0,
+                message: Some("m".into()),
+                advice: Some("a".into()),
+                ..Default::default()
             }],
             window_ns: 100_000_000,
             ..Default::default()
@@ -319,6 +323,7 @@ mod tests {
             pid: 7,
             api: "cudaMemcpyAsync".into(),
             kind: Some(kind.into()),
+            class: None,
             count: 10,
             bytes,
             total_ns: ns,

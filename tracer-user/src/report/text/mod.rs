@@ -22,8 +22,8 @@ use super::{
     rows::{syscall_rows, totals, SyscallRow},
 };
 use crate::{
-    os::clock,
     recording::{CutReason, Recording},
+    system::local_time,
 };
 
 pub fn render(rec: &Recording) -> String {
@@ -48,7 +48,7 @@ pub fn render(rec: &Recording) -> String {
         let _ = writeln!(
             out,
             "CUT: this recording ends at the tracer's last checkpoint, taken {} ({} into the window): {why}; what came after is missing",
-            clock::local_time(cut.at_unix_ms),
+            local_time::local_time(cut.at_unix_ms),
             fmt_duration(rec.duration_ns)
         );
     }

@@ -10,7 +10,6 @@
 pub mod class;
 pub mod parked;
 pub mod pools;
-pub mod sites;
 pub mod text;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,10 +17,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 pub use class::Class;
-pub use sites::{Charged, SiteRef};
+pub use crate::recording::attribution::{Charged, SiteRef};
 pub use text::render_text;
 
-use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes};
+use crate::recording::{
+    attribution as sites, cuda::CallClass, Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes,
+};
 
 /// Two classes whose shares differ by less than this many percentage
 /// points are too close to call.
@@ -236,25 +237,20 @@ fn frame_key(f: &Frame) -> Option<(String, u32)> {
     Some((base(f.file.as_deref()?).to_owned(), f.line?))
 }
 
-/// A CUDA runtime or driver synchronize call, by name (also the agent's sync seconds).
-pub(crate) fn is_sync_api(name: &str) -> bool {
-    (name.starts_with("cuda") || name.starts_with("cu")) && name.contains("Synchronize")
-}
-
-fn is_copy_api(name: &str) -> bool {
-    name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy")
-}
-
 fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
     let mut m: HashMap<u32, CudaSites> = HashMap::new();
     for c in rec.cuda.iter().flat_map(|c| c.calls.iter()) {
         let (Some(file), Some(line)) = (c.site.file.as_deref(), c.site.line) else { continue };
         let key = (base(file).to_owned(), line);
         let e = m.entry(c.pid).or_default();
-        if is_sync_api(&c.api) {
-            e.sync.insert(key);
-        } else if is_copy_api(&c.api) {
-            e.copy.insert(key);
+        match c.class() {
+            CallClass::Sync => {
+                e.sync.insert(key);
+            }
+            CallClass::Copy => {
+                e.copy.insert(key);
+            }
+            _ => {}
         }
     }
     m
@@ -266,11 +262,10 @@ fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
 fn gpu_class(frames: &[Frame], cuda: Option<&CudaSites>, on_cpu: bool) -> Option<Class> {
     let copy = if on_cpu { Class::CopyWork } else { Class::GpuSync };
     for f in frames.iter().filter(|f| f.kind == FrameKind::Native) {
-        if is_sync_api(&f.function) {
-            return Some(Class::GpuSync);
-        }
-        if is_copy_api(&f.function) {
-            return Some(copy);
+        match CallClass::of_symbol(&f.function) {
+            CallClass::Sync => return Some(Class::GpuSync),
+            CallClass::Copy => return Some(copy),
+            _ => {}
         }
     }
     let cuda = cuda?;
@@ -402,7 +397,7 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<
         findings = fs
             .into_iter()
             .take(MAX_FINDINGS)
-            .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: f.advice.clone() })
+            .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: crate::report::findings::cuda_advice(f).to_owned() })
             .collect();
     }
     Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice: top.class.advice().to_owned(), findings })

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::sites::{self, Charged};
+use crate::recording::attribution::{self as sites, Charged};
 use super::{scale, Acc, Class};
 use crate::recording::{FrameKind, StackKind, StackRecord, ThreadTimes};
 

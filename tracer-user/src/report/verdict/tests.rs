@@ -102,6 +102,7 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
             pid: 10,
             api: "cudaStreamSynchronize".into(),
             kind: None,
+            class: None,
             count: 10,
             bytes: 0,
             total_ns: 700 * MS,
@@ -120,9 +121,9 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
             count: 10,
             bytes: 40,
             time_ns: 700 * MS,
-            message: "m".into(),
-            advice: "keep it on the GPU".into(),
-            events_lost: 0,
+            message: Some("m".into()),
+            advice: Some("keep it on the GPU".into()),
+            ..Default::default()
         }],
         ..Default::default()
     });

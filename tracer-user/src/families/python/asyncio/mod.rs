@@ -19,8 +19,8 @@
 //! offsets; fails with [`AsyncioError::NotLoaded`] until the process has
 //! imported asyncio), then [`AsyncioReader::read`] as often as needed
 //! (code objects are cached by the [`Interpreter`]): one [`LoopTasks`] per
-//! thread that has tasks or a running loop. Rendered by
-//! `crate::report::async_dump`.
+//! thread that has tasks or a running loop. The task types are the model's
+//! (`crate::recording::asyncio`); rendered by `crate::report::async_dump`.
 
 pub mod record;
 mod locate;
@@ -28,13 +28,14 @@ mod offsets;
 
 use std::collections::{HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
-
 use super::{
     proc::{le_u32, le_u64},
     Interpreter, PythonError,
 };
-use crate::recording::Frame;
+use crate::recording::{
+    asyncio::{AsyncTask, Awaitable, LoopTasks, TaskState},
+    Frame,
+};
 pub use locate::Located;
 use offsets::{AsyncioDebug, DerivedTask, RuntimeGroups, VersionFacts};
 
@@ -46,73 +47,6 @@ const MAX_SET_TABLE: u64 = 1 << 20;
 const MAX_NAME: usize = 1024;
 /// `Py_TAG_BITS`: object pointers on the value stack carry tags.
 const TAG_MASK: u64 = !3;
-
-/// The state of a task when it was read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    /// Running a step now (the thread's `asyncio_running_task`).
-    Running,
-    /// Suspended on a future (`task_fut_waiter` set): [`AsyncTask::waiting_on`].
-    Awaiting,
-    /// Pending, not running, waiting on nothing: queued for the loop's next
-    /// iteration (a new task, one that yielded with `await sleep(0)`, one
-    /// whose future just completed).
-    Ready,
-    /// Finished or cancelled, still listed.
-    Done,
-    /// The task's state cannot be read in this build (its `TaskObj` layout
-    /// differs from 3.14's): only running is known.
-    Unknown,
-}
-
-/// The future a task is suspended on (`task._fut_waiter`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Awaitable {
-    /// Its address.
-    pub id: u64,
-    /// Its type's `tp_name` (`_asyncio.Future`, `_asyncio.Task`, ...).
-    pub type_name: String,
-}
-
-/// One task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AsyncTask {
-    /// The task object's address (what `pstree` calls the task id).
-    pub id: u64,
-    /// `task.get_name()` (`Task-N` for unnamed tasks).
-    pub name: String,
-    pub state: TaskState,
-    /// Address of the event loop the task belongs to (`task._loop`); `None`
-    /// where the task layout is not the known one.
-    pub loop_id: Option<u64>,
-    /// The coroutine stack, innermost first (like a thread stack, leaf
-    /// first): for a suspended task each coroutine at the line of the
-    /// `await` that suspended it, the task's own coroutine last; for the
-    /// running task the thread's frames down to the task's coroutine.
-    pub coroutine_stack: Vec<Frame>,
-    /// Ids of the futures awaiting this task: tasks (`await task`,
-    /// a `TaskGroup`, `gather`) and other futures.
-    pub awaited_by: Vec<u64>,
-    /// What the task is suspended on, when [`TaskState::Awaiting`].
-    pub waiting_on: Option<Awaitable>,
-}
-
-/// The tasks of one thread's list (the tasks created in that thread,
-/// normally those of its event loop).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoopTasks {
-    /// Kernel thread id; `None` for the interpreter's list of tasks whose
-    /// thread has exited (and a thread whose id could not be found).
-    pub tid: Option<u32>,
-    pub thread_name: Option<String>,
-    /// The loop running in this thread now (`asyncio_running_loop`).
-    pub loop_id: Option<u64>,
-    /// The task running a step now, if any.
-    pub running_task: Option<u64>,
-    /// In list order (creation order).
-    pub tasks: Vec<AsyncTask>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AsyncioError {

@@ -36,10 +36,10 @@ use crate::{
     engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent, ring::Records},
     os::probe::{self, ProbeError},
     recording::{
-        asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime},
+        asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime, StepActivity},
+        attribution::{Charged, SiteRef},
         Recording,
     },
-    report::verdict::sites::{Charged, SiteRef},
 };
 use loops::{LongStep, LoopIterations};
 use sampler::{Sampler, ThreadSample, Tick};
@@ -109,11 +109,15 @@ pub struct AsyncioCollector {
     iterations: HashMap<(u32, u32), LoopIterations>,
     loops: HashMap<(u32, u32), LoopThread>,
     /// Long steps named: (pid, tid, line, doing) -> count, total, max.
-    steps: HashMap<(u32, u32, AsyncLine, String), StepGroup>,
+    steps: HashMap<(u32, u32, AsyncLine, Doing), StepGroup>,
     /// Long steps no sample fell in, per loop thread.
     unsampled: HashMap<(u32, u32), u64>,
     arch: String,
 }
+
+/// What a long step did: CPU, or a blocking syscall (named when the
+/// samples caught it).
+type Doing = (StepActivity, Option<String>);
 
 fn line(s: &SiteRef) -> AsyncLine {
     AsyncLine { function: s.function.clone(), file: s.file.clone(), line: s.line }
@@ -257,11 +261,12 @@ impl AsyncioCollector {
                         pid,
                         tid,
                         at: at.clone(),
-                        doing: format!("awaiting a thread-pool future ({} of task time) while the loop was idle {:.0}% of the time", crate::report::fmt::fmt_duration(*top), 100.0 * el.idle_ns as f64 / el.wall_ns as f64),
                         count: exec.len() as u64,
                         total_ns: exec_ns,
                         max_ns: *top,
-                        advice: "the loop waits on run_in_executor/to_thread work: give the executor more workers (or a process pool for CPU-bound work), or run the blocking work concurrently".into(),
+                        loop_idle_ns: Some(el.idle_ns),
+                        loop_wall_ns: Some(el.wall_ns),
+                        ..Default::default()
                     });
                 }
             }
@@ -269,12 +274,7 @@ impl AsyncioCollector {
         }
         let mut steps: Vec<_> = self.steps.iter().collect();
         steps.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(b.0)));
-        for ((pid, tid, at, doing), g) in steps {
-            let advice = if doing == "CPU" {
-                "move the CPU work to a process pool (loop.run_in_executor with a ProcessPoolExecutor), or split it with awaits"
-            } else {
-                "move the blocking call to a thread (await asyncio.to_thread(...) / loop.run_in_executor) or await an async version (asyncio.sleep, an async client)"
-            };
+        for ((pid, tid, at, (step, syscall)), g) in steps {
             findings.insert(
                 findings.iter().take_while(|f| f.kind == "blocked_event_loop").count(),
                 AsyncFinding {
@@ -282,11 +282,12 @@ impl AsyncioCollector {
                     pid: *pid,
                     tid: *tid,
                     at: at.clone(),
-                    doing: doing.clone(),
                     count: g.count,
                     total_ns: g.total_ns,
                     max_ns: g.max_ns,
-                    advice: advice.into(),
+                    step: Some(*step),
+                    syscall: syscall.clone(),
+                    ..Default::default()
                 },
             );
         }
@@ -302,7 +303,7 @@ impl AsyncioCollector {
 
 /// The user line a long step ran (the commonest among its samples off the
 /// selector) and what it did: CPU, or the blocking syscall it sat in.
-fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, String)> {
+fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, Doing)> {
     let mut sites: HashMap<AsyncLine, u64> = HashMap::new();
     let mut calls: HashMap<Option<u32>, u64> = HashMap::new();
     for (_, th) in lt.samples.iter().filter(|(ts, th)| *ts >= s.start_ns && *ts <= s.end_ns && !th.in_selector) {
@@ -315,12 +316,9 @@ fn name_step(lt: &LoopThread, s: &LongStep, arch: &str) -> Option<(AsyncLine, St
     let off_cpu = s.blocked_ns > s.on_cpu_ns;
     let doing = if off_cpu {
         let nr = calls.iter().filter_map(|(k, n)| k.map(|k| (k, *n))).max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
-        match nr {
-            Some((nr, _)) => format!("blocking syscall {}", crate::system::syscall_name(arch, nr)),
-            None => "blocking syscall".into(),
-        }
+        (StepActivity::Syscall, nr.map(|(nr, _)| crate::system::syscall_name(arch, nr)))
     } else {
-        "CPU".into()
+        (StepActivity::Cpu, None)
     };
     Some((at, doing))
 }

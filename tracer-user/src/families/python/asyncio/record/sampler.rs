@@ -22,8 +22,10 @@ use super::tasks::{self, LoopTasks, TaskSource};
 use crate::{
     os::clock,
     families::python::Interpreter,
-    recording::{Frame, FrameKind},
-    report::verdict::sites::{self, Charged},
+    recording::{
+        attribution::{self as sites, Charged},
+        Frame, FrameKind,
+    },
 };
 
 /// A process without a known loop is read every this many ticks.

@@ -12,14 +12,13 @@ use std::collections::HashMap;
 
 use crate::{
     families::python::{
-        asyncio::{AsyncioError, AsyncioReader, TaskState},
+        asyncio::{AsyncioError, AsyncioReader},
         Interpreter,
     },
     recording::{
-        asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskTime},
-        Frame,
+        asyncio::{AsyncLine, AwaitKind, AwaitTime, LineTime, TaskState, TaskTime},
+        attribution as sites, Frame,
     },
-    report::verdict::sites,
 };
 
 /// One task as read at one tick.

@@ -3,10 +3,14 @@
 //! dist-packages, not frozen importlib), with the innermost Python frame
 //! beneath it when that is a different one (the `threading.py` wait under
 //! the user's `q.get()`).
+//!
+//! Shared by the report (the verdict charges time to these lines) and the
+//! collectors (`record --async` names a long step's line with them): it
+//! reads only the model's frames.
 
 use serde::{Deserialize, Serialize};
 
-use crate::recording::{Frame, FrameKind};
+use super::{Frame, FrameKind};
 
 /// A source line the verdict charges time to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
