@@ -245,17 +245,35 @@ fn descriptor(uuid: u64) -> TrackDescriptor {
 }
 
 /// The trace of `rec` (not yet encoded).
+/// Track ids, handed out in order (the trace's tracks keep their order).
+struct Ids(u64);
+
+impl Ids {
+    fn next(&mut self) -> u64 {
+        self.0 += 1;
+        self.0
+    }
+}
+
+/// (pid, tid) -> (thread, CUDA, syscalls) track ids.
+type ThreadTracks = HashMap<(u32, u32), (u64, u64, u64)>;
+
 pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     let tl: &Timeline = rec.timeline.as_ref().ok_or(PerfettoError::NoTimeline)?;
     let base = tl.window_start_mono_ns;
     let mut tracks: Vec<TrackDescriptor> = Vec::new();
-    let mut next_uuid = 1u64;
-    let mut uuid = || {
-        next_uuid += 1;
-        next_uuid
-    };
+    let mut ids = Ids(1);
+    let (process_track, thread_tracks) = process_and_thread_tracks(rec, tl, &mut tracks, &mut ids);
+    let mut b = Builder { events: Vec::new() };
+    timeline_events(tl, base, &process_track, &thread_tracks, &mut b);
+    copy_bandwidth(tl, base, &process_track, &mut tracks, &mut ids, &mut b);
+    gpu_counters(rec, base, &mut tracks, &mut ids, &mut b);
+    Ok(proto::Trace { packet: packets(base, tracks, b) })
+}
 
-    // Processes: the targets, and any pid the timeline names.
+/// A track per process (the targets, and any pid the timeline names) and
+/// three per thread.
+fn process_and_thread_tracks(rec: &Recording, tl: &Timeline, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids) -> (HashMap<u32, u64>, ThreadTracks) {
     let mut pids: BTreeSet<u32> = rec.targets.iter().map(|t| t.pid).collect();
     let mut tids: BTreeSet<(u32, u32)> = BTreeSet::new();
     tids.extend(tl.states.iter().map(|s| (s.pid, s.tid)));
@@ -267,7 +285,7 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     pids.extend(tl.lifecycle.iter().map(|l| l.pid));
     let mut process_track: HashMap<u32, u64> = HashMap::new();
     for pid in &pids {
-        let u = uuid();
+        let u = ids.next();
         let target = rec.targets.iter().find(|t| t.pid == *pid);
         let name = target.map(|t| t.comm.clone()).filter(|c| !c.is_empty());
         tracks.push(TrackDescriptor {
@@ -282,9 +300,9 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     }
     let comm: HashMap<(u32, u32), &str> = rec.threads.iter().map(|t| ((t.pid, t.tid), t.comm.as_str())).collect();
     // (pid, tid) -> (thread, CUDA, syscalls) tracks.
-    let mut thread_tracks: HashMap<(u32, u32), (u64, u64, u64)> = HashMap::new();
+    let mut thread_tracks: ThreadTracks = HashMap::new();
     for &(pid, tid) in &tids {
-        let (t, c, s) = (uuid(), uuid(), uuid());
+        let (t, c, s) = (ids.next(), ids.next(), ids.next());
         tracks.push(TrackDescriptor {
             thread: Some(proto::ThreadDescriptor {
                 pid: Some(pid as i32),
@@ -297,10 +315,15 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
         tracks.push(TrackDescriptor { name: Some("syscalls".into()), parent_uuid: Some(t), ..descriptor(s) });
         thread_tracks.insert((pid, tid), (t, c, s));
     }
+    (process_track, thread_tracks)
+}
+
+/// The timeline's intervals, samples, CUDA calls, slow syscalls and
+/// lifecycle events on their tracks.
+fn timeline_events(tl: &Timeline, base: u64, process_track: &HashMap<u32, u64>, thread_tracks: &ThreadTracks, b: &mut Builder) {
     let track = |pid: u32, tid: u32| thread_tracks.get(&(pid, tid)).copied().unwrap_or_default();
     let stack = |i: Option<u32>| i.and_then(|i| tl.stacks.get(i as usize)).map(Vec::as_slice);
 
-    let mut b = Builder { events: Vec::new() };
     for s in &tl.states {
         let name = match s.state {
             ThreadState::OnCpu => "on-cpu".to_owned(),
@@ -345,14 +368,16 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
         let args = l.comm.as_ref().map(|c| vec![arg_str("comm", c.clone())]).unwrap_or_default();
         b.push(base + l.ts_ns, INSTANT, on, Some(name.into()), args, None);
     }
+}
 
-    // Copy bandwidth per process, in 10 ms bins, from the copies' ends.
+/// Copy bandwidth per process, in 10 ms bins, from the copies' ends.
+fn copy_bandwidth(tl: &Timeline, base: u64, process_track: &HashMap<u32, u64>, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids, b: &mut Builder) {
     let mut bins: BTreeMap<u32, BTreeMap<u64, u64>> = BTreeMap::new();
     for c in tl.cuda.iter().filter(|c| CallClass::of_name(&c.api) == CallClass::Copy) {
         *bins.entry(c.pid).or_default().entry(c.end_ns / BIN_NS).or_default() += c.bytes;
     }
     for (pid, per_bin) in bins {
-        let u = uuid();
+        let u = ids.next();
         tracks.push(TrackDescriptor {
             name: Some("copy bandwidth".into()),
             parent_uuid: process_track.get(&pid).copied(),
@@ -372,11 +397,14 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
             b.push(base + (l + 1) * BIN_NS, COUNTER, u, None, Vec::new(), Some(0.0));
         }
     }
-    // NVML samples, per GPU.
+}
+
+/// NVML samples, per GPU: utilisation and memory counters.
+fn gpu_counters(rec: &Recording, base: u64, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids, b: &mut Builder) {
     if let Some(cuda) = &rec.cuda {
         let gpus: BTreeSet<u32> = cuda.gpu_samples.iter().map(|s| s.gpu).collect();
         for gpu in gpus {
-            let (util, mem) = (uuid(), uuid());
+            let (util, mem) = (ids.next(), ids.next());
             tracks.push(TrackDescriptor {
                 name: Some(format!("GPU {gpu} utilization %")),
                 counter: Some(proto::CounterDescriptor { unit: None, unit_name: Some("%".into()) }),
@@ -393,7 +421,10 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
             }
         }
     }
+}
 
+/// The tracks' descriptors first, then the events in time order.
+fn packets(base: u64, tracks: Vec<TrackDescriptor>, b: Builder) -> Vec<TracePacket> {
     let mut packet = Vec::with_capacity(tracks.len() + b.events.len());
     for (i, t) in tracks.into_iter().enumerate() {
         packet.push(TracePacket {
@@ -415,7 +446,7 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
             ..Default::default()
         });
     }
-    Ok(proto::Trace { packet })
+    packet
 }
 
 /// The encoded trace of `rec`.

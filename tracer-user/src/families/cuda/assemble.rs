@@ -15,7 +15,7 @@ use super::{
     collector::{symbolize_function, Attached, CudaCollector},
     discovery,
     findings::{self, SiteSummary},
-    replay::RawSite,
+    replay::{RawSite, Replay},
 };
 use crate::{
     engine::{Context, Topic},
@@ -56,62 +56,28 @@ impl CudaCollector {
         };
         let mut sites = SiteCache { sites: HashMap::new() };
 
-        // Calls, by (pid, api, kind, site).
-        let mut sums: BTreeMap<(u32, u32, u32, Site), CudaStats> = BTreeMap::new();
-        let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
-        for (k, v) in &stats {
-            let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
-            let site = sites.resolve(raw, cx)?;
-            let key = (k.pid, k.api, k.kind, site);
-            sums.entry(key.clone()).or_default().merge(v);
-            raw_of_call.entry(key).or_default().insert(raw);
-        }
-        let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = sums
-            .into_iter()
-            .map(|(key, v)| {
-                let c = CudaCall {
-                    pid: key.0,
-                    api: api_name(key.1),
-                    kind: kind_name(key.2).map(str::to_owned),
-                    class: Some(CallClass::of_api(key.1)),
-                    count: v.count,
-                    bytes: v.bytes,
-                    total_ns: v.total_ns,
-                    errors: v.errors,
-                    site: key.3.clone(),
-                    return_codes: BTreeMap::new(),
-                    pinned: None,
-                    pageable: None,
-                    events_lost: 0,
-                };
-                (key, c)
-            })
-            .collect();
-        for (key, raws) in &raw_of_call {
-            let c = calls.get_mut(key).expect("call key");
-            let mut events = 0;
-            for raw in raws {
-                if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
-                    for (rc, n) in codes {
-                        *c.return_codes.entry(*rc).or_default() += n;
-                        events += n;
-                    }
-                }
-                if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
-                    *c.pinned.get_or_insert(0) += p;
-                    *c.pageable.get_or_insert(0) += q;
-                }
-            }
-            c.events_lost = c.count.saturating_sub(events);
-        }
-        report.calls = calls.into_values().collect();
-        report.calls.sort_by(|a, b| {
-            b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
-        });
+        report.calls = calls(&stats, &replay, &mut sites, cx)?;
 
-        // Launches, by (pid, kernel, site, api): (seen, estimated).
+        report.launches = self.launches(&launches, &mut sites, cx, end)?;
+        if let Some(s) = &self.slicer {
+            report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
+        }
+
+        let summaries = site_summaries(&stats, &replay, &mut sites, cx)?;
+        report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+        attribute_lost_events(&mut report);
+
+        report.libraries = self.libraries(&stats, &launches);
+        if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
+            cx.sink.note_on(Topic::Gpu, "no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown");
+        }
+        Ok(report)
+    }
+
+    /// Launches by (pid, kernel, site, API), counted (or estimated, when sliced).
+    fn launches(&mut self, launches: &[(LaunchKey, u64)], sites: &mut SiteCache, cx: &mut Context, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
         let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
-        for (k, n) in &launches {
+        for (k, n) in launches {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
             let site = sites.resolve(raw, cx)?;
             let name = if api::is_driver(k.api) {
@@ -129,7 +95,7 @@ impl CudaCollector {
         }
         let estimated = self.slicer.as_ref().is_some_and(|s| s.estimating());
         let sampled = self.slicer.is_some();
-        report.launches = by_kernel
+        let mut out: Vec<CudaLaunch> = by_kernel
             .into_iter()
             .map(|((pid, kernel, site, a), (seen, est))| CudaLaunch {
                 pid,
@@ -141,88 +107,14 @@ impl CudaCollector {
                 sampled: sampled.then_some(seen),
             })
             .collect();
-        if let Some(s) = &self.slicer {
-            report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
-        }
-        report.launches.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
+        out.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(&b.kernel)));
+        Ok(out)
+    }
 
-        // The detector, per resolved site.
-        let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
-        let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Context| -> Result<(u32, Site), ProbeError> {
-            Ok((raw.pid, sites.resolve(raw, cx)?))
-        };
-        for ((raw, kind), obs) in &replay.copies {
-            let key = summary(*raw, &mut sites, cx)?;
-            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
-            s.copies.entry(*kind).or_default().merge(obs);
-        }
-        for ((raw, _), obs) in &replay.syncs {
-            let key = summary(*raw, &mut sites, cx)?;
-            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
-            s.syncs.merge(obs);
-        }
-        for (raw, obs) in &replay.allocs {
-            let key = summary(*raw, &mut sites, cx)?;
-            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
-            s.allocs.merge(obs);
-        }
-        // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
-        // are exact when events were lost: each such figure of the detector
-        // is at least the kernel's. (Without loss the replay's are the same
-        // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
-        let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
-        for (k, v) in &stats {
-            let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
-            if !copy && !api::is_sync(k.api) {
-                continue;
-            }
-            let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, &mut sites, cx)?;
-            let s = kernel.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
-            if copy {
-                let o = s.copies.entry(k.kind).or_default();
-                o.count += v.count;
-                o.bytes += v.bytes;
-                o.ns += v.total_ns;
-                o.errors += v.errors;
-                if api::is_async_copy(k.api) {
-                    o.async_count += v.count;
-                    o.sync_pairs += v.sync_pairs;
-                    o.sync_pair_ns += v.sync_pair_ns;
-                } else {
-                    o.sync_copies += v.count;
-                }
-            } else {
-                s.syncs.count += v.count;
-                s.syncs.ns += v.total_ns;
-                s.syncs.after_copy += v.sync_pairs;
-            }
-        }
-        for (key, k) in kernel {
-            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
-            for (kind, ko) in k.copies {
-                s.copies.entry(kind).or_default().at_least(&ko);
-            }
-            s.syncs.at_least(&k.syncs);
-        }
-        let summaries: Vec<SiteSummary> = summaries.into_values().collect();
-        report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
-        // What the detector missed: the calls counted whose event was lost,
-        // at the finding's site (in its whole process for `copy_time_share`,
-        // which sums the process's sites).
-        let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
-        let mut lost_in: HashMap<u32, u64> = HashMap::new();
-        for c in report.calls.iter().filter(|c| c.events_lost > 0) {
-            *lost_at.entry((c.pid, &c.site)).or_default() += c.events_lost;
-            *lost_in.entry(c.pid).or_default() += c.events_lost;
-        }
-        for f in &mut report.findings {
-            let n = if f.events_lost_process_wide() { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
-            f.events_lost = n.copied().unwrap_or(0);
-        }
-
-        // The libraries some target used: mapped, or (probed up front, the
-        // user gone before its maps were read) one of whose functions was
-        // counted.
+    /// The libraries some target used: mapped, or (probed up front, the
+    /// user gone before its maps were read) one of whose functions was
+    /// counted.
+    fn libraries(&self, stats: &[(CudaKey, CudaStats)], launches: &[(LaunchKey, u64)]) -> Vec<CudaLibrary> {
         let counted: BTreeSet<String> =
             stats.iter().map(|(k, _)| api_name(k.api)).chain(launches.iter().map(|(k, _)| api_name(k.api))).collect();
         let mut libs: Vec<&Attached> = self
@@ -231,20 +123,153 @@ impl CudaCollector {
             .filter(|a| !a.pids.is_empty() || a.functions.iter().any(|f| counted.contains(*f)))
             .collect();
         libs.sort_by(|a, b| a.path.cmp(&b.path));
-        report.libraries = libs
+        libs
             .into_iter()
             .map(|a| CudaLibrary {
                 path: a.path.clone(),
                 functions: a.functions.iter().map(|f| (*f).to_owned()).collect(),
                 pids: a.pids.iter().copied().collect(),
             })
-            .collect();
-        if replay.events == 0 && report.calls.iter().any(|c| c.count > 0) {
-            cx.sink.note_on(Topic::Gpu, "no per-call CUDA events arrived: pinned memory and copy/sync sequences are unknown");
-        }
-        Ok(report)
+            .collect()
     }
 }
+
+/// Calls by (pid, API, kind, site), with their return codes and host
+/// memory from the events, and the calls whose event was lost.
+fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Context) -> Result<Vec<CudaCall>, ProbeError> {
+    let mut sums: BTreeMap<(u32, u32, u32, Site), CudaStats> = BTreeMap::new();
+    let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
+    for (k, v) in stats {
+        let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller };
+        let site = sites.resolve(raw, cx)?;
+        let key = (k.pid, k.api, k.kind, site);
+        sums.entry(key.clone()).or_default().merge(v);
+        raw_of_call.entry(key).or_default().insert(raw);
+    }
+    let mut calls: BTreeMap<(u32, u32, u32, Site), CudaCall> = sums
+        .into_iter()
+        .map(|(key, v)| {
+            let c = CudaCall {
+                pid: key.0,
+                api: api_name(key.1),
+                kind: kind_name(key.2).map(str::to_owned),
+                class: Some(CallClass::of_api(key.1)),
+                count: v.count,
+                bytes: v.bytes,
+                total_ns: v.total_ns,
+                errors: v.errors,
+                site: key.3.clone(),
+                return_codes: BTreeMap::new(),
+                pinned: None,
+                pageable: None,
+                events_lost: 0,
+            };
+            (key, c)
+        })
+        .collect();
+    for (key, raws) in &raw_of_call {
+        let c = calls.get_mut(key).expect("call key");
+        let mut events = 0;
+        for raw in raws {
+            if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
+                for (rc, n) in codes {
+                    *c.return_codes.entry(*rc).or_default() += n;
+                    events += n;
+                }
+            }
+            if let Some((p, q)) = replay.host_memory.get(&(*raw, key.1, key.2)) {
+                *c.pinned.get_or_insert(0) += p;
+                *c.pageable.get_or_insert(0) += q;
+            }
+        }
+        c.events_lost = c.count.saturating_sub(events);
+    }
+    let mut calls: Vec<CudaCall> = calls.into_values().collect();
+    calls.sort_by(|a, b| {
+        b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
+    });
+    Ok(calls)
+}
+
+/// What the detector looks at, per resolved site: the events' replay,
+/// raised to the kernel's exact aggregates where events were lost.
+fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Context) -> Result<Vec<SiteSummary>, ProbeError> {
+    let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+    let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Context| -> Result<(u32, Site), ProbeError> {
+        Ok((raw.pid, sites.resolve(raw, cx)?))
+    };
+    for ((raw, kind), obs) in &replay.copies {
+        let key = summary(*raw, sites, cx)?;
+        let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        s.copies.entry(*kind).or_default().merge(obs);
+    }
+    for ((raw, _), obs) in &replay.syncs {
+        let key = summary(*raw, sites, cx)?;
+        let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        s.syncs.merge(obs);
+    }
+    for (raw, obs) in &replay.allocs {
+        let key = summary(*raw, sites, cx)?;
+        let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        s.allocs.merge(obs);
+    }
+    // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
+    // are exact when events were lost: each such figure of the detector
+    // is at least the kernel's. (Without loss the replay's are the same
+    // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
+    let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
+    for (k, v) in stats {
+        let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
+        if !copy && !api::is_sync(k.api) {
+            continue;
+        }
+        let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, sites, cx)?;
+        let s = kernel.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        if copy {
+            let o = s.copies.entry(k.kind).or_default();
+            o.count += v.count;
+            o.bytes += v.bytes;
+            o.ns += v.total_ns;
+            o.errors += v.errors;
+            if api::is_async_copy(k.api) {
+                o.async_count += v.count;
+                o.sync_pairs += v.sync_pairs;
+                o.sync_pair_ns += v.sync_pair_ns;
+            } else {
+                o.sync_copies += v.count;
+            }
+        } else {
+            s.syncs.count += v.count;
+            s.syncs.ns += v.total_ns;
+            s.syncs.after_copy += v.sync_pairs;
+        }
+    }
+    for (key, k) in kernel {
+        let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        for (kind, ko) in k.copies {
+            s.copies.entry(kind).or_default().at_least(&ko);
+        }
+        s.syncs.at_least(&k.syncs);
+    }
+    Ok(summaries.into_values().collect())
+}
+
+/// What the detector missed: the calls counted whose event was lost, at
+/// each finding's site (in its whole process for `copy_time_share`, which
+/// sums the process's sites).
+fn attribute_lost_events(report: &mut CudaReport) {
+    let mut lost_at: HashMap<(u32, &Site), u64> = HashMap::new();
+    let mut lost_in: HashMap<u32, u64> = HashMap::new();
+    for c in report.calls.iter().filter(|c| c.events_lost > 0) {
+        *lost_at.entry((c.pid, &c.site)).or_default() += c.events_lost;
+        *lost_in.entry(c.pid).or_default() += c.events_lost;
+    }
+    for f in &mut report.findings {
+        let n = if f.events_lost_process_wide() { lost_in.get(&f.pid) } else { lost_at.get(&(f.pid, &f.site)) };
+        f.events_lost = n.copied().unwrap_or(0);
+    }
+}
+
 fn is_cudart_module(f: &Frame) -> bool {
     f.module.as_deref().is_some_and(discovery::is_cudart_name)
 }

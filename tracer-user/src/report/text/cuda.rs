@@ -86,7 +86,6 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     if !traced && cuda.gpu_samples.is_empty() {
         return;
     }
-    let w = cuda.window_ns;
     if traced {
         let _ = writeln!(out, "\n== CUDA runtime");
     } else {
@@ -97,6 +96,20 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         let _ = writeln!(out, "probed {} ({} functions), mapped by pid {}", printable(&l.path), l.functions.len(), pids.join(", "));
     }
 
+    findings_section(out, cuda, traced);
+    copies_section(out, cuda);
+    if !cuda.gpu_samples.is_empty() {
+        nvml::render(out, cuda, traced);
+    }
+    syncs_and_memory_sections(out, cuda);
+    launches_and_failures(out, cuda);
+    for n in &cuda.notes {
+        let _ = writeln!(out, "note: {}", printable(n));
+    }
+}
+
+/// The findings, each with its words (`report::findings`) and advice.
+fn findings_section(out: &mut String, cuda: &CudaReport, traced: bool) {
     if traced {
         let n = if cuda.findings.is_empty() { "none".to_owned() } else { cuda.findings.len().to_string() };
         if cuda.events_lost > 0 {
@@ -129,7 +142,11 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         }
         let _ = writeln!(out, "      advice: {}", printable(cuda_advice(f)));
     }
+}
 
+/// Copies by site: count, bytes, bandwidth, time, pinned or pageable host memory.
+fn copies_section(out: &mut String, cuda: &CudaReport) {
+    let w = cuda.window_ns;
     let copies: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.kind.is_some()).collect();
     if !copies.is_empty() {
         let _ = writeln!(out, "\ncopies by site:");
@@ -161,10 +178,11 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         more(out, copies.len());
         incomplete(out, cuda, &copies, "HOST PIN/PAGE and the failed-call codes");
     }
-    if !cuda.gpu_samples.is_empty() {
-        nvml::render(out, cuda, traced);
-    }
+}
 
+/// Syncs by site, then the other memory calls by site.
+fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
+    let w = cuda.window_ns;
     let syncs: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.class() == CallClass::Sync).collect();
     if !syncs.is_empty() {
         let _ = writeln!(out, "\nsyncs by site:");
@@ -206,7 +224,10 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
         more(out, memory.len());
         incomplete(out, cuda, &memory, "the failed-call codes and the leak finding");
     }
+}
 
+/// Kernel launches by kernel and site, then the failed calls by code.
+fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
     if !cuda.launches.is_empty() {
         let total = saturating_sum(cuda.launches.iter().map(|l| l.count));
         let estimated = cuda.launches.iter().any(|l| l.estimated);
@@ -234,9 +255,6 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     if !codes.is_empty() {
         let list: Vec<String> = codes.iter().map(|(rc, n)| format!("{n} x {rc} {}", error_name(*rc))).collect();
         let _ = writeln!(out, "\nfailed calls: {}", list.join(", "));
-    }
-    for n in &cuda.notes {
-        let _ = writeln!(out, "note: {}", printable(n));
     }
 }
 
