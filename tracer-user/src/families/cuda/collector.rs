@@ -46,6 +46,23 @@ use crate::{
     os::symbolize::{Symbolizer, UNKNOWN},
 };
 
+/// Notes what could not be probed in `pid` (`what`: the library, or the
+/// CUDA driver's per-process probes); a process that exited meanwhile
+/// (every attach then fails with ESRCH) gets one line, not one per function.
+fn note_attach_errors(cx: &mut Context, pid: u32, what: &str, errors: Vec<String>) {
+    if errors.is_empty() {
+        return;
+    }
+    if !procfs::is_alive(pid) {
+        let n = errors.len();
+        cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {what}: exited before it could be probed ({n} probes not attached)"));
+        return;
+    }
+    for e in errors {
+        cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {what}: {e}"));
+    }
+}
+
 /// Polls (100 ms each) between moves of dead threads' entries out of the kernel.
 const RETIRE_EVERY_POLLS: u64 = 40;
 /// Polls between namings of the kernels launched.
@@ -219,9 +236,7 @@ impl CudaCollector {
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let (functions, errors) = self.attach_file_for(cx, pid, identity, &file, &by_fd, &found.path, &symbols)?;
         let shown = &found.path;
-        for e in errors {
-            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
-        }
+        note_attach_errors(cx, pid, shown, errors);
         if functions.is_empty() {
             self.not_cuda.insert(identity);
             return Ok(());
@@ -310,9 +325,8 @@ impl CudaCollector {
         if uses {
             // Its own probes on the driver libraries probed per process.
             if let Some(probes) = self.probes.as_ref() {
-                for e in self.gate.attach_all(probes, pid, self.slicer.as_ref()) {
-                    cx.sink.note_on(Topic::Gpu, format!("pid {pid}: CUDA driver: {e}"));
-                }
+                let errors = self.gate.attach_all(probes, pid, self.slicer.as_ref());
+                note_attach_errors(cx, pid, "CUDA driver", errors);
             }
             // Kernel names and native sites are symbolized in this process.
             cx.stacks.symbolizer.observe_process(pid);
@@ -368,9 +382,7 @@ impl CudaCollector {
         let (functions, errors) =
             self.attach_file_for(cx, pid, opened.identity, &opened.file, &attach_path, &shown, &symbols)?;
         let attach_ms = clock::monotonic_ns().saturating_sub(attach_start) as f64 / 1e6;
-        for e in errors {
-            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: {e}"));
-        }
+        note_attach_errors(cx, pid, &shown, errors);
         if functions.is_empty() {
             return Ok(None);
         }
