@@ -69,7 +69,7 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     // which probes what the new program can load before it gets to load it
     // (the Python collector's examination of the interpreter takes longer).
     if opts.cuda {
-        let cuda = CudaOptions { driver: opts.cuda_driver, max_overhead: opts.max_overhead, timeline_limit: opts.timeline_limit, quiet: opts.quiet, launched: !opts.command.is_empty() };
+        let cuda = CudaOptions { driver: opts.cuda_driver, max_overhead: opts.max_overhead, timeline_limit: opts.timeline_limit, quiet: opts.quiet };
         list.push(Box::new(CudaCollector::new(cuda)));
         list.push(Box::new(NvmlCollector::new(opts.gpu_sample_hz)));
     }

@@ -63,11 +63,6 @@ pub enum MultiError {
 pub struct MapFds(BTreeMap<String, OwnedFd>);
 
 impl MapFds {
-    /// Duplicates of every descriptor (for a load on another thread).
-    pub fn try_clone(&self) -> std::io::Result<MapFds> {
-        self.0.iter().map(|(name, fd)| Ok((name.clone(), fd.try_clone()?))).collect::<std::io::Result<_>>().map(MapFds)
-    }
-
     /// Every map of `ebpf` whose descriptor could be duplicated (one that
     /// could not makes [`load_programs`] fail, and the caller fall back).
     pub fn capture(ebpf: &Ebpf) -> Self {

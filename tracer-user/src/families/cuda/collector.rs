@@ -97,17 +97,12 @@ pub struct CudaOptions {
     pub timeline_limit: Option<u64>,
     /// `-q`: no progress line while probes are released.
     pub quiet: bool,
-    /// A command is launched: its programs are verified from the start
-    /// (it may call CUDA the moment it loads the library).
-    pub launched: bool,
 }
 
 #[derive(Default)]
 pub struct CudaCollector {
     /// What the options ask of this family.
     opts: CudaOptions,
-    /// The programs being verified since attach, for a launched command.
-    preloaded: Option<programs::Preloaded>,
     pub(super) thresholds: Thresholds,
     /// None: not loaded yet; Some(false): loading failed (noted).
     loaded: Option<bool>,
@@ -488,7 +483,7 @@ impl CudaCollector {
         if let Some(ok) = self.loaded {
             return Ok(ok);
         }
-        match programs::CudaProbes::load(&mut cx.ebpf, &cx.btf.btf, &cx.map_fds, self.preloaded.take()) {
+        match programs::CudaProbes::load(&mut cx.ebpf, &cx.btf.btf, &cx.map_fds) {
             Ok((probes, note)) => {
                 if let Some(n) = note {
                     cx.sink.note_on(Topic::Gpu, n);
@@ -614,10 +609,7 @@ impl Collector for CudaCollector {
     /// and their release after a SIGKILL was seen to take seconds under
     /// load); a launched command's libraries are searched before it is
     /// released, so that load does not race with it.
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        if self.opts.launched {
-            self.preloaded = programs::CudaProbes::preload(&cx.btf.btf, &cx.map_fds);
-        }
+    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
         Ok(())
     }
 

@@ -94,32 +94,16 @@ pub enum CudaProbes {
     Perf { links: Vec<UProbeLink> },
 }
 
-/// The programs being verified on their own thread ([`CudaProbes::preload`]).
-pub struct Preloaded(std::thread::JoinHandle<Result<HashMap<&'static str, std::os::fd::OwnedFd>, uprobe_multi::MultiError>>);
-
-impl Preloaded {
-    fn join(self) -> Result<HashMap<&'static str, std::os::fd::OwnedFd>, uprobe_multi::MultiError> {
-        self.0.join().unwrap_or_else(|_| Err(uprobe_multi::MultiError::Parse("the verifying thread panicked".into())))
-    }
-}
-
-fn program_names() -> Vec<&'static str> {
-    TABLE.programs.iter().map(|p| p.name).collect()
-}
-
 impl CudaProbes {
     /// Loads the programs (the verifier runs here): for multi-uprobe links
     /// where the kernel has them, else with aya. The note says why
     /// multi-uprobe links are not used when the kernel has them but
     /// loading for them failed.
-    pub fn load(ebpf: &mut Ebpf, btf: &Btf, maps: &MapFds, preloaded: Option<Preloaded>) -> Result<(Self, Option<String>), ProbeError> {
+    pub fn load(ebpf: &mut Ebpf, btf: &Btf, maps: &MapFds) -> Result<(Self, Option<String>), ProbeError> {
         let mut note = None;
         if uprobe_multi::supported() {
-            let loaded = match preloaded {
-                Some(p) => p.join(),
-                None => uprobe_multi::load_programs(&program_names(), maps, btf),
-            };
-            match loaded {
+            let names: Vec<&'static str> = TABLE.programs.iter().map(|p| p.name).collect();
+            match uprobe_multi::load_programs(&names, maps, btf) {
                 Ok(programs) => return Ok((CudaProbes::Multi { programs, links: Vec::new() }, None)),
                 Err(e) => {
                     note = Some(format!(
@@ -132,23 +116,6 @@ impl CudaProbes {
             spec.load(ebpf, btf)?;
         }
         Ok((CudaProbes::Perf { links: Vec::new() }, note))
-    }
-
-    /// Starts verifying the programs for multi-uprobe links on a thread of
-    /// their own (the kernel's verifier takes most of a second here), so
-    /// that a command launched under the tracer, which may load its CUDA
-    /// library at once, finds them ready. None where multi-uprobe links
-    /// are not supported or the descriptors cannot be duplicated.
-    pub fn preload(btf: &Btf, maps: &MapFds) -> Option<Preloaded> {
-        if !uprobe_multi::supported() {
-            return None;
-        }
-        let (btf, maps) = (btf.clone(), maps.try_clone().ok()?);
-        let handle = std::thread::Builder::new()
-            .name("cuda-verify".into())
-            .spawn(move || uprobe_multi::load_programs(&program_names(), &maps, &btf))
-            .ok()?;
-        Some(Preloaded(handle))
     }
 
     /// The descriptor of a program loaded for multi-uprobe links.
