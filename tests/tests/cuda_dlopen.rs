@@ -260,7 +260,7 @@ fn called_at_once_in_a_mount_namespace() {
     // 1 s, not 0.5 s as elsewhere: the library is found at the exec of the
     // third program of the chain (unshare, sh, python), and the CUDA
     // programs' verification (0.5-1.4 s on a 2-core VM with this toolchain,
-    // started when the window opens) must be over before it attaches; at
+    // when the first CUDA library is found) must be over before it attaches; at
     // 0.5 s no call was counted (4 runs), at 1 s all 47 were (10 runs,
     // load average 4-5).
     let t = record(
