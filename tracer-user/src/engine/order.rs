@@ -26,8 +26,6 @@ pub enum Part {
 }
 
 impl Part {
-    pub const ALL: [Part; 7] = [Part::Syscalls, Part::Threads, Part::Stacks, Part::Cuda, Part::Timeline, Part::Asyncio, Part::Overhead];
-
     /// The fields of `Recording` this part is.
     pub fn fields(self) -> &'static [&'static str] {
         match self {

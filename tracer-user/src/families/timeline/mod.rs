@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     os::clock,
-    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent, ring::Records},
+    engine::{Bounded, Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent, ring::Records},
     os::probe::ProbeError,
     recording::{
         timeline::{LifecycleEvent, LifecycleKind, SampleEvent, StateInterval, SyscallEvent, ThreadState},
@@ -35,8 +35,6 @@ pub static TABLE: FamilyTable = FamilyTable {
 
 /// How often the ring buffer (8 MiB, ~130 000 records) is drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
-
-pub use crate::engine::Bounded;
 
 #[derive(Default)]
 pub struct TimelineCollector {
