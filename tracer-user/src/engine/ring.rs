@@ -1,5 +1,6 @@
 //! The one reader of the kernel's ring buffers: every item is one
-//! `#[repr(C)]` record ([`Record`]), copied out with `read_unaligned`; an
+//! `#[repr(C)]` record (aya's [`Pod`], as tracer-common implements it
+//! for them), copied out with `read_unaligned`; an
 //! item shorter than a record is not read but counted, and the count goes
 //! to the [`Sink`] as the lost-event counter the family names
 //! ([`Records::report`]).
@@ -9,36 +10,22 @@ use std::{
     os::fd::{AsFd, BorrowedFd},
 };
 
-use aya::maps::{MapData, RingBuf};
-use tracer_common::{asyncio::SelectorEvent, cuda::CudaEvent, process::ProcEvent, timeline::TimelineEvent};
+use aya::{
+    maps::{MapData, RingBuf},
+    Pod,
+};
 
 use super::Sink;
 
-/// A record the kernel writes, one to a ring-buffer item.
-///
-/// # Safety
-///
-/// Only for `#[repr(C)]` types whose fields are all integers or arrays of
-/// integers (no `bool`, `char`, enum, pointer or reference): every bit
-/// pattern of `size_of::<Self>()` bytes is then a valid value.
-pub unsafe trait Record: Copy {}
-
-// SAFETY: all four are `#[repr(C)]` and made only of u32, i32, u64, i64
-// and `[u8; 16]` fields (tracer-common): any bytes are a valid value.
-unsafe impl Record for ProcEvent {}
-unsafe impl Record for TimelineEvent {}
-unsafe impl Record for SelectorEvent {}
-unsafe impl Record for CudaEvent {}
-
 /// The record at the start of `bytes`, or None when `bytes` is shorter
 /// than a record (a longer item is read up to a record's size).
-pub fn decode<T: Record>(bytes: &[u8]) -> Option<T> {
+pub fn decode<T: Pod>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < size_of::<T>() {
         return None;
     }
     // SAFETY: `bytes` holds at least `size_of::<T>()` initialized bytes,
-    // `read_unaligned` copes with any alignment, and `T: Record` makes any
-    // bytes a valid `T`.
+    // `read_unaligned` copes with any alignment, and `T: Pod` (tracer-common's
+    // record types: integers only) makes any bytes a valid `T`.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
@@ -52,7 +39,7 @@ pub struct Records<T> {
     _record: PhantomData<fn() -> T>,
 }
 
-impl<T: Record> Records<T> {
+impl<T: Pod> Records<T> {
     /// Reads `ring`; short items are reported as `counter`
     /// (`<family>_short_records`).
     pub fn new(ring: RingBuf<MapData>, counter: &'static str) -> Self {
@@ -87,7 +74,7 @@ impl<T> AsFd for Records<T> {
 }
 
 /// One item: `f` on its record (1), or counted in `short` (0).
-fn take<T: Record>(item: &[u8], short: &mut u64, f: &mut impl FnMut(T)) -> u64 {
+fn take<T: Pod>(item: &[u8], short: &mut u64, f: &mut impl FnMut(T)) -> u64 {
     match decode(item) {
         Some(r) => {
             f(r);
@@ -102,6 +89,8 @@ fn take<T: Record>(item: &[u8], short: &mut u64, f: &mut impl FnMut(T)) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use tracer_common::process::ProcEvent;
+
     use super::*;
 
     fn bytes(kind: u32, pid: u32, ts_ns: u64) -> Vec<u8> {
