@@ -293,6 +293,55 @@ fn agent_selects_new_processes_at_exec_and_nothing_else() {
     assert_eq!(status, 200);
 }
 
+/// Arguments carry secrets: `/targets`, `/report/latest` and the windows
+/// show the program and the script, and a marker for the rest, unless
+/// `--show-args`.
+#[test]
+fn agent_redacts_command_line_arguments_unless_show_args() {
+    const TEST: &str = "agent_redacts_command_line_arguments_unless_show_args";
+    require!(TEST, Root, Binary);
+    if system_python().is_none() {
+        return skip(TEST, "a python3 on PATH");
+    }
+    let secret = format!("sk-live-{}", std::process::id());
+    let api_key = format!("--api-key={secret}");
+    for show in [false, true] {
+        let dir = TempDir::new("agent-redact");
+        let out = dir.join("w");
+        let (mut wl, pid, _, lines) = workload("3", "5", &["-", &api_key]);
+        let _g = KillOnDrop::new(wl.id());
+        let pid_s = pid.to_string();
+        let mut args = vec!["--pid", &pid_s, "--window", "1s", "--out-dir", out.to_str().unwrap()];
+        if show {
+            args.push("--show-args");
+        }
+        let agent = start_agent(&args);
+        let t = poll(Duration::from_secs(10), || {
+            let t = targets_json(&agent.addr);
+            target_pids(&t).contains(&u64::from(pid)).then_some(t)
+        })
+        .unwrap_or_else(|| panic!("pid {pid} not in /targets within 10 s"));
+        wait_windows(&agent.addr, 1, Duration::from_secs(30));
+        let (status, latest) = get(&agent.addr, "/report/latest");
+        assert_eq!(status, 200, "{latest}");
+        let _ = workload_counts(&lines);
+        let _ = wl.wait();
+        let windows = window_files(&out);
+        assert!(!windows.is_empty(), "no window written");
+        let window = run_infertrace([std::ffi::OsStr::new("report"), "--format".as_ref(), "json".as_ref(), windows[0].as_os_str()]);
+        window.assert_ok();
+        let entry = t["targets"].as_array().unwrap().iter().find(|e| e["pid"] == pid).unwrap().to_string();
+        // The script stays, in every view.
+        for (what, text) in [("/targets", &entry), ("/report/latest", &latest), ("the window", &window.stdout)] {
+            assert!(text.contains("agent_getppid.py"), "{what} lost the script path: {text}");
+            assert_eq!(text.contains(&secret), show, "{what} (--show-args {show}): {text}");
+            if !show {
+                assert!(text.contains("arguments redacted>"), "{what} has no redaction marker: {text}");
+            }
+        }
+    }
+}
+
 /// The sum of `name` over the samples of `pid` whose labels include `with`.
 fn counter_sum(samples: &[Sample], name: &str, pid: u32, with: &[(&str, &str)]) -> f64 {
     let pid = pid.to_string();

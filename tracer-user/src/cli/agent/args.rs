@@ -21,6 +21,8 @@ written into --out-dir as infertrace-agent-<time>-<seq>.itr, atomically (a tempo
 --keep / --max-size are removed. `infertrace report FILE` renders one.\n\
 HTTP on --listen (default 127.0.0.1:9475): /metrics (OpenMetrics text, for Prometheus), /healthz, /targets (JSON: \
 host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report). \
+Command lines there and in the windows keep the program and the Python script or module; other arguments are \
+redacted (--show-args keeps them). \
 Metrics are updated at each window's end.\n\
 SIGTERM / SIGINT / SIGHUP write the current window and exit 0; targets exiting never stop the agent.\n\
 Examples:\n  infertrace agent --python --window 60s --out-dir /var/lib/infertrace\n  \
@@ -80,6 +82,10 @@ pub struct AgentArgs {
     /// No line on stderr per window.
     #[arg(short, long)]
     quiet: bool,
+    /// Show targets' command lines whole in /targets, /report/latest and the windows. By default only the
+    /// program and, for Python, the script or module are kept: arguments often carry secrets (--api-key=...).
+    #[arg(long)]
+    show_args: bool,
     /// An overhead budget, 0.1 to 100 (percent of a target's time): past it, CUDA launches are probed in
     /// time slices and their counts estimated (as `record --max-overhead`; docs/overhead.md).
     #[arg(long, value_name = "PCT", value_parser = crate::cli::parse::parse_max_overhead, allow_negative_numbers = true)]
@@ -121,6 +127,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         listen: a.listen,
         record,
         quiet: a.quiet,
+        show_args: a.show_args,
     };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;

@@ -14,6 +14,7 @@ pub mod cuda_metrics;
 pub mod http;
 pub mod labels;
 pub mod metrics;
+pub mod redact;
 pub mod select;
 pub mod targets;
 pub mod windows;
@@ -64,6 +65,9 @@ pub struct AgentOptions {
     /// checkpoints are not used).
     pub record: RecordOptions,
     pub quiet: bool,
+    /// Command lines whole in `/targets`, `/report/latest` and the windows
+    /// (`--show-args`); by default only the program and script (`redact`).
+    pub show_args: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +135,8 @@ impl Agent {
                 // A child a target forked: the kernel follows it already.
                 if let Some(c) = Candidate::read(pid) {
                     if self.opts.selector.matches(&c).is_some() {
-                        self.info.insert(pid, TargetInfo::new(&c, vec!["child of a target".into()], "fork"));
+                        let info = self.target_info(&c, vec!["child of a target".into()], "fork");
+                        self.info.insert(pid, info);
                     }
                 }
                 return;
@@ -141,7 +146,18 @@ impl Agent {
         let Some(why) = self.opts.selector.matches(&c) else { return };
         let origin = if found_by == "exec" { Origin::Followed } else { Origin::Attached };
         self.engine.cx.emit(TargetEvent::Appeared { pid, origin });
-        self.info.insert(pid, TargetInfo::new(&c, why, found_by));
+        let info = self.target_info(&c, why, found_by);
+        self.info.insert(pid, info);
+    }
+
+    /// What `/targets` shows of a candidate: its command line redacted
+    /// unless `--show-args`.
+    fn target_info(&self, c: &Candidate, why: Vec<String>, found_by: &'static str) -> TargetInfo {
+        let mut info = TargetInfo::new(c, why, found_by);
+        if !self.opts.show_args {
+            info.cmdline = redact::cmdline(&info.cmdline);
+        }
+        info
     }
 
     /// An exec: a new match, or a target that stopped matching.
@@ -156,7 +172,8 @@ impl Agent {
         match (c, matches) {
             (Some(c), Some(why)) => {
                 let found = self.info.get(&pid).map(|i| i.found_by).unwrap_or("exec");
-                self.info.insert(pid, TargetInfo::new(&c, why, found));
+                let info = self.target_info(&c, why, found);
+                self.info.insert(pid, info);
             }
             // Exec'd into something the selection does not name: dropped.
             (Some(_), None) => self.drop_target(pid)?,
@@ -213,6 +230,9 @@ impl Agent {
     fn emit_window(&mut self, cur: Recording) -> Result<(), AgentError> {
         self.refresh_alive();
         let mut win = windows::delta(&cur, self.prev.as_ref());
+        if !self.opts.show_args {
+            redact::recording(&mut win);
+        }
         win.notes.push(format!(
             "agent window {} (every {:.0}s); counts are this window's, from the difference of two cumulative snapshots",
             self.seq,
