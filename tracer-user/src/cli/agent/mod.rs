@@ -5,8 +5,11 @@
 //! recording per `--window` into `--out-dir` (`windows`: each the
 //! difference of two cumulative snapshots, so windows add up exactly), and
 //! serves `/metrics`, `/healthz`, `/targets` and `/report/latest`
-//! (`http`, `metrics`, `targets`). SIGTERM/SIGINT/SIGHUP close the current
-//! window, write it, and exit 0; a target's exit never stops the agent.
+//! (`http`, on threads of its own, `metrics`, `targets`; `auth` and `tls`
+//! for `--auth-token-file` and `--tls-cert`). SIGTERM/SIGINT/SIGHUP close
+//! the current window, write it, and exit 0, within 2 s even when the loop
+//! is stalled (`shutdown`: then exit code 4 without the last window); a
+//! target's exit never stops the agent.
 
 pub mod container;
 pub mod cuda_delta;
@@ -18,6 +21,9 @@ pub mod select;
 pub mod targets;
 pub mod windows;
 pub mod args;
+pub mod auth;
+pub mod shutdown;
+pub mod tls;
 
 use std::{
     collections::BTreeMap,
@@ -40,7 +46,7 @@ use crate::{
 };
 
 use self::{
-    http::{Shared, SharedState},
+    http::{Heartbeat, Shared, SharedState},
     metrics::Metrics,
     select::{Candidate, Selector},
     targets::TargetInfo,
@@ -64,6 +70,8 @@ pub struct AgentOptions {
     /// checkpoints are not used).
     pub record: RecordOptions,
     pub quiet: bool,
+    /// `--auth-token-file`, `--tls-cert`/`--tls-key`.
+    pub http: http::ServeOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -253,7 +261,6 @@ impl Agent {
 
 /// Runs the agent until SIGTERM/SIGINT/SIGHUP.
 pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
     if opts.selector.is_empty() {
         return Err(AgentError::NoSelection);
     }
@@ -272,10 +279,9 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         .await
         .map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
-    let map_sig = |e| AgentError::Record(RecordError::Signals(e));
-    let mut sigint = signal(SignalKind::interrupt()).map_err(map_sig)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(map_sig)?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(map_sig)?;
+    let listener = listener.into_std().map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
+    // Before any other thread starts: they all inherit the blocked signals.
+    let shutdown = shutdown::install().map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
 
     let btf = session::load_btf()?;
     let mut record = opts.record.clone();
@@ -292,7 +298,10 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         latest_report: None,
         windows_written: 0,
     }));
-    tokio::spawn(http::serve(listener, shared.clone()));
+    let heartbeat = Heartbeat::new();
+    let scheme = opts.http.scheme();
+    http::start(listener, shared.clone(), heartbeat.clone(), opts.http.clone())
+        .map_err(|source| AgentError::Listen { addr: local.clone(), source })?;
     let quiet = opts.quiet;
     let window = opts.window;
     let mut agent = Agent {
@@ -307,17 +316,20 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     agent.scan();
     agent.engine.dispatch()?;
     agent.refresh_alive();
-    say(quiet, &format!("listening on http://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
+    say(quiet, &format!("listening on {scheme}://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
 
     let start = tokio::time::Instant::now();
     let mut window_tick = tokio::time::interval_at(start + window, window);
     window_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rescan = tokio::time::interval_at(start + RESCAN_EVERY, RESCAN_EVERY);
+    // A turn at least every second, so /healthz can tell a stalled loop
+    // (http::STALE_AFTER) from an idle one.
+    let mut beat = tokio::time::interval(Duration::from_secs(1));
     loop {
+        heartbeat.beat();
         tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = sighup.recv() => break,
+            _ = shutdown.stop() => break,
+            _ = beat.tick() => {}
             ready = exec_fd.readable() => {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
@@ -345,6 +357,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     execs.detach(&mut agent.engine.cx);
     let last = agent.engine.close().await?;
     agent.emit_window(last)?;
+    shutdown.finished();
     say(quiet, "stopped; the last window is written");
     Ok(())
 }
