@@ -17,9 +17,11 @@
 //! - `--tls-cert`/`--tls-key`: curl with the self-signed certificate as its
 //!   CA reads `/metrics` over https; plain HTTP gets no HTTP answer;
 //! - a target mapping and unmapping an executable page as fast as it can
-//!   (`tests/workloads/exec_map_churn.py`): `/healthz` and `/metrics` answer
-//!   within 2 s meanwhile, and SIGTERM ends the agent within 2 s (exit 0
-//!   with its last window, or 4 and a line on stderr without it).
+//!   (`tests/workloads/exec_map_churn.py`; here it slowed the loop to about
+//!   one turn a second and one window in 16 s instead of 8): `/healthz` and
+//!   `/metrics` answer within 1 s meanwhile, and SIGTERM ends the agent
+//!   within 2 s (exit 0 with its last window, or 4 and a line on stderr
+//!   without it).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -64,13 +66,14 @@ impl Drop for Target {
 fn start_agent(extra: &[&str]) -> Agent {
     let target = Target::sleeper();
     let pid = target.child.id().to_string();
-    start_agent_on(target, &["--pid", &pid], extra)
+    start_agent_on(target, &["--no-cuda", "--pid", &pid], extra)
 }
 
+/// [`start_agent`] on `target`, with `select` (the selection and options).
 fn start_agent_on(target: Target, select: &[&str], extra: &[&str]) -> Agent {
     let dir = TempDir::new("agent-http");
     let mut child = Command::new(bin())
-        .args(["agent", "--no-cuda", "--window", "1s", "--listen", "127.0.0.1:0", "--out-dir"])
+        .args(["agent", "--window", "1s", "--listen", "127.0.0.1:0", "--out-dir"])
         .arg(dir.join("windows"))
         .args(select)
         .args(extra)
@@ -397,6 +400,8 @@ fn sigterm_ends_an_agent_whose_target_churns_executable_mappings() {
     let lines = line_channel(churn.stdout.take().expect("stdout"));
     let first = lines.recv_timeout(Duration::from_secs(30)).expect("pid line");
     let pid: u32 = first.strip_prefix("pid ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{first:?}"));
+    // CUDA probing on (the default): each new executable mapping is a
+    // library to look at, which is what slows the loop down.
     let mut agent = start_agent_on(Target { child: churn }, &["--pid", &pid.to_string()], &[]);
     let addr = agent.addr.clone();
     let started = Instant::now();
@@ -418,7 +423,7 @@ fn sigterm_ends_an_agent_whose_target_churns_executable_mappings() {
     let (status, took) = agent.terminate();
     let stderr: Vec<String> = agent.stderr.try_iter().collect();
     eprintln!("{TEST}: slowest answer {worst:?}; /healthz {healthz:?}; last {turns_age:?}; SIGTERM -> {status:?} in {took:?}");
-    assert!(worst < Duration::from_secs(2), "an endpoint took {worst:?} during the churn");
+    assert!(worst < Duration::from_secs(1), "an endpoint took {worst:?} during the churn");
     assert!(took < Duration::from_secs(2), "SIGTERM took {took:?} to end the agent");
     match status.code() {
         Some(0) => assert!(stderr.iter().any(|l| l.contains("the last window is written")), "{stderr:?}"),
