@@ -76,10 +76,10 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     auth_token_file: Option<PathBuf>,
     /// Serve HTTPS only, with this PEM certificate chain (leaf first); needs --tls-key.
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(long, value_name = "FILE")]
     tls_cert: Option<PathBuf>,
     /// The PEM private key of --tls-cert.
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE")]
     tls_key: Option<PathBuf>,
     /// CPU sampling frequency in Hz, 0 to 10000 (0 turns sampling off).
     #[arg(short = 'F', long, default_value_t = engine::DEFAULT_FREQUENCY, value_name = "HZ",
@@ -138,11 +138,13 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
             Err(e) => bail!("{e} (hint: write the token alone in a file only root can read, and pass it with --auth-token-file)"),
         }
     }
-    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
-        match agent::tls::server_config(cert, key) {
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => match agent::tls::server_config(cert, key) {
             Ok(c) => http.tls = Some(c),
             Err(e) => bail!("{e} (hint: --tls-cert takes a PEM certificate chain, --tls-key its PEM private key)"),
-        }
+        },
+        (None, None) => {}
+        _ => bail!("--tls-cert and --tls-key go together (hint: give both, PEM files: the certificate chain and its private key)"),
     }
     let opts = AgentOptions {
         selector,

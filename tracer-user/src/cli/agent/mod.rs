@@ -270,6 +270,9 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     if !session::has_tracing_privileges() {
         return Err(RecordError::NotPermitted.into());
     }
+    // Before any other thread starts (binding a host name starts one): they
+    // all inherit the blocked signals, which only the signal thread takes.
+    let shutdown = shutdown::install().map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
     let dir = opts.retention.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
     let probe = dir.join(format!(".infertrace-agent-probe-{}", std::process::id()));
@@ -280,8 +283,6 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         .map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
     let listener = listener.into_std().map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
-    // Before any other thread starts: they all inherit the blocked signals.
-    let shutdown = shutdown::install().map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
 
     let btf = session::load_btf()?;
     let mut record = opts.record.clone();
