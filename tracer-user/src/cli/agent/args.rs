@@ -22,11 +22,17 @@ written into --out-dir as infertrace-agent-<time>-<seq>.itr, atomically (a tempo
 HTTP on --listen (default 127.0.0.1:9475): /metrics (OpenMetrics text, for Prometheus), /healthz, /targets (JSON: \
 host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report). \
 Command lines there and in the windows keep the program and the Python script or module; other arguments are \
-redacted (--show-args keeps them). \
-Metrics are updated at each window's end.\n\
-SIGTERM / SIGINT / SIGHUP write the current window and exit 0; targets exiting never stop the agent.\n\
+redacted (--show-args keeps them). Metrics are updated at each window's end. The endpoints run on threads of their own: a stalled collection loop never \
+silences them, and /healthz answers 503 (with the age) when the loop has not turned for 15 s. Each connection has 5 s \
+for its whole exchange; at most 64 are open at once (a new one evicts the oldest).\n\
+Access: --auth-token-file FILE (mode 0600; read once at start) makes every endpoint but /healthz require \
+`Authorization: Bearer TOKEN` (401 otherwise); --tls-cert and --tls-key (PEM) serve HTTPS only. Anyone who can reach \
+--listen otherwise reads the targets' (redacted) command lines, metrics and reports.\n\
+SIGTERM / SIGINT / SIGHUP write the current window and exit 0, within 2 s: a loop that cannot finish by then is left, \
+with a line on stderr and exit code 4 (no last window); targets exiting never stop the agent.\n\
 Examples:\n  infertrace agent --python --window 60s --out-dir /var/lib/infertrace\n  \
-infertrace agent --container 3f1b2c --listen 0.0.0.0:9475\n  infertrace agent --comm '^gunicorn' --cmdline 'serve\\.py'";
+infertrace agent --container 3f1b2c --listen 0.0.0.0:9475 --auth-token-file /etc/infertrace/token\n  \
+infertrace agent --python --tls-cert /etc/infertrace/tls.crt --tls-key /etc/infertrace/tls.key\n  infertrace agent --comm '^gunicorn' --cmdline 'serve\\.py'";
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -66,6 +72,16 @@ pub struct AgentArgs {
     /// Address of the HTTP endpoints (/metrics /healthz /targets /report/latest).
     #[arg(long, value_name = "ADDR:PORT", default_value = agent::http::DEFAULT_LISTEN)]
     listen: String,
+    /// Require `Authorization: Bearer TOKEN` on every endpoint but /healthz; TOKEN is this file's content
+    /// (read once at start; the file must not be accessible to group or others: chmod 600).
+    #[arg(long, value_name = "FILE")]
+    auth_token_file: Option<PathBuf>,
+    /// Serve HTTPS only, with this PEM certificate chain (leaf first); needs --tls-key.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// CPU sampling frequency in Hz, 0 to 10000 (0 turns sampling off).
     #[arg(short = 'F', long, default_value_t = engine::DEFAULT_FREQUENCY, value_name = "HZ",
           value_parser = crate::cli::parse::parse_frequency, allow_negative_numbers = true)]
@@ -120,6 +136,21 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         max_overhead: a.max_overhead,
         ..RecordOptions::default()
     };
+    let mut http = agent::http::ServeOptions::default();
+    if let Some(path) = &a.auth_token_file {
+        match agent::auth::Token::from_file(path) {
+            Ok(t) => http.token = Some(t),
+            Err(e) => bail!("{e} (hint: write the token alone in a file only root can read, and pass it with --auth-token-file)"),
+        }
+    }
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => match agent::tls::server_config(cert, key) {
+            Ok(c) => http.tls = Some(c),
+            Err(e) => bail!("{e} (hint: --tls-cert takes a PEM certificate chain, --tls-key its PEM private key)"),
+        },
+        (None, None) => {}
+        _ => bail!("--tls-cert and --tls-key go together (hint: give both, PEM files: the certificate chain and its private key)"),
+    }
     let opts = AgentOptions {
         selector,
         window: a.window,
@@ -128,6 +159,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         record,
         quiet: a.quiet,
         show_args: a.show_args,
+        http,
     };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;

@@ -1,22 +1,72 @@
 //! The agent's HTTP endpoints, on `--listen` (loopback by default):
 //! `/metrics` (OpenMetrics text, `prometheus-client`), `/healthz`,
 //! `/targets` (JSON), `/report/latest` (the last window's JSON report).
-//! A deliberately small HTTP/1.1 server: GET only, one request per
-//! connection, request head capped at 8 KiB.
+//! A deliberately small HTTP/1.1 server: GET and HEAD only, one request per
+//! connection, request head capped at 8 KiB (CRLF or bare-LF lines).
+//!
+//! It runs on threads of its own ([`start`]: a small tokio runtime, two
+//! workers), never on the collection loop's thread: a loop that stalls (a
+//! target churning executable mappings, a slow snapshot) does not silence
+//! `/metrics` or `/healthz`. What it serves is what the loop last published
+//! in [`Shared`]; the loop holds that lock only to publish, and a request
+//! that cannot take it within [`LOCK_WAIT`] is answered 503 rather than
+//! queued behind collection.
+//!
+//! Against slow or abusive clients: every connection has one deadline for
+//! the whole exchange ([`DEADLINE`]: TLS handshake, request head, response),
+//! not a per-read timeout; at most [`MAX_CONNECTIONS`] are open at once,
+//! and a new one evicts the oldest (refusing new ones instead would let 64
+//! idle clients lock Prometheus out; a real request completes in
+//! milliseconds); running out of descriptors on accept (EMFILE/ENFILE)
+//! evicts the oldest and backs off [`ACCEPT_BACKOFF`] instead of spinning.
+//! Each is counted in `/healthz`'s body.
+//!
+//! `/healthz` says whether collection progresses: 200 while the loop's last
+//! turn ([`Heartbeat`]) is recent, 503 with its age once it is older than
+//! [`STALE_AFTER`]. With `--auth-token-file`, every endpoint but `/healthz`
+//! needs `Authorization: Bearer TOKEN` (`auth`); `/healthz` stays open for
+//! probes and says nothing about the targets. With `--tls-cert`/`--tls-key`
+//! only TLS is spoken (`tls`).
 
-use std::sync::{Arc, Mutex};
-
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+use std::{
+    collections::BTreeMap,
+    io,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, TryLockError,
+    },
+    time::{Duration, Instant},
 };
 
-use super::metrics::Metrics;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    task::AbortHandle,
+};
+
+use super::{auth::Token, metrics::Metrics};
 
 /// The default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9475";
+/// One connection's whole exchange (handshake, request head, response).
+pub const DEADLINE: Duration = Duration::from_secs(5);
+/// Connections open at once; one more evicts the oldest.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The pause after accept failed for want of descriptors.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a request waits for the published state before a 503.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// A healthy collection loop turns at least this often (a 1 s tick; a
+/// window's snapshot of many targets can take a few seconds).
+pub const TURN_BOUND: Duration = Duration::from_secs(5);
+/// `/healthz` answers 503 when the loop's last turn is older than this
+/// (3 x [`TURN_BOUND`]).
+pub const STALE_AFTER: Duration = Duration::from_secs(15);
+const HEAD_MAX: usize = 8192;
 
-/// What the endpoints serve, updated by the agent's loop.
+/// What the endpoints serve, updated by the agent's loop. Hold the lock
+/// only to publish (no collection, no I/O under it): the HTTP threads take
+/// it for each request.
 pub struct Shared {
     pub metrics: Metrics,
     pub targets_json: String,
@@ -26,77 +76,352 @@ pub struct Shared {
 
 pub type SharedState = Arc<Mutex<Shared>>;
 
-pub async fn serve(listener: TcpListener, state: SharedState) {
+/// The collection loop's last turn, read by `/healthz` without a lock.
+pub struct Heartbeat {
+    origin: Instant,
+    last_ms: AtomicU64,
+    turns: AtomicU64,
+}
+
+impl Heartbeat {
+    pub fn new() -> Arc<Heartbeat> {
+        Arc::new(Heartbeat { origin: Instant::now(), last_ms: AtomicU64::new(0), turns: AtomicU64::new(0) })
+    }
+
+    /// Called by the loop at each turn.
+    pub fn beat(&self) {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+        self.turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn age(&self) -> Duration {
+        let now = self.origin.elapsed();
+        now.saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// What the server counts, shown by `/healthz`.
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    evicted: AtomicU64,
+    deadline: AtomicU64,
+    fd_exhausted: AtomicU64,
+    accept_errors: AtomicU64,
+    unauthorized: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `--auth-token-file` and `--tls-cert`/`--tls-key`, loaded at start.
+#[derive(Clone, Default)]
+pub struct ServeOptions {
+    pub token: Option<Token>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl ServeOptions {
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+}
+
+struct Ctx {
+    state: SharedState,
+    heartbeat: Arc<Heartbeat>,
+    token: Option<Token>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    counters: Counters,
+    /// Open connections by age (ids increase).
+    open: Mutex<BTreeMap<u64, AbortHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves `listener` on a thread of its own until the process exits.
+pub fn start(listener: std::net::TcpListener, state: SharedState, heartbeat: Arc<Heartbeat>, opts: ServeOptions) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("infertrace-http")
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let ctx = Arc::new(Ctx {
+        state,
+        heartbeat,
+        token: opts.token,
+        tls: opts.tls.map(tokio_rustls::TlsAcceptor::from),
+        counters: Counters::default(),
+        open: Mutex::new(BTreeMap::new()),
+    });
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _enter = rt.enter();
+        TcpListener::from_std(listener)?
+    };
+    std::thread::Builder::new().name("infertrace-http".into()).spawn(move || rt.block_on(serve(listener, ctx)))?;
+    Ok(())
+}
+
+async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
+    let mut next_id = 0u64;
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let _ = handle(stream, state).await;
-        });
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                inc(&ctx.counters.accepted);
+                let mut open = lock(&ctx.open);
+                while open.len() >= MAX_CONNECTIONS {
+                    if let Some((_, oldest)) = open.pop_first() {
+                        oldest.abort();
+                        inc(&ctx.counters.evicted);
+                    }
+                }
+                let id = next_id;
+                next_id += 1;
+                let c = ctx.clone();
+                // Spawned under the lock: the task's own removal waits for the insert.
+                let task = tokio::spawn(async move {
+                    if tokio::time::timeout(DEADLINE, connection(stream, &c)).await.is_err() {
+                        inc(&c.counters.deadline);
+                    }
+                    lock(&c.open).remove(&id);
+                });
+                open.insert(id, task.abort_handle());
+            }
+            Err(e) => {
+                let fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+                if fds {
+                    // Free one descriptor of ours, and let the others go.
+                    inc(&ctx.counters.fd_exhausted);
+                    if let Some((_, oldest)) = lock(&ctx.open).pop_first() {
+                        oldest.abort();
+                        inc(&ctx.counters.evicted);
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                } else {
+                    // ECONNABORTED and the like: per connection, but never a spin.
+                    inc(&ctx.counters.accept_errors);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, ctx: &Ctx) -> io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    match &ctx.tls {
+        Some(acceptor) => exchange(acceptor.accept(stream).await?, ctx).await,
+        None => exchange(stream, ctx).await,
     }
 }
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-async fn handle(mut stream: TcpStream, state: SharedState) -> std::io::Result<()> {
+/// The end of the request head: the first empty line (CRLF or bare LF).
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut line_start = 0;
+    for (i, &b) in buf.iter().enumerate() {
+        if b == b'\n' {
+            let line = &buf[line_start..i];
+            if line.is_empty() || line == b"\r" {
+                return Some(line_start);
+            }
+            line_start = i + 1;
+        }
+    }
+    None
+}
+
+struct Response {
+    status: u16,
+    ctype: &'static str,
+    body: String,
+    extra: &'static str,
+}
+
+fn text(status: u16, body: impl Into<String>) -> Response {
+    Response { status, ctype: "text/plain; charset=utf-8", body: body.into(), extra: "" }
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ctx: &Ctx) -> io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
-    let head_end = loop {
-        let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let end = loop {
+        let n = stream.read(&mut chunk).await?;
         if n == 0 {
             return Ok(());
         }
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
+        if let Some(end) = head_end(&buf) {
+            break end;
         }
-        if buf.len() > 8192 {
-            return respond(&mut stream, 431, "text/plain", "request head too large\n").await;
+        if buf.len() > HEAD_MAX {
+            return respond(&mut stream, false, text(431, "request head too large\n")).await;
         }
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]);
-    let mut first = head.lines().next().unwrap_or("").split_whitespace();
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let mut lines = head.lines();
+    let mut first = lines.next().unwrap_or("").split_whitespace();
     let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    if method != "GET" && method != "HEAD" {
-        return respond(&mut stream, 405, "text/plain", "only GET\n").await;
+    let is_head = method == "HEAD";
+    if method != "GET" && !is_head {
+        let r = Response { extra: "Allow: GET, HEAD\r\n", ..text(405, "only GET and HEAD\n") };
+        return respond(&mut stream, false, r).await;
     }
     let path = target.split('?').next().unwrap_or("");
-    let (status, ctype, body) = {
-        let mut s = match state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        match path {
-            "/metrics" => {
-                s.metrics.refresh_self();
-                (200, OPENMETRICS, s.metrics.encode())
+    if path != "/healthz" {
+        if let Some(token) = &ctx.token {
+            let presented = lines
+                .filter_map(|l| l.split_once(':'))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
+                .and_then(|(_, v)| bearer(v.trim()));
+            if !presented.is_some_and(|p| token.matches(p)) {
+                inc(&ctx.counters.unauthorized);
+                let r = Response {
+                    extra: "WWW-Authenticate: Bearer realm=\"infertrace\"\r\n",
+                    ..text(401, "a bearer token is required (Authorization: Bearer TOKEN)\n")
+                };
+                return respond(&mut stream, is_head, r).await;
             }
-            "/healthz" => (200, "text/plain", format!("ok\nwindows_written {}\n", s.windows_written)),
-            "/targets" => (200, "application/json", s.targets_json.clone()),
-            "/report/latest" => match &s.latest_report {
-                Some(r) => (200, "application/json", r.clone()),
-                None => (404, "text/plain", "no window has closed yet\n".to_owned()),
-            },
-            _ => (404, "text/plain", "not found; try /metrics, /healthz, /targets, /report/latest\n".to_owned()),
         }
-    };
-    respond(&mut stream, status, ctype, &body).await
+    }
+    let r = route(path, ctx).await;
+    respond(&mut stream, is_head, r).await
 }
 
-async fn respond(stream: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
-    let reason = match status {
+/// The credentials of an `Authorization: Bearer X` value.
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, cred) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| cred.trim())
+}
+
+/// The published state, or None when the loop holds it longer than `wait`.
+async fn lock_within(state: &SharedState, wait: Duration) -> Option<MutexGuard<'_, Shared>> {
+    let start = Instant::now();
+    loop {
+        match state.try_lock() {
+            Ok(s) => return Some(s),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        if start.elapsed() >= wait {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn route(path: &str, ctx: &Ctx) -> Response {
+    if path == "/healthz" {
+        return healthz(ctx).await;
+    }
+    let busy = || text(503, format!("the collection loop has held the published state for over {}s; retry\n", LOCK_WAIT.as_secs()));
+    match path {
+        "/metrics" => {
+            let Some(mut s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
+            s.metrics.refresh_self();
+            let body = s.metrics.encode();
+            drop(s);
+            Response { status: 200, ctype: OPENMETRICS, body, extra: "" }
+        }
+        "/targets" => {
+            let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
+            let body = s.targets_json.clone();
+            drop(s);
+            Response { status: 200, ctype: "application/json", body, extra: "" }
+        }
+        "/report/latest" => {
+            let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
+            let latest = s.latest_report.clone();
+            drop(s);
+            match latest {
+                Some(body) => Response { status: 200, ctype: "application/json", body, extra: "" },
+                None => text(404, "no window has closed yet\n"),
+            }
+        }
+        _ => text(404, "not found; try /metrics, /healthz, /targets, /report/latest\n"),
+    }
+}
+
+/// 200 while the loop turns, 503 once its last turn is older than
+/// [`STALE_AFTER`]; the body has the age and the server's counters.
+async fn healthz(ctx: &Ctx) -> Response {
+    let age = ctx.heartbeat.age();
+    let windows = match lock_within(&ctx.state, Duration::from_millis(100)).await {
+        Some(s) => s.windows_written.to_string(),
+        None => "unknown".to_owned(),
+    };
+    let c = &ctx.counters;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let stalled = age > STALE_AFTER;
+    let mut body = if stalled {
+        format!("stalled: the collection loop's last turn was {:.1}s ago (limit {}s)\n", age.as_secs_f64(), STALE_AFTER.as_secs())
+    } else {
+        "ok\n".to_owned()
+    };
+    body.push_str(&format!(
+        "last_turn_age_seconds {:.3}\nloop_turns {}\nwindows_written {windows}\nhttp_connections_accepted {}\nhttp_connections_open {}\n\
+         http_connections_evicted {}\nhttp_deadline_expired {}\nhttp_accept_fd_exhausted {}\nhttp_accept_errors {}\nhttp_unauthorized {}\n",
+        age.as_secs_f64(),
+        get(&ctx.heartbeat.turns),
+        get(&c.accepted),
+        lock(&ctx.open).len(),
+        get(&c.evicted),
+        get(&c.deadline),
+        get(&c.fd_exhausted),
+        get(&c.accept_errors),
+        get(&c.unauthorized),
+    ));
+    text(if stalled { 503 } else { 200 }, body)
+}
+
+async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, head_only: bool, r: Response) -> io::Result<()> {
+    let reason = match r.status {
         200 => "OK",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
-        _ => "Request Header Fields Too Large",
+        431 => "Request Header Fields Too Large",
+        _ => "Service Unavailable",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+        r.status,
+        r.ctype,
+        r.body.len(),
+        r.extra
     );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    let mut out = head.into_bytes();
+    if !head_only {
+        out.extend_from_slice(r.body.as_bytes());
+    }
+    stream.write_all(&out).await?;
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_ends_at_the_first_empty_line_crlf_or_bare_lf() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), Some(25));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: x\n\n"), Some(23));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\n\r\n"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
+    }
+
+    #[test]
+    fn bearer_credentials() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer"), None);
+    }
 }

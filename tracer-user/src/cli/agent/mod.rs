@@ -5,8 +5,11 @@
 //! recording per `--window` into `--out-dir` (`windows`: each the
 //! difference of two cumulative snapshots, so windows add up exactly), and
 //! serves `/metrics`, `/healthz`, `/targets` and `/report/latest`
-//! (`http`, `metrics`, `targets`). SIGTERM/SIGINT/SIGHUP close the current
-//! window, write it, and exit 0; a target's exit never stops the agent.
+//! (`http`, on threads of its own, `metrics`, `targets`; `auth` and `tls`
+//! for `--auth-token-file` and `--tls-cert`). SIGTERM/SIGINT/SIGHUP close
+//! the current window, write it, and exit 0, within 2 s even when the loop
+//! is stalled (`shutdown`: then exit code 4 without the last window); a
+//! target's exit never stops the agent.
 
 pub mod container;
 pub mod cuda_delta;
@@ -19,6 +22,9 @@ pub mod select;
 pub mod targets;
 pub mod windows;
 pub mod args;
+pub mod auth;
+pub mod shutdown;
+pub mod tls;
 
 use std::{
     collections::BTreeMap,
@@ -41,7 +47,7 @@ use crate::{
 };
 
 use self::{
-    http::{Shared, SharedState},
+    http::{Heartbeat, Shared, SharedState},
     metrics::Metrics,
     select::{Candidate, Selector},
     targets::TargetInfo,
@@ -68,6 +74,8 @@ pub struct AgentOptions {
     /// Command lines whole in `/targets`, `/report/latest` and the windows
     /// (`--show-args`); by default only the program and script (`redact`).
     pub show_args: bool,
+    /// `--auth-token-file`, `--tls-cert`/`--tls-key`.
+    pub http: http::ServeOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -273,7 +281,6 @@ impl Agent {
 
 /// Runs the agent until SIGTERM/SIGINT/SIGHUP.
 pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
     if opts.selector.is_empty() {
         return Err(AgentError::NoSelection);
     }
@@ -283,6 +290,9 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     if !session::has_tracing_privileges() {
         return Err(RecordError::NotPermitted.into());
     }
+    // Before any other thread starts (binding a host name starts one): they
+    // all inherit the blocked signals, which only the signal thread takes.
+    let shutdown = shutdown::install().map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
     let dir = opts.retention.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
     let probe = dir.join(format!(".infertrace-agent-probe-{}", std::process::id()));
@@ -292,10 +302,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         .await
         .map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
-    let map_sig = |e| AgentError::Record(RecordError::Signals(e));
-    let mut sigint = signal(SignalKind::interrupt()).map_err(map_sig)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(map_sig)?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(map_sig)?;
+    let listener = listener.into_std().map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;
 
     let btf = session::load_btf()?;
     let mut record = opts.record.clone();
@@ -312,7 +319,10 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         latest_report: None,
         windows_written: 0,
     }));
-    tokio::spawn(http::serve(listener, shared.clone()));
+    let heartbeat = Heartbeat::new();
+    let scheme = opts.http.scheme();
+    http::start(listener, shared.clone(), heartbeat.clone(), opts.http.clone())
+        .map_err(|source| AgentError::Listen { addr: local.clone(), source })?;
     let quiet = opts.quiet;
     let window = opts.window;
     let mut agent = Agent {
@@ -327,17 +337,20 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     agent.scan();
     agent.engine.dispatch()?;
     agent.refresh_alive();
-    say(quiet, &format!("listening on http://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
+    say(quiet, &format!("listening on {scheme}://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
 
     let start = tokio::time::Instant::now();
     let mut window_tick = tokio::time::interval_at(start + window, window);
     window_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rescan = tokio::time::interval_at(start + RESCAN_EVERY, RESCAN_EVERY);
+    // A turn at least every second, so /healthz can tell a stalled loop
+    // (http::STALE_AFTER) from an idle one.
+    let mut beat = tokio::time::interval(Duration::from_secs(1));
     loop {
+        heartbeat.beat();
         tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = sighup.recv() => break,
+            _ = shutdown.stop() => break,
+            _ = beat.tick() => {}
             ready = exec_fd.readable() => {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
@@ -365,6 +378,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     execs.detach(&mut agent.engine.cx);
     let last = agent.engine.close().await?;
     agent.emit_window(last)?;
+    shutdown.finished();
     say(quiet, "stopped; the last window is written");
     Ok(())
 }
