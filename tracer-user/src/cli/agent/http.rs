@@ -11,14 +11,16 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-use super::metrics::Metrics;
-
 /// The default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9475";
 
 /// What the endpoints serve, updated by the agent's loop.
 pub struct Shared {
-    pub metrics: Metrics,
+    /// The `/metrics` text, rendered by the agent's loop at each publish
+    /// (at most `PUBLISH_EVERY` old): a scrape copies it.
+    pub metrics_text: String,
+    /// `/metrics` requests served (the series of exited targets wait for two).
+    pub metrics_scrapes: u64,
     pub targets_json: String,
     pub latest_report: Option<String>,
     pub windows_written: u64,
@@ -70,8 +72,8 @@ async fn handle(mut stream: TcpStream, state: SharedState) -> std::io::Result<()
         };
         match path {
             "/metrics" => {
-                s.metrics.refresh_self();
-                (200, OPENMETRICS, s.metrics.encode())
+                s.metrics_scrapes += 1;
+                (200, OPENMETRICS, s.metrics_text.clone())
             }
             "/healthz" => (200, "text/plain", format!("ok\nwindows_written {}\n", s.windows_written)),
             "/targets" => (200, "application/json", s.targets_json.clone()),
