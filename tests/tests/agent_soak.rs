@@ -69,7 +69,7 @@ fn agent_memory_and_descriptors_stay_flat_under_churn_and_busy_targets() {
     let dir = TempDir::new(TEST);
     let load = workspace_root().join("tests/workloads/agent_soak_load.py");
     let mut agent = Command::new(bin())
-        .args(["agent", "-q", "--python", "--no-cuda", "--window", "10s", "--listen", "127.0.0.1:0", "--cmdline", "SOAKLOAD", "--out-dir"])
+        .args(["agent", "--python", "--no-cuda", "--window", "10s", "--listen", "127.0.0.1:0", "--cmdline", "SOAKLOAD", "--out-dir"])
         .arg(dir.join("w"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -94,7 +94,7 @@ fn agent_memory_and_descriptors_stay_flat_under_churn_and_busy_targets() {
             .expect("spawn the load")
     };
     let mut busy = spawn("busy", "20");
-    let mut churn = spawn("churn", "2");
+    let churn = spawn("churn", "2");
     let _busy_guard = KillOnDrop::new(busy.id());
     let _churn_guard = KillOnDrop::new(churn.id());
     let t0 = Instant::now();
