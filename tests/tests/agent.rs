@@ -239,7 +239,16 @@ fn agent_windows_add_up_exactly_and_sigterm_writes_the_last_one() {
         r.assert_ok();
         let rep = r.json();
         rep.check_invariants();
-        sum += rep.count(pid, "getppid");
+        let n = rep.count(pid, "getppid");
+        sum += n;
+        // `window N written to FILE (K targets)`: K counts the targets the
+        // window covers, the workload included in a window with its calls
+        // (even the one it exited in), not those alive at its end.
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let line = err.iter().find(|l| l.contains(&name)).unwrap_or_else(|| panic!("no line for {name}: {err:?}"));
+        if n > 0 {
+            assert!(line.ends_with("(1 targets)"), "{name} holds {n} getppid calls of pid {pid}: {line}");
+        }
     }
     assert_eq!(sum, calls, "getppid over {} windows vs the workload's own count", files.len());
     let last = Report::parse(&run_infertrace(["report".as_ref(), "--format".as_ref(), "json".as_ref(), files.last().unwrap().as_os_str()]).stdout)
@@ -464,4 +473,88 @@ fn agent_drops_a_process_that_stops_matching_without_an_exec() {
     assert!(dropped.is_some(), "pid {pid}, renamed {other}, still in /targets 15 s later: {}", targets_json(&agent.addr));
     let _ = stdin.write_all(b"\n");
     let _ = wl.wait();
+}
+
+/// `/metrics` is live: with a 10-minute window, the workload's exact
+/// getppid count is served within seconds of its end (the loop publishes
+/// at least every 5 s), long before any window is cut.
+#[test]
+fn agent_metrics_are_live_whatever_the_window() {
+    const TEST: &str = "agent_metrics_are_live_whatever_the_window";
+    require!(TEST, Root, Binary);
+    if system_python().is_none() {
+        return skip(TEST, "a python3 on PATH");
+    }
+    let dir = TempDir::new("agent-live");
+    let (mut wl, pid, stdin, lines) = workload("2", "20", &["wait"]);
+    let _wl_guard = KillOnDrop::new(wl.id());
+    let agent = start_agent(&["--pid", &pid.to_string(), "--window", "10m", "--out-dir", dir.join("w").to_str().unwrap()]);
+    assert_eq!(target_pids(&targets_json(&agent.addr)), [u64::from(pid)]);
+    stdin.expect("stdin").write_all(b"go\n").expect("release the workload");
+    let (calls, _) = workload_counts(&lines);
+    let _ = wl.wait();
+    let t = Instant::now();
+    let mut last = None;
+    let seen = poll(Duration::from_secs(20), || {
+        let (_, text) = get(&agent.addr, "/metrics");
+        last = syscall_counter(&parse_exposition(&text), pid, "getppid");
+        (last == Some(calls as f64)).then(|| t.elapsed())
+    });
+    let Some(after) = seen else { panic!("{TEST}: /metrics says {last:?} getppid calls of pid {pid}, not {calls}, 20 s after it ended") };
+    eprintln!("{TEST}: the exact count ({calls}) was served {after:?} after the workload ended");
+    // 5 s between publishes, and slack for a loaded machine.
+    assert!(after <= Duration::from_secs(10), "{TEST}: served only {after:?} after the end");
+    assert_eq!(windows_written(&agent.addr), 0, "{TEST}: a window was cut: the count did not come from a window");
+}
+
+/// A scrape copies text rendered when the counters were published: with
+/// 200 targets (each with syscall and wall-time series) a scrape takes
+/// well under 100 ms.
+#[test]
+fn agent_scrape_with_200_targets_is_fast() {
+    const TEST: &str = "agent_scrape_with_200_targets_is_fast";
+    require!(TEST, Root, Binary, Gcc);
+    let exe = infertrace_e2e::workload("sleeper");
+    let dir = TempDir::new("agent-200");
+    let mut kids = Vec::new();
+    let mut guards = Vec::new();
+    let agent = start_agent(&["--comm", "^sleeper$", "--window", "10m", "--out-dir", dir.join("w").to_str().unwrap()]);
+    for _ in 0..200 {
+        // 4000 sleeps of 20 ms: about 80 s of nanosleep calls.
+        let c = Command::new(&exe).args(["4000", "20"]).stdin(Stdio::null()).stdout(Stdio::null()).spawn().expect("sleeper");
+        guards.push(KillOnDrop::new(c.id()));
+        kids.push(c);
+    }
+    let pids_in = |text: &str| -> std::collections::HashSet<String> {
+        parse_exposition(text)
+            .iter()
+            .filter(|s| s.0 == "infertrace_syscalls_total")
+            .filter_map(|s| label(s, "pid").map(str::to_owned))
+            .filter(|p| p != "other")
+            .collect()
+    };
+    let all = poll(Duration::from_secs(60), || {
+        let (_, text) = get(&agent.addr, "/metrics");
+        (pids_in(&text).len() >= 200).then_some(text.len())
+    });
+    let Some(bytes) = all else {
+        let (_, text) = get(&agent.addr, "/metrics");
+        panic!("{TEST}: /metrics has series of {} targets, not 200", pids_in(&text).len())
+    };
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let (status, _) = get(&agent.addr, "/metrics");
+        times.push(t.elapsed());
+        assert_eq!(status, 200);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    eprintln!("{TEST}: {bytes} bytes; scrape median {median:?}, max {:?}", times.last());
+    assert!(median < Duration::from_millis(100), "{TEST}: a scrape took {median:?} (median of 20)");
+    for mut k in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
 }

@@ -6,6 +6,7 @@ mod pyroot;
 mod readers;
 mod setup;
 mod soak;
+mod soak_agent;
 mod tasks;
 mod util;
 
@@ -65,8 +66,13 @@ commands:
            ~10 processes/s, tests/workloads/churn.c) under `infertrace
            record -p`: the tracer's RSS at each minute, the recording's
            size, `report`'s time and memory on it (needs root; not in `test`)
-             --minutes N   minutes of churn (default 10)
+             --minutes N   minutes of churn (default 10; 30 with --agent)
              --no-build    use the infertrace binary as it is
+             --agent       instead: `infertrace agent --python` under 5 new
+                           Python processes/s (each its own environment)
+                           and 50 busy ones: its RSS and open descriptors
+                           each minute, the growth from minute 2 to the end
+             --window D    with --agent: the agent's --window (default 60s)
   help     this text
 ";
 
@@ -130,6 +136,7 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
             }
             bench::bench(build, stop_only, only.as_deref())
         }
+        "soak" if rest.iter().any(|a| a == "--agent") => soak_agent::soak(parse_agent_soak_args(rest)?),
         "soak" => soak::soak(parse_soak_args(rest)?),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
@@ -156,6 +163,32 @@ fn parse_soak_args(rest: &[OsString]) -> Result<soak::SoakArgs> {
                 };
             }
             _ => bail!("unknown option {a:?} for `soak`; see `cargo xtask help`"),
+        }
+    }
+    Ok(args)
+}
+
+fn parse_agent_soak_args(rest: &[OsString]) -> Result<soak_agent::AgentSoakArgs> {
+    let mut args = soak_agent::AgentSoakArgs { minutes: 30, build: true, window: "60s".into() };
+    let mut iter = rest.iter();
+    while let Some(a) = iter.next() {
+        match a.to_str() {
+            Some("--agent") => {}
+            Some("--no-build") => args.build = false,
+            Some("--window") => {
+                args.window = iter.next().and_then(|v| v.to_str()).unwrap_or("").to_owned();
+                if args.window.is_empty() {
+                    bail!("--window takes a duration (e.g. 60s)");
+                }
+            }
+            Some("--minutes") => {
+                let v = iter.next().and_then(|v| v.to_str()).unwrap_or("");
+                args.minutes = match v.parse() {
+                    Ok(n) if (3..=24 * 60).contains(&n) => n,
+                    _ => bail!("--minutes takes a whole number of minutes from 3 to 1440 with --agent (got {v:?})"),
+                };
+            }
+            _ => bail!("unknown option {a:?} for `soak --agent`; see `cargo xtask help`"),
         }
     }
     Ok(args)

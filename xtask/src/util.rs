@@ -160,6 +160,7 @@ pub fn is_root() -> bool {
 
 pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
 
 /// Sends a signal to a process; errors are ignored (it may have exited).
 pub fn signal(pid: u32, sig: i32) {

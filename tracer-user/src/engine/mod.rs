@@ -25,6 +25,7 @@ mod order;
 pub mod checkpoint;
 pub mod ebpf_log;
 mod exited;
+pub mod memory;
 mod options;
 pub mod record;
 pub mod run;
@@ -117,6 +118,10 @@ pub struct Context {
     /// What one probe hit costs here, measured at startup by the overhead
     /// family (zeros until then, or where it could not be measured).
     pub calibration: crate::recording::overhead::Calibration,
+    /// Set during a counts-only snapshot ([`run::Engine::counts`]): stacks
+    /// are not resolved ([`frames`](Self::frames) gives none) and a family
+    /// may skip its stack rows.
+    pub counts_only: bool,
     events: VecDeque<TargetEvent>,
 }
 
@@ -140,6 +145,7 @@ impl Context {
             mappings_followed: false,
             map_fds,
             calibration: Default::default(),
+            counts_only: false,
             events: VecDeque::new(),
         }
     }
@@ -154,7 +160,11 @@ impl Context {
     }
 
     /// Leaf-first frames of a captured stack (see `crate::engine::stacks`).
+    /// None during a counts-only snapshot.
     pub fn frames(&mut self, pid: u32, user_stack: i32, kernel_stack: i32, py_stack: u64) -> Result<Vec<Frame>, ProbeError> {
+        if self.counts_only {
+            return Ok(Vec::new());
+        }
         self.stacks.frames(&mut self.ebpf, pid, user_stack, kernel_stack, py_stack)
     }
 
@@ -220,6 +230,15 @@ pub trait Collector {
     /// Fills this family's part of `rec` with what it has so far. Called at
     /// any moment; after [`detach`](Self::detach), the final one.
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError>;
+
+    /// Whether this family's snapshot runs in a counts-only snapshot
+    /// ([`run::Engine::counts`]: the agent's live metrics, every few
+    /// seconds): by default those that fill the syscall table, the wall
+    /// time or the CUDA report; a family whose snapshot sets lost-event
+    /// counters says so too.
+    fn counts(&self) -> bool {
+        self.provides().iter().any(|p| matches!(p, Part::Syscalls | Part::Threads | Part::Cuda))
+    }
 
     /// Stops the kernel side (the maps stay readable). Idempotent.
     fn detach(&mut self, _cx: &mut Context) {}

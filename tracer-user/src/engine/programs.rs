@@ -111,6 +111,11 @@ pub enum LoadError {
     Object(String),
     #[error("{name}={value}: {detail}")]
     Env { name: &'static str, value: String, detail: &'static str },
+    #[error(transparent)]
+    TooLittleMemory(#[from] super::memory::TooLittleMemory),
+    /// The kernel refused memory for a map (ENOMEM: the cgroup's limit).
+    #[error("creating the kernel maps ran out of memory ({detail}); the maps take {maps_mib} MiB here")]
+    OutOfMemory { detail: String, maps_mib: u64 },
 }
 
 /// Test-only, undocumented for users: the size in bytes of the CUDA
@@ -143,6 +148,12 @@ pub fn load_object(tables: &[&FamilyTable], inputs: &LoadInputs<'_>) -> Result<E
     if let Some(n) = cuda_ring_bytes()? {
         loader.map_max_entries(tracer_common::maps::CUDA_EVENTS, n);
     }
+    let divisor = super::memory::divisor(super::memory::own_limit())?;
+    if divisor > 1 {
+        for (name, entries) in super::memory::SCALED {
+            loader.map_max_entries(name, (entries / divisor).max(1024));
+        }
+    }
     if inputs.opts.timeline_limit.is_none() {
         // `record --timeline` off: the ring stays empty; one page, not 8 MiB.
         loader.map_max_entries(tracer_common::maps::TIMELINE_EVENTS, 4096);
@@ -153,7 +164,19 @@ pub fn load_object(tables: &[&FamilyTable], inputs: &LoadInputs<'_>) -> Result<E
             GlobalValue::U64(x) => loader.override_global(name, x, true),
         };
     }
-    loader.load(probe::object_bytes()).map_err(|e| LoadError::Object(e.to_string()))
+    loader.load(probe::object_bytes()).map_err(|e| {
+        let mut detail = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            detail = format!("{detail}: {s}");
+            source = s.source();
+        }
+        if detail.contains("Cannot allocate memory") || detail.contains("os error 12") || detail.contains("code -12") {
+            LoadError::OutOfMemory { detail, maps_mib: super::memory::maps_mib(divisor) }
+        } else {
+            LoadError::Object(detail)
+        }
+    })
 }
 
 /// An attachment, to detach at the window end.

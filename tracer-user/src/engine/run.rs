@@ -107,6 +107,14 @@ impl Engine {
         session::snapshot(&mut self.cx, &mut self.collectors)
     }
 
+    /// The counts so far (syscalls, wall time, CUDA calls, lost events)
+    /// without stacks: only the collectors that [count](Collector::counts)
+    /// take part, and no stack is resolved. Cheap enough for every few
+    /// seconds (the agent's live `/metrics`); the window goes on.
+    pub fn counts(&mut self) -> Result<Recording, RecordError> {
+        session::counts_snapshot(&mut self.cx, &mut self.collectors)
+    }
+
     /// Targets still alive.
     pub fn alive(&self) -> usize {
         self.cx.targets.alive_count()
@@ -124,6 +132,7 @@ impl Engine {
             c.forget(&mut self.cx, pids);
         }
         self.cx.exited.forget(pids);
+        self.cx.sink.forget(pids);
         self.cx.stacks.forget(pids);
         self.cx.targets.states.retain(|pid, _| !pids.contains(pid));
     }

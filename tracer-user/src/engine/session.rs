@@ -64,6 +64,9 @@ impl RecordError {
             }
             Self::Output { .. } => "choose a writable path with -o FILE",
             Self::Target(e) => e.hint(),
+            Self::Load(LoadError::TooLittleMemory(_) | LoadError::OutOfMemory { .. }) => {
+                "raise the memory limit of infertrace's cgroup (128 MiB is enough with the defaults)"
+            }
             Self::Load(_) | Self::Probe(_) => "run `infertrace doctor` to check the kernel's eBPF support",
             Self::Arch(_) => "infertrace supports x86_64 and aarch64",
             Self::Recording(_) => "check free space and permissions of the output directory",
@@ -145,6 +148,18 @@ pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String
         }
     };
     let launched = if opts.command.is_empty() { None } else { Some(Launched::spawn(&opts.command)?) };
+    if let Some((bytes, path)) = super::memory::own_limit() {
+        if let Ok(d) = super::memory::divisor(Some((bytes, path.clone()))) {
+            if d > 1 {
+                notes.push(format!(
+                    "memory limit {} MiB ({}): the large kernel maps have 1/{d} of their default entries (~{} MiB of maps)",
+                    bytes >> 20,
+                    path.display(),
+                    super::memory::maps_mib(d)
+                ));
+            }
+        }
+    }
     let inputs = LoadInputs { opts: &opts, arch, btf: &btf, tracefs: tracefs.as_deref() };
     let ebpf = programs::load_object(tables, &inputs)?;
     let mut cx = Context::new(ebpf, btf, tracefs, opts, argv, clock::monotonic_ns());
@@ -166,7 +181,49 @@ pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String
 /// After [`close`], the final recording.
 pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
     cx.stacks.invalidate();
-    let mut rec = Recording {
+    let mut rec = empty_recording(cx);
+    let order = super::snapshot_order(collectors).map_err(RecordError::Order)?;
+    for i in order {
+        collectors[i].snapshot(cx, &mut rec)?;
+    }
+    // Once every family has resolved its stacks: Python frames that could
+    // not be resolved, per process and cause.
+    for (pid, problems) in cx.stacks.python_problems() {
+        for (i, text) in problems.into_iter().enumerate() {
+            cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
+        }
+    }
+    rec.targets = cx.targets.to_targets();
+    cx.sink.fill(&mut rec);
+    rec.attribute_folded_stacks();
+    rec.sort_stacks();
+    Ok(rec)
+}
+
+/// The counts so far, without stacks: the snapshots of the collectors
+/// that [count](Collector::counts), with [`Context::counts_only`] set.
+pub(crate) fn counts_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
+    let mut rec = empty_recording(cx);
+    let order: Vec<usize> =
+        super::snapshot_order(collectors).map_err(RecordError::Order)?.into_iter().filter(|i| collectors[*i].counts()).collect();
+    cx.counts_only = true;
+    let mut done = Ok(());
+    for i in order {
+        done = collectors[i].snapshot(cx, &mut rec);
+        if done.is_err() {
+            break;
+        }
+    }
+    cx.counts_only = false;
+    done?;
+    rec.stacks.clear();
+    rec.targets = cx.targets.to_targets();
+    cx.sink.fill(&mut rec);
+    Ok(rec)
+}
+
+fn empty_recording(cx: &Context) -> Recording {
+    Recording {
         format_version: FORMAT_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         host: host_info(),
@@ -186,23 +243,7 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
         timeline: None,
         tracer_overhead: None,
         asyncio: None,
-    };
-    let order = super::snapshot_order(collectors).map_err(RecordError::Order)?;
-    for i in order {
-        collectors[i].snapshot(cx, &mut rec)?;
     }
-    // Once every family has resolved its stacks: Python frames that could
-    // not be resolved, per process and cause.
-    for (pid, problems) in cx.stacks.python_problems() {
-        for (i, text) in problems.into_iter().enumerate() {
-            cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
-        }
-    }
-    rec.targets = cx.targets.to_targets();
-    cx.sink.fill(&mut rec);
-    rec.attribute_folded_stacks();
-    rec.sort_stacks();
-    Ok(rec)
 }
 
 /// Ends the window: detaches every program and polls the collectors a

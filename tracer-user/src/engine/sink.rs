@@ -52,6 +52,17 @@ impl Sink {
         }
     }
 
+    /// Drops the notes about these processes (those that start `pid N:`,
+    /// as every per-process note does, and the state notes keyed by one):
+    /// the agent forgets processes gone for a window, and their notes
+    /// would otherwise pile up in every later window.
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.notes.retain(|n| {
+            let about = note_pid(&n.text).or_else(|| n.key.as_deref().and_then(key_pid));
+            !about.is_some_and(|p| pids.contains(&p))
+        });
+    }
+
     /// Sets a lost-event counter (the kernel's counters are cumulative).
     pub fn set_lost(&mut self, name: impl Into<String>, n: u64) {
         if n > 0 {
@@ -72,9 +83,40 @@ impl Sink {
     }
 }
 
+/// The process a note is about: `pid N: ...`.
+fn note_pid(text: &str) -> Option<u32> {
+    let rest = text.strip_prefix("pid ")?;
+    let (n, _) = rest.split_once(':')?;
+    n.parse().ok()
+}
+
+/// The process a state note's key names: `..._N_I` (`python_unresolved_PID_I`).
+fn key_pid(key: &str) -> Option<u32> {
+    let mut parts = key.rsplit('_');
+    parts.next()?.parse::<u32>().ok()?;
+    parts.next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forgets_the_notes_of_forgotten_processes() {
+        let mut sink = Sink::default();
+        sink.note("pid 12: CPython 3.11.7, Python stacks attributed");
+        sink.note_on(Topic::Gpu, "pid 13: cannot open x");
+        sink.note("pid 14: kept");
+        sink.note("mounted tracefs");
+        sink.state_note("python_unresolved_12_0", "pid 12: 3 frames");
+        sink.state_note("exited_threads", "2 exited threads");
+        sink.forget(&[12, 13].into_iter().collect());
+        let mut rec = crate::recording::tests::sample();
+        rec.notes.clear();
+        rec.cuda = None;
+        sink.fill(&mut rec);
+        assert_eq!(rec.notes, ["pid 14: kept", "mounted tracefs", "2 exited threads"]);
+    }
 
     #[test]
     fn notes_once_gpu_notes_follow_the_cuda_report() {

@@ -44,7 +44,7 @@ use tokio::{
     task::AbortHandle,
 };
 
-use super::{auth::Token, metrics::Metrics};
+use super::auth::Token;
 
 /// The default `--listen` address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9475";
@@ -68,7 +68,11 @@ const HEAD_MAX: usize = 8192;
 /// only to publish (no collection, no I/O under it): the HTTP threads take
 /// it for each request.
 pub struct Shared {
-    pub metrics: Metrics,
+    /// The `/metrics` text, rendered by the agent's loop at each publish
+    /// (at most `PUBLISH_EVERY` old): a scrape copies it.
+    pub metrics_text: String,
+    /// `/metrics` requests served (the series of exited targets wait for two).
+    pub metrics_scrapes: u64,
     pub targets_json: String,
     pub latest_report: Option<String>,
     pub windows_written: u64,
@@ -325,8 +329,8 @@ async fn route(path: &str, ctx: &Ctx) -> Response {
     match path {
         "/metrics" => {
             let Some(mut s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
-            s.metrics.refresh_self();
-            let body = s.metrics.encode();
+            s.metrics_scrapes += 1;
+            let body = s.metrics_text.clone();
             drop(s);
             Response { status: 200, ctype: OPENMETRICS, body, extra: "" }
         }

@@ -1,17 +1,21 @@
 //! `/metrics`: the agent's counters in the Prometheus/OpenMetrics text
-//! format, through the `prometheus-client` crate. Every window adds its
-//! differences (`windows::delta`) to the counters, so they only grow,
-//! across windows, for as long as the agent runs. Labels per target: `pid`,
+//! format, through the `prometheus-client` crate. They are live: the
+//! agent's loop publishes the cumulative counts at least every
+//! `PUBLISH_EVERY` (5 s) whatever `--window` is (`Engine::counts`, a
+//! snapshot without stacks, and at each window's cut), and each counter
+//! grows by what its cumulative value rose since (`Metrics::publish`), so
+//! they only grow, for as long as the agent runs. The text is rendered
+//! once per publish; a scrape copies it. Labels per target: `pid`,
 //! `comm`, `container_id`, `pod_uid`, `container_name` (empty where the
 //! cgroup path names none). Cardinality is bounded: the series of a target
-//! that exited are removed once it has been gone for two windows and its
-//! last values have been scraped twice (or, with no scraper, `FORGET_AFTER`
-//! passed), and at
+//! that exited are removed at the second window cut after its exit was
+//! seen, once its last values have been scraped twice (or, with no
+//! scraper, `FORGET_AFTER` passed), and at
 //! most `MAX_TARGETS` targets have series of their own (the rest are summed
 //! under `pid="other"`).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::atomic::AtomicU64,
 };
 
@@ -72,8 +76,20 @@ pub struct Metrics {
     /// Windows since each dead pid was last seen alive, since when, and
     /// the scrape count then.
     gone_for: HashMap<u32, (u32, std::time::Instant, u64)>,
-    /// `/metrics` requests served.
+    /// `/metrics` requests served (as of the last window cut).
     scrapes: u64,
+    /// High-water marks of the cumulative values published: syscalls by
+    /// (pid, nr) (calls, errors, ns); wall time by pid and category; lost
+    /// events by cause; the last CUDA section and when it was taken.
+    hw_syscalls: HashMap<(u32, u32), (u64, u64, u64)>,
+    hw_wall: HashMap<u32, [u64; 9]>,
+    hw_lost: BTreeMap<String, u64>,
+    last_cuda: Option<crate::recording::cuda::CudaReport>,
+    last_ns: u64,
+}
+
+fn other_labels() -> TargetLabels {
+    TargetLabels { pid: "other".into(), comm: "other".into(), container_id: String::new(), pod_uid: String::new(), container_name: String::new() }
 }
 
 impl Default for Metrics {
@@ -101,6 +117,11 @@ impl Metrics {
             series: HashMap::new(),
             gone_for: HashMap::new(),
             scrapes: 0,
+            hw_syscalls: HashMap::new(),
+            hw_wall: HashMap::new(),
+            hw_lost: BTreeMap::new(),
+            last_cuda: None,
+            last_ns: 0,
         };
         registry.register("syscalls", "Syscalls made by a target, by name (exact, counted in the kernel)", m.syscalls.clone());
         registry.register("syscall_errors", "Syscalls that returned an error, by name", m.syscall_errors.clone());
@@ -119,27 +140,25 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Adds one window's differences.
-    pub fn add_window(&mut self, win: &Recording, info: &BTreeMap<u32, TargetInfo>, alive: usize) {
-        self.windows.inc();
+    /// Brings the counters up to the cumulative snapshot `cur` (a counts
+    /// snapshot every few seconds, or a window's): each counter grows by
+    /// what its key's cumulative value rose since the last publish (a key
+    /// whose value went down, like a row of threads folded meanwhile, adds
+    /// nothing until it is back above its high-water mark), so counters
+    /// only grow and equal the cumulative values. Keys of processes the
+    /// engine forgot leave the high-water marks with them.
+    pub fn publish(&mut self, cur: &Recording, info: &BTreeMap<u32, TargetInfo>, alive: usize) {
         self.targets.set(alive as i64);
-        let arch = win.host.arch.clone();
-        let mut own: Vec<u32> = self.series.keys().copied().collect();
-        let labels_of = |pid: u32, own: &mut Vec<u32>| -> TargetLabels {
-            let i = info.get(&pid);
+        let arch = cur.host.arch.clone();
+        let comms: HashMap<u32, &str> = cur.targets.iter().map(|t| (t.pid, t.comm.as_str())).collect();
+        let mut own: HashSet<u32> = self.series.keys().copied().collect();
+        let mut labels_of = |pid: u32| -> TargetLabels {
             if !own.contains(&pid) && own.len() >= MAX_TARGETS {
-                return TargetLabels {
-                    pid: "other".into(),
-                    comm: "other".into(),
-                    container_id: String::new(),
-                    pod_uid: String::new(),
-                    container_name: String::new(),
-                };
+                return other_labels();
             }
-            if !own.contains(&pid) {
-                own.push(pid);
-            }
-            let comm = i.map(|i| i.comm.clone()).or_else(|| win.targets.iter().find(|t| t.pid == pid).map(|t| t.comm.clone()));
+            own.insert(pid);
+            let i = info.get(&pid);
+            let comm = i.map(|i| i.comm.clone()).or_else(|| comms.get(&pid).map(|c| (*c).to_owned()));
             TargetLabels {
                 pid: pid.to_string(),
                 comm: comm.unwrap_or_default(),
@@ -148,8 +167,9 @@ impl Metrics {
                 container_name: i.and_then(|i| i.container.container_name.clone()).unwrap_or_default(),
             }
         };
+        let series = &mut self.series;
         let mut record = |pid: u32, labels: &TargetLabels, syscall: Option<&str>, category: Option<&str>| {
-            let e = self.series.entry(pid).or_insert_with(|| (labels.clone(), Vec::new(), Vec::new()));
+            let e = series.entry(pid).or_insert_with(|| (labels.clone(), Vec::new(), Vec::new()));
             if let Some(s) = syscall {
                 if !e.1.iter().any(|x| x == s) {
                     e.1.push(s.to_owned());
@@ -161,19 +181,29 @@ impl Metrics {
                 }
             }
         };
-        for ((pid, nr), (calls, errors, ns)) in super::windows::syscall_totals(win) {
-            let target = labels_of(pid, &mut own);
+        let totals = super::windows::syscall_totals(cur);
+        let mut hw = HashMap::with_capacity(totals.len());
+        for (key, (calls, errors, ns)) in totals {
+            let old = self.hw_syscalls.get(&key).copied().unwrap_or_default();
+            hw.insert(key, (calls.max(old.0), errors.max(old.1), ns.max(old.2)));
+            let (dc, de, dn) = (calls.saturating_sub(old.0), errors.saturating_sub(old.1), ns.saturating_sub(old.2));
+            if dc == 0 && de == 0 && dn == 0 {
+                continue;
+            }
+            let (pid, nr) = key;
+            let target = labels_of(pid);
             let name = crate::system::syscall_name(&arch, nr);
             let l = SyscallLabels { target: target.clone(), syscall: name.clone() };
-            self.syscalls.get_or_create(&l).inc_by(calls);
-            self.syscall_errors.get_or_create(&l).inc_by(errors);
-            self.syscall_seconds.get_or_create(&l).inc_by(ns as f64 / 1e9);
+            self.syscalls.get_or_create(&l).inc_by(dc);
+            self.syscall_errors.get_or_create(&l).inc_by(de);
+            self.syscall_seconds.get_or_create(&l).inc_by(dn as f64 / 1e9);
             if target.pid != "other" {
                 record(pid, &target, Some(&name), None);
             }
         }
-        let mut wall: BTreeMap<u32, [u64; 9]> = BTreeMap::new();
-        for t in &win.threads {
+        self.hw_syscalls = hw;
+        let mut wall: HashMap<u32, [u64; 9]> = HashMap::new();
+        for t in &cur.threads {
             let o = &t.off_cpu;
             let w = wall.entry(t.pid).or_default();
             for (slot, v) in w.iter_mut().zip([
@@ -182,9 +212,21 @@ impl Metrics {
                 *slot += v;
             }
         }
+        let mut hw = HashMap::with_capacity(wall.len());
         for (pid, w) in wall {
-            let target = labels_of(pid, &mut own);
-            for (cat, v) in CATEGORIES.iter().zip(w) {
+            let old = self.hw_wall.get(&pid).copied().unwrap_or_default();
+            let mut d = [0u64; 9];
+            let mut top = [0u64; 9];
+            for i in 0..9 {
+                d[i] = w[i].saturating_sub(old[i]);
+                top[i] = w[i].max(old[i]);
+            }
+            hw.insert(pid, top);
+            if d.iter().all(|v| *v == 0) {
+                continue;
+            }
+            let target = labels_of(pid);
+            for (cat, v) in CATEGORIES.iter().zip(d) {
                 let l = CategoryLabels { target: target.clone(), category: (*cat).to_owned() };
                 self.wall_seconds.get_or_create(&l).inc_by(v as f64 / 1e9);
                 if target.pid != "other" {
@@ -192,13 +234,29 @@ impl Metrics {
                 }
             }
         }
-        if let Some(c) = &win.cuda {
-            let mut target = |pid: u32| labels_of(pid, &mut own);
-            self.cuda.add_window(c, &mut target);
+        self.hw_wall = hw;
+        if let Some(c) = &cur.cuda {
+            let d = super::cuda_delta::cuda_delta(c, self.last_cuda.as_ref(), self.last_ns);
+            self.cuda.add_window(&d, &mut labels_of);
         }
-        for (cause, n) in &win.lost {
-            self.lost.get_or_create(&CauseLabels { cause: cause.clone() }).inc_by(*n);
+        self.last_cuda = cur.cuda.clone();
+        self.last_ns = cur.duration_ns;
+        for (cause, n) in &cur.lost {
+            let old = self.hw_lost.get(cause).copied().unwrap_or(0);
+            if *n > old {
+                self.lost.get_or_create(&CauseLabels { cause: cause.clone() }).inc_by(*n - old);
+                self.hw_lost.insert(cause.clone(), *n);
+            }
         }
+        self.refresh_self();
+    }
+
+    /// A window was cut: counted, and the series of targets gone long
+    /// enough are removed; `scrapes` is how many `/metrics` requests were
+    /// served so far.
+    pub fn window_cut(&mut self, info: &BTreeMap<u32, TargetInfo>, scrapes: u64) {
+        self.windows.inc();
+        self.scrapes = scrapes;
         self.forget_gone(info);
     }
 
@@ -235,9 +293,8 @@ impl Metrics {
         }
     }
 
-    /// Reads the agent's own CPU time and memory (at each scrape).
-    pub fn refresh_self(&mut self) {
-        self.scrapes += 1;
+    /// Reads the agent's own CPU time and memory (at each publish).
+    fn refresh_self(&mut self) {
         if let Some((cpu_s, rss)) = self_usage() {
             if cpu_s > self.last_cpu_s {
                 self.agent_cpu.inc_by(cpu_s - self.last_cpu_s);
@@ -247,7 +304,7 @@ impl Metrics {
         }
     }
 
-    /// The exposition text.
+    /// The exposition text (rendered once per publish: a scrape copies it).
     pub fn encode(&self) -> String {
         let mut s = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
@@ -280,6 +337,62 @@ pub fn self_usage() -> Option<(f64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cumulative(rows: &[(u32, u32, u64)]) -> Recording {
+        let mut r = crate::recording::tests::sample();
+        r.syscalls = rows
+            .iter()
+            .map(|&(pid, tid, count)| crate::recording::ThreadSyscall {
+                pid,
+                tid,
+                nr: 39,
+                count,
+                errors: 0,
+                errnos: BTreeMap::new(),
+                total_ns: count * 10,
+                max_ns: 10,
+                hist_log2_ns: vec![count],
+                in_flight: 0,
+                aggregated_threads: u64::from(tid == 0),
+            })
+            .collect();
+        r.threads.clear();
+        r.cuda = None;
+        r.lost.clear();
+        r
+    }
+
+    /// The value of pid 10's syscall counter in the exposition text.
+    fn counter(m: &Metrics) -> Option<f64> {
+        m.encode()
+            .lines()
+            .find(|l| l.starts_with("infertrace_syscalls_total{") && l.contains("pid=\"10\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn counters_follow_the_cumulative_values_and_never_go_down() {
+        let info = BTreeMap::new();
+        let mut m = Metrics::new();
+        m.publish(&cumulative(&[]), &info, 0);
+        assert_eq!(counter(&m), None);
+        m.publish(&cumulative(&[(10, 11, 5)]), &info, 1);
+        assert_eq!(counter(&m), Some(5.0));
+        m.publish(&cumulative(&[(10, 11, 9), (10, 12, 1)]), &info, 1);
+        assert_eq!(counter(&m), Some(10.0));
+        // A row that went down (a call counted in flight, a folded row
+        // read between two maps) adds nothing until it is back above.
+        m.publish(&cumulative(&[(10, 0, 8)]), &info, 1);
+        assert_eq!(counter(&m), Some(10.0));
+        m.publish(&cumulative(&[(10, 0, 13)]), &info, 1);
+        assert_eq!(counter(&m), Some(13.0));
+        // Forgotten by the engine: its marks go, its series stay (until
+        // `forget_gone` removes them) and do not move.
+        m.publish(&cumulative(&[]), &info, 0);
+        assert_eq!(counter(&m), Some(13.0));
+        assert!(m.hw_syscalls.is_empty());
+        assert!(m.encode().contains("infertrace_targets 0"));
+    }
 
     #[test]
     fn reads_its_own_usage() {

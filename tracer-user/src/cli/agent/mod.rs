@@ -6,10 +6,11 @@
 //! difference of two cumulative snapshots, so windows add up exactly), and
 //! serves `/metrics`, `/healthz`, `/targets` and `/report/latest`
 //! (`http`, on threads of its own, `metrics`, `targets`; `auth` and `tls`
-//! for `--auth-token-file` and `--tls-cert`). SIGTERM/SIGINT/SIGHUP close
-//! the current window, write it, and exit 0, within 2 s even when the loop
-//! is stalled (`shutdown`: then exit code 4 without the last window); a
-//! target's exit never stops the agent.
+//! for `--auth-token-file` and `--tls-cert`; `/metrics` is brought up to
+//! date every `PUBLISH_EVERY`, whatever the window). SIGTERM/SIGINT/SIGHUP
+//! close the current window, write it, and exit 0, within 2 s even when
+//! the loop is stalled (`shutdown`: then exit code 4 without the last
+//! window); a target's exit never stops the agent.
 
 pub mod container;
 pub mod cuda_delta;
@@ -61,6 +62,10 @@ pub const DEFAULT_KEEP: usize = 60;
 /// How often /proc is scanned again for processes that came to match
 /// without an exec (moved into a cgroup) or whose exec event was missed.
 const RESCAN_EVERY: Duration = Duration::from_secs(5);
+/// How often `/metrics` is brought up to date between windows (a counts
+/// snapshot, `Engine::counts`): scrapes read values at most this old,
+/// whatever `--window` is.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 
 pub struct AgentOptions {
     pub selector: Selector,
@@ -127,6 +132,8 @@ struct Agent {
     prev: Option<Recording>,
     seq: u64,
     shared: SharedState,
+    /// The counters `/metrics` serves, rendered into `shared` at each publish.
+    metrics: Metrics,
     /// Targets found dead at the last window: forgotten after the next
     /// snapshot (by then every collector has drained their last events).
     dead_pending: std::collections::HashSet<u32>,
@@ -234,6 +241,19 @@ impl Agent {
         }
     }
 
+    /// Brings `/metrics` up to the cumulative snapshot `cur` (a counts
+    /// snapshot, or a window's) and renders it for the next scrapes.
+    fn publish(&mut self, cur: &Recording) {
+        let alive = self.info.values().filter(|i| i.alive).count();
+        self.metrics.publish(cur, &self.info, alive);
+        let body = self.metrics.encode();
+        let mut s = match self.shared.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        s.metrics_text = body;
+    }
+
     /// Writes the window that ends with the cumulative snapshot `cur`.
     fn emit_window(&mut self, cur: Recording) -> Result<(), AgentError> {
         self.refresh_alive();
@@ -248,20 +268,22 @@ impl Agent {
         ));
         self.seq += 1;
         let written = self.opts.retention.write(&win, self.seq);
-        let alive = self.info.values().filter(|i| i.alive).count();
-        {
+        let covered = covered_targets(&win, self.info.keys().copied());
+        let scrapes = {
             let mut s = match self.shared.lock() {
                 Ok(s) => s,
                 Err(p) => p.into_inner(),
             };
-            s.metrics.add_window(&win, &self.info, alive);
             s.latest_report = Some(report::json::render(&win));
             if written.is_ok() {
                 s.windows_written += 1;
             }
-        }
+            s.metrics_scrapes
+        };
+        self.metrics.window_cut(&self.info, scrapes);
+        self.publish(&cur);
         match written {
-            Ok(p) => say(self.opts.quiet, &format!("window {} written to {} ({alive} targets)", self.seq, p.display())),
+            Ok(p) => say(self.opts.quiet, &format!("window {} written to {} ({covered} targets)", self.seq, p.display())),
             // A failed write (a full disk) does not stop the agent.
             Err(e) => say(false, &format!("window {} not written: {e}", self.seq)),
         }
@@ -277,6 +299,15 @@ impl Agent {
         self.prev = Some(cur);
         Ok(())
     }
+}
+
+/// The targets a window covers: those with data in it, and those alive
+/// at some moment of it (`info` still holds the targets that died in it:
+/// they leave it after the window is written).
+fn covered_targets(win: &Recording, info: impl Iterator<Item = u32>) -> usize {
+    let mut pids: std::collections::HashSet<u32> = info.collect();
+    pids.extend(win.targets.iter().map(|t| t.pid));
+    pids.len()
 }
 
 /// Runs the agent until SIGTERM/SIGINT/SIGHUP.
@@ -314,7 +345,8 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     let exec_fd = run::register(execs.ring.as_fd()).map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
 
     let shared: SharedState = Arc::new(Mutex::new(Shared {
-        metrics: Metrics::new(),
+        metrics_text: String::new(),
+        metrics_scrapes: 0,
         targets_json: targets::render(&BTreeMap::new()),
         latest_report: None,
         windows_written: 0,
@@ -332,11 +364,14 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         prev: None,
         seq: 0,
         shared,
+        metrics: Metrics::new(),
         dead_pending: std::collections::HashSet::new(),
     };
     agent.scan();
     agent.engine.dispatch()?;
     agent.refresh_alive();
+    let first = agent.engine.counts()?;
+    agent.publish(&first);
     say(quiet, &format!("listening on {scheme}://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
 
     let start = tokio::time::Instant::now();
@@ -346,6 +381,10 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     // A turn at least every second, so /healthz can tell a stalled loop
     // (http::STALE_AFTER) from an idle one.
     let mut beat = tokio::time::interval(Duration::from_secs(1));
+    // Between windows (a window's cut publishes too).
+    let publish_every = PUBLISH_EVERY.min(window);
+    let mut publish = tokio::time::interval_at(start + publish_every, publish_every);
+    publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         heartbeat.beat();
         tokio::select! {
@@ -371,6 +410,11 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
             _ = window_tick.tick() => {
                 let cur = agent.engine.snapshot()?;
                 agent.emit_window(cur)?;
+                publish.reset();
+            }
+            _ = publish.tick() => {
+                let cur = agent.engine.counts()?;
+                agent.publish(&cur);
             }
         }
     }
@@ -381,4 +425,22 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     shutdown.finished();
     say(quiet, "stopped; the last window is written");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_counts_the_targets_it_covers() {
+        let mut win = crate::recording::tests::sample();
+        let in_win: Vec<u32> = win.targets.iter().map(|t| t.pid).collect();
+        assert!(!in_win.is_empty());
+        // Nothing alive any more (the old count said 0): those with data count.
+        assert_eq!(covered_targets(&win, std::iter::empty()), in_win.len());
+        // A target alive through the window with no data counts too, once.
+        assert_eq!(covered_targets(&win, [in_win[0], 999_999].into_iter()), in_win.len() + 1);
+        win.targets.clear();
+        assert_eq!(covered_targets(&win, std::iter::empty()), 0);
+    }
 }

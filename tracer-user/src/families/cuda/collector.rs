@@ -119,9 +119,11 @@ pub struct CudaCollector {
     /// Identities of the files [`search`](super::search) found that are
     /// not CUDA libraries (or could not be probed): not opened again.
     not_cuda: HashSet<(u64, u64)>,
-    /// (root identity, facts) already searched: forks and shims that
-    /// share them are not searched twice.
-    searched: HashSet<((u64, u64), TargetFacts)>,
+    /// Hashes of the (root identity, facts) already searched: forks and
+    /// shims that share them are not searched twice. Bounded (a process
+    /// per environment, as the agent sees, would grow it for good): past
+    /// [`SEARCHED_MAX`] it starts over, which costs a search again.
+    searched: HashSet<u64>,
     procs: BTreeMap<u32, ProcState>,
     pub(super) kernel_names: HashMap<(u32, u64), String>,
     polls: u64,
@@ -137,6 +139,9 @@ pub struct CudaCollector {
     /// `--max-overhead`: the launch probes, attached in time slices.
     pub(super) slicer: Option<LaunchSlicer>,
 }
+
+/// At most this many searches remembered ([`CudaCollector::searched`]).
+const SEARCHED_MAX: usize = 4096;
 
 fn hash_text(s: &str) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -192,7 +197,16 @@ impl CudaCollector {
     fn search(&mut self, cx: &mut Context, pid: u32, facts: TargetFacts) -> Result<(), ProbeError> {
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         let Ok(root_meta) = std::fs::metadata(&root) else { return Ok(()) };
-        if !self.searched.insert(((root_meta.dev(), root_meta.ino()), facts.clone())) {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (root_meta.dev(), root_meta.ino(), &facts).hash(&mut h);
+            h.finish()
+        };
+        if self.searched.len() >= SEARCHED_MAX {
+            self.searched.clear();
+        }
+        if !self.searched.insert(key) {
             return Ok(());
         }
         let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
@@ -598,6 +612,20 @@ impl CudaCollector {
 impl Collector for CudaCollector {
     fn provides(&self) -> &'static [Part] {
         &[Part::Cuda, Part::Timeline]
+    }
+
+    /// Drops what is kept per process: its state, its kernels' names, the
+    /// aggregates of its exited threads, its driver probes (their links
+    /// closed) and its place in the probed files' users.
+    fn forget(&mut self, _cx: &mut Context, pids: &HashSet<u32>) {
+        self.procs.retain(|pid, _| !pids.contains(pid));
+        self.kernel_names.retain(|(pid, _), _| !pids.contains(pid));
+        self.retired_stats.retain(|k, _| !pids.contains(&k.pid));
+        self.retired_launches.retain(|k, _| !pids.contains(&k.pid));
+        for a in self.attached.values_mut() {
+            a.pids.retain(|pid| !pids.contains(pid));
+        }
+        self.gate.forget(pids);
     }
 
     fn name(&self) -> &'static str {

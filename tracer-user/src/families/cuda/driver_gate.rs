@@ -82,6 +82,12 @@ pub(super) struct DriverGate {
 }
 
 impl DriverGate {
+    /// Drops the probes kept per process for these (gone) processes:
+    /// their links close with them.
+    pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.procs.retain(|(pid, _), _| !pids.contains(pid));
+    }
+
     /// Takes a driver library to probe per process from now on.
     pub fn register(
         &mut self,

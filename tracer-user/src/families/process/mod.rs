@@ -115,6 +115,11 @@ impl Collector for ProcessCollector {
         "process"
     }
 
+    /// Its snapshot sets the lost-event counters.
+    fn counts(&self) -> bool {
+        true
+    }
+
     fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
             if spec.name == NEWTASK.name && cx.tracefs.is_none() {

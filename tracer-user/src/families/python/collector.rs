@@ -243,6 +243,29 @@ impl PythonCollector {
     }
 }
 
+/// Removes what the kernel maps keep per process of these (gone)
+/// processes: their layout and GIL range (4096 entries each: the 4097th
+/// Python process of a long agent could not be published) and their
+/// captured stacks (resolved already, and forgotten with the process).
+fn forget_kernel_entries(cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+    if let Ok(mut map) = probe::hash_map::<u32, PyLayout>(&mut cx.ebpf, tracer_common::maps::PY_LAYOUT) {
+        for pid in pids {
+            let _ = map.remove(pid);
+        }
+    }
+    if let Ok(mut map) = probe::hash_map::<u32, GilRange>(&mut cx.ebpf, tracer_common::maps::GIL_RANGE) {
+        for pid in pids {
+            let _ = map.remove(pid);
+        }
+    }
+    if let Ok(mut map) = probe::hash_map::<u64, tracer_common::python::PyStack>(&mut cx.ebpf, tracer_common::maps::PY_STACKS) {
+        let gone: Vec<u64> = map.iter().filter_map(Result::ok).filter(|(_, s)| pids.contains(&s.pid)).map(|(id, _)| id).collect();
+        for id in gone {
+            let _ = map.remove(&id);
+        }
+    }
+}
+
 /// The Python frame resolver registered at attach.
 fn frames(cx: &mut Context) -> Option<&mut PyFrames> {
     cx.stacks.python_mut::<PyFrames>()
@@ -253,10 +276,11 @@ impl Collector for PythonCollector {
         "python"
     }
 
-    fn forget(&mut self, _cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+    fn forget(&mut self, cx: &mut Context, pids: &std::collections::HashSet<u32>) {
         self.examined.retain(|pid, _| !pids.contains(pid));
         self.pending.retain(|pid, _| !pids.contains(pid));
         self.published.retain(|pid, _| !pids.contains(pid));
+        forget_kernel_entries(cx, pids);
     }
 
     /// Registers the Python frame resolver with the stack resolver every

@@ -20,14 +20,16 @@ use crate::{
 #[derive(Default)]
 pub struct PyFrames {
     interpreters: HashMap<u32, Interpreter>,
-    /// Stacks resolved while their process was alive, by id.
-    resolved: HashMap<u64, Vec<Frame>>,
+    /// Stacks resolved while their process was alive, by id, with their
+    /// process (forgotten with it).
+    resolved: HashMap<u64, (u32, Vec<Frame>)>,
 }
 
 impl PyFrames {
     /// Drops the interpreters of these processes (see `Symbolizer::forget`).
     pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
         self.interpreters.retain(|pid, _| !pids.contains(pid));
+        self.resolved.retain(|_, (pid, _)| !pids.contains(pid));
     }
 
     pub fn add(&mut self, pid: u32, interp: Interpreter) {
@@ -81,7 +83,7 @@ impl PyFrames {
         for id in fresh {
             if let Ok(stack) = map.get(&id, 0) {
                 let frames = self.resolve(&stack);
-                self.resolved.insert(id, frames);
+                self.resolved.insert(id, (stack.pid, frames));
             }
         }
         Ok(())
@@ -121,11 +123,12 @@ impl PyFrames {
 
     /// Leaf-first Python frames of stack `id`.
     pub fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
-        if let Some(f) = self.resolved.get(&id) {
+        if let Some((_, f)) = self.resolved.get(&id) {
             return f.clone();
         }
-        let frames = stacks.get(&id).map(|s| self.resolve(s)).unwrap_or_default();
-        self.resolved.insert(id, frames.clone());
+        let Some(stack) = stacks.get(&id) else { return Vec::new() };
+        let frames = self.resolve(stack);
+        self.resolved.insert(id, (stack.pid, frames.clone()));
         frames
     }
 }

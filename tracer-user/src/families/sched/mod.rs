@@ -426,7 +426,14 @@ impl Collector for SchedCollector {
         "sched"
     }
 
-    fn forget(&mut self, _cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+    fn forget(&mut self, cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+        // Their run-queue histograms leave the kernel map (it would fill).
+        if let Ok(mut hist) = probe::hash_map::<RunqKey, u64>(&mut cx.ebpf, tracer_common::maps::RUNQ_HIST) {
+            let gone: Vec<RunqKey> = hist.keys().filter_map(Result::ok).filter(|k| pids.contains(&k.pid)).collect();
+            for k in gone {
+                let _ = hist.remove(&k);
+            }
+        }
         self.kept.retain(|_, t| !pids.contains(&t.pid));
         self.folded.retain(|pid, _| !pids.contains(pid));
         self.folded_offcpu.retain(|k, _| !pids.contains(&k.pid));
@@ -472,6 +479,9 @@ impl Collector for SchedCollector {
         let end = cx.now_or_end();
         let (threads, open) = self.threads(&mut cx.ebpf, end, &pids, &rec.syscalls)?;
         rec.threads = threads;
+        if cx.counts_only {
+            return Ok(());
+        }
         let mut offcpu = open;
         for (k, ns) in &self.folded_offcpu {
             *offcpu.entry(*k).or_default() += ns;

@@ -462,6 +462,9 @@ impl Collector for SyscallCollector {
             cx.targets.entry(s.pid, Origin::Followed);
         }
         rec.syscalls = syscalls;
+        if cx.counts_only {
+            return Ok(());
+        }
         let pids = cx.targets.all_pids();
         let stacks = slow_syscall_stacks(cx, &pids, &self.folded_slow)?;
         rec.stacks.extend(stacks);
