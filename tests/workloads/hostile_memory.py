@@ -47,10 +47,13 @@ def buffer(words):
 
 def worker():
     if MODE == "main-exit":
-        # Wait for the main thread to be gone.
-        while threading.main_thread().is_alive():
+        # Wait for the main thread to be gone (a zombie leader; Python
+        # itself never learns: pthread_exit skips its clean-up).
+        def leader_state():
+            with open("/proc/%d/stat" % os.getpid()) as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        while leader_state() != "Z":
             time.sleep(0.01)
-        time.sleep(0.1)
         print("ready", flush=True)
     busy_worker_loop()
 

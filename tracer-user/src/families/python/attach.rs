@@ -156,6 +156,7 @@ impl Interpreter {
             unresolved: Default::default(),
             walk_deadline: Cell::new(None),
             walk_notes: RefCell::new(Vec::new()),
+            tstates_cut: Cell::new(false),
         };
         if minor >= 13 {
             interp.validate_debug_offsets()?;

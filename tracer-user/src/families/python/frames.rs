@@ -90,8 +90,10 @@ impl Interpreter {
         let tstates = self.walk_tstates()?;
         let tids = self.tids(&tstates);
         let pid = self.pid;
+        // A thread list cut at a bound: only the states of live threads.
+        let cut = self.tstates_cut.get();
         let mut out = Vec::with_capacity(tstates.len());
-        for (i, (ts, tid)) in tstates.iter().zip(tids).enumerate() {
+        for (i, (ts, tid)) in tstates.iter().zip(tids).enumerate().filter(|(_, (_, tid))| !cut || tid.is_some()) {
             let late = self.walk_deadline.get().is_some_and(|d| Instant::now() >= d);
             let frames = if late {
                 let n = tstates.len();

@@ -209,6 +209,9 @@ pub struct Interpreter {
     /// Walks that tripped a bound: (what was walked, note), one per what;
     /// the notes not taken yet are flagged false.
     walk_notes: RefCell<Vec<(String, String, bool)>>,
+    /// The last thread-list walk tripped a bound: its thread states without
+    /// a live thread are the hostile structure's, not shown.
+    tstates_cut: Cell<bool>,
 }
 
 impl std::fmt::Debug for Interpreter {

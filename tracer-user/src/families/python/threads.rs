@@ -55,6 +55,7 @@ impl Interpreter {
         let live = crate::os::procfs::thread_ids(pid).len();
         let mut walk = self.walk((THREADS_PER_LIVE * live + THREADS_SLACK).min(MAX_THREADS));
         let mut out = Vec::new();
+        self.tstates_cut.set(false);
         for interp in interps {
             let head = match self.mem.u64(interp + o.interp_threads_head) {
                 Ok(h) => h,
@@ -69,6 +70,7 @@ impl Interpreter {
             out.extend(list.iter().zip(&ids).map(|(&addr, &thread_id)| TState { addr, thread_id }));
             if let Some(s) = stopped {
                 self.tripped(format_args!("thread list of pid {pid}"), s);
+                self.tstates_cut.set(true);
                 break;
             }
             if let Some(e) = err {
@@ -77,6 +79,7 @@ impl Interpreter {
                 }
                 let n = walk.visited();
                 self.walk_note(format!("thread list of pid {pid}"), |w| format!("{w}: {e}, stopped after {n} nodes"));
+                self.tstates_cut.set(true);
                 break;
             }
         }

@@ -153,8 +153,10 @@ impl AsyncioReader {
     fn read_once(&self, interp: &mut Interpreter) -> Result<Vec<LoopTasks>, AsyncioError> {
         let tstates = interp.walk_tstates()?;
         let tids = interp.tids(&tstates);
+        // A thread list cut at a bound: only the states of live threads.
+        let cut = interp.tstates_cut.get();
         let mut lists: Vec<(LoopTasks, Vec<u64>, u64)> = Vec::new();
-        for (ts, tid) in tstates.iter().zip(tids) {
+        for (ts, tid) in tstates.iter().zip(tids).filter(|(_, tid)| !cut || tid.is_some()) {
             let loop_id = nonzero(interp.mem.u64(ts.addr + self.debug.tstate_running_loop)? & TAG_MASK);
             let running = match loop_id {
                 Some(_) => nonzero(interp.mem.u64(ts.addr + self.debug.tstate_running_task)? & TAG_MASK),
