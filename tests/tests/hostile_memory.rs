@@ -241,3 +241,42 @@ fn a_process_whose_main_thread_exited_is_traced() {
     assert_eq!(target["origin"], "attached", "{target}");
     t.assert_alive(&py.label);
 }
+
+/// 3.14+: the last task's list node points at itself instead of the list's
+/// head: `dump --async` lists the tasks before the loop with one note
+/// (it used to retry and fail), `record -p` finishes with the same note
+/// (from its asyncio sampler) and the worker's calls, and the target survives.
+#[test]
+fn an_asyncio_task_list_that_loops_is_walked_once() {
+    let test = "an_asyncio_task_list_that_loops_is_walked_once";
+    let Some(all) = pythons(test) else { return };
+    let newer: Vec<&PythonExe> = all.iter().filter(|p| p.minor >= 14).collect();
+    if newer.is_empty() {
+        skip(test, "a CPython 3.14+ (the chroot's: tests/src/pyroot.rs)");
+        return;
+    }
+    for py in newer {
+        let mut t = Target::start(py, "task-cycle");
+        let pid = t.pid();
+        let r = run_cmd(&mut infertrace(["dump", "-p", &pid.to_string(), "--async", "--format", "json"]), DUMP_LIMIT * 3);
+        let what = format!("{}: dump --async -p {pid}", py.label);
+        assert!(r.elapsed < DUMP_LIMIT, "{what} took {:?}\n{}", r.elapsed, r.describe());
+        r.assert_ok();
+        let note = format!("of pid {pid}: cycle at 0x");
+        let notes: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("note: asyncio task list at ") && l.contains(&note)).collect();
+        assert_eq!(notes.len(), 1, "{what}: expected one note on the task list\n{}", r.describe());
+        let names: Vec<String> = r
+            .stdout
+            .match_indices("\"sleeper-")
+            .map(|(i, _)| r.stdout[i + 1..].split('"').next().unwrap_or("").to_owned())
+            .collect();
+        for want in ["sleeper-0", "sleeper-1", "sleeper-2"] {
+            assert!(names.iter().any(|n| n == want), "{what}: {want} missing\n{}", r.describe());
+        }
+        eprintln!("{what}: {:?}, {}", r.elapsed, notes[0]);
+        t.assert_alive(&py.label);
+        // The asyncio sampler reads the tasks too: its note reaches the recording.
+        record(py, pid, Some(&format!("of pid {pid}: cycle at 0x")));
+        t.assert_alive(&py.label);
+    }
+}

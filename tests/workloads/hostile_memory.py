@@ -14,6 +14,8 @@
 #   frame-cycle      the main thread's current frame's `previous` (f_back
 #                    before 3.11) -> a fake frame whose `previous` points at
 #                    itself
+#   task-cycle       (3.14+) an event loop with three sleeping tasks, the
+#                    last one's list node `next` -> itself (not the head)
 #   main-exit        no corruption: the main thread calls pthread_exit, the
 #                    worker runs on (a zombie leader)
 #
@@ -101,6 +103,25 @@ elif MODE == "frame-cycle":
         while True:
             time.sleep(1)
     hold()
+elif MODE == "task-cycle":
+    import asyncio
+
+    async def sleeper():
+        await asyncio.sleep(3600)
+
+    async def main():
+        tasks = [asyncio.create_task(sleeper(), name="sleeper-%d" % i) for i in range(3)]
+        await asyncio.sleep(0.05)
+        # The offset of a task's list node: where the first task points at
+        # the same offset of the second (its successor on the list).
+        a, b, c = (id(t) for t in tasks)
+        node = next(o for o in range(16, 1024, 8) if U64.from_address(a + o).value == b + o)
+        # The last task's `next` (back to the list head) -> itself.
+        U64.from_address(c + node).value = c + node
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
 elif MODE == "main-exit":
     libc = ctypes.CDLL(None)
     libc.pthread_exit(None)
