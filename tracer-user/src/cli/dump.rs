@@ -1,6 +1,9 @@
 //! `infertrace dump`: the Python stacks (or asyncio task trees) of a live process, like `py-spy dump`.
 
-use std::process::ExitCode;
+use std::{
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
@@ -56,9 +59,22 @@ pub fn run(args: DumpArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = interp.layout_note() {
         eprintln!("note: {}", printable(note));
     }
-    if async_tasks {
-        return dump_async(&mut interp, format);
+    // Every walk over the process's memory ends by then (hostile or
+    // corrupted structures: python/walk.rs), with a note.
+    interp.set_deadline(Some(Instant::now() + DUMP_TIME));
+    let r = if async_tasks { dump_async(&mut interp, format) } else { dump_stacks(&mut interp, format, native) };
+    // Said even when the read failed: why it may have.
+    for note in interp.take_walk_notes() {
+        eprintln!("note: {}", printable(&note));
     }
+    r
+}
+
+/// How long `dump` may read the process's memory.
+const DUMP_TIME: Duration = Duration::from_secs(3);
+
+fn dump_stacks(interp: &mut python::Interpreter, format: DumpFormat, native: bool) -> anyhow::Result<ExitCode> {
+    let pid = interp.pid();
     let dumps = interp.dump().map_err(|e| anyhow::anyhow!("reading the stacks of pid {pid} failed: {e} (hint: retry; the process may have exited)"))?;
     match format {
         DumpFormat::Text => print!("{}", report::dump::render_dump_text(&dumps, native)),

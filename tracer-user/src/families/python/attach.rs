@@ -55,7 +55,8 @@ impl Interpreter {
         // libpython first: the executable of a shared build only imports.
         candidates.sort_by_key(|c| !c.is_libpython);
 
-        let mem = Mem { pid };
+        // process_vm_readv through a live thread when the main one has exited.
+        let mem = Mem { pid: crate::os::procfs::stand_in_thread(pid).unwrap_or(pid) };
         let mut old_python: Option<(elf::ElfInfo, Vec<&MapsLine>, String)> = None;
         let mut last_err = None;
         for cand in &candidates {
@@ -153,6 +154,9 @@ impl Interpreter {
             bad_copies: Default::default(),
             partial_codes: Default::default(),
             unresolved: Default::default(),
+            walk_deadline: Cell::new(None),
+            walk_notes: RefCell::new(Vec::new()),
+            tstates_cut: Cell::new(false),
         };
         if minor >= 13 {
             interp.validate_debug_offsets()?;

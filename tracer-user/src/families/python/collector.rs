@@ -213,7 +213,13 @@ impl PythonCollector {
     /// Re-reads the thread list of `pid` and updates the kernel's tid -> tstate map.
     fn refresh(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
         let Some(interp) = frames(cx).and_then(|py| py.get(pid)) else { return Ok(()) };
-        let Ok(states) = interp.thread_states() else { return Ok(()) };
+        let states = interp.thread_states();
+        // A thread list (or frame chain) that loops or runs on: one note
+        // each, the threads read before it are traced.
+        for note in interp.take_walk_notes() {
+            cx.sink.note(note);
+        }
+        let Ok(states) = states else { return Ok(()) };
         let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_TSTATE)?;
         let old = self.published.remove(&pid).unwrap_or_default();
         let new: Vec<u32> = states.iter().map(|(tid, _)| *tid).collect();

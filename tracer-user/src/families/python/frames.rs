@@ -3,7 +3,7 @@
 //! `back` links, skipping C-stack shims, and [`Interpreter::dump`]: the
 //! current stack of every thread.
 
-use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use super::{
     layout::{self, InstrKind},
@@ -12,8 +12,12 @@ use super::{
 };
 use crate::recording::Frame;
 
-/// Most frames walked per thread (the default recursion limit is 1000).
+/// Most frames kept per thread (the default recursion limit is 1000), and
+/// most visited (C-stack shims included: at most one per Python frame).
 pub(super) const MAX_DEPTH: usize = 4096;
+pub(super) const MAX_VISITED: usize = 2 * MAX_DEPTH + 1;
+/// How long one `dump` may read, unless its caller set a deadline.
+const DUMP_TIME: Duration = Duration::from_secs(2);
 
 impl Interpreter {
     /// Address of the innermost frame of a thread state (0: none).
@@ -44,12 +48,18 @@ impl Interpreter {
     }
 
     /// The Python stack of one thread state, leaf first. A frame that cannot
-    /// be read ends the walk (the thread may be returning right now).
-    fn stack(&mut self, tstate: u64) -> Vec<Frame> {
+    /// be read ends the walk (the thread may be returning right now); a
+    /// chain that loops, or runs on past `MAX_VISITED` frames (C-stack
+    /// shims included) or `walk::WALK_TIME`, ends it with a note on `what`.
+    fn stack(&mut self, tstate: u64, what: impl FnOnce() -> String) -> Vec<Frame> {
         let mut frames = Vec::new();
         let Ok(mut frame) = self.top_frame(tstate) else { return frames };
-        let mut seen = HashSet::new();
-        while frame != 0 && frames.len() < MAX_DEPTH && seen.insert(frame) {
+        let mut walk = self.walk(MAX_VISITED);
+        while frame != 0 && frames.len() < MAX_DEPTH {
+            if let Err(s) = walk.visit(frame) {
+                self.tripped(what(), s);
+                break;
+            }
             let Ok(f) = self.read_frame(frame) else { break };
             if !f.skip {
                 let checksum = self.mem.u32(f.code + self.offsets.code_firstlineno).unwrap_or(0);
@@ -61,13 +71,38 @@ impl Interpreter {
     }
 
     /// The current Python stack of every thread (leaf first), read from the
-    /// process's memory without stopping it.
+    /// process's memory without stopping it. Within the deadline set with
+    /// [`Interpreter::set_deadline`], else `DUMP_TIME`: the threads not
+    /// reached by then are listed without frames, with a note.
     pub fn dump(&mut self) -> Result<Vec<ThreadDump>, PythonError> {
+        let own_deadline = self.walk_deadline.get().is_none();
+        if own_deadline {
+            self.set_deadline(Some(Instant::now() + DUMP_TIME));
+        }
+        let r = self.dump_within();
+        if own_deadline {
+            self.set_deadline(None);
+        }
+        r
+    }
+
+    fn dump_within(&mut self) -> Result<Vec<ThreadDump>, PythonError> {
         let tstates = self.walk_tstates()?;
         let tids = self.tids(&tstates);
+        let pid = self.pid;
+        // A thread list cut at a bound: only the states of live threads.
+        let cut = self.tstates_cut.get();
         let mut out = Vec::with_capacity(tstates.len());
-        for (ts, tid) in tstates.iter().zip(tids) {
-            let frames = self.stack(ts.addr);
+        for (i, (ts, tid)) in tstates.iter().zip(tids).enumerate().filter(|(_, (_, tid))| !cut || tid.is_some()) {
+            let late = self.walk_deadline.get().is_some_and(|d| Instant::now() >= d);
+            let frames = if late {
+                let n = tstates.len();
+                self.walk_note(format!("stacks of pid {pid}"), |w| format!("{w}: not done in time, read {i} of {n} threads"));
+                Vec::new()
+            } else {
+                let tid = tid.unwrap_or(0);
+                self.stack(ts.addr, || format!("frame chain of thread {tid} of pid {pid}"))
+            };
             let tid = tid.unwrap_or(0);
             let thread_name = (tid != 0).then(|| crate::os::procfs::thread_comm(self.pid, tid)).flatten();
             out.push(ThreadDump { tid, thread_name, frames });

@@ -53,6 +53,7 @@ mod linetable;
 mod proc;
 mod threads;
 mod validate;
+mod walk;
 
 use std::{
     cell::{Cell, RefCell},
@@ -202,6 +203,15 @@ pub struct Interpreter {
     partial_codes: HashSet<(u64, u32)>,
     /// Code objects left unresolved, by cause.
     unresolved: BTreeMap<Unresolved, u64>,
+    /// The deadline of the whole operation (a `dump`) every walk over the
+    /// process's memory also stops at (`walk`).
+    walk_deadline: Cell<Option<std::time::Instant>>,
+    /// Walks that tripped a bound: (what was walked, note), one per what;
+    /// the notes not taken yet are flagged false.
+    walk_notes: RefCell<Vec<(String, String, bool)>>,
+    /// The last thread-list walk tripped a bound: its thread states without
+    /// a live thread are the hostile structure's, not shown.
+    tstates_cut: Cell<bool>,
 }
 
 impl std::fmt::Debug for Interpreter {
@@ -269,6 +279,43 @@ impl Interpreter {
     /// futex wait is a GIL wait. `None` when it could not be located.
     pub fn gil_range(&self) -> Option<(u64, u64)> {
         self.gil
+    }
+
+    /// Sets (or clears) the deadline of the whole operation: every walk
+    /// over the process's memory stops there, with a note.
+    pub fn set_deadline(&self, deadline: Option<std::time::Instant>) {
+        self.walk_deadline.set(deadline);
+    }
+
+    /// The notes of walks that tripped a bound since the last call (each
+    /// structure once per interpreter), e.g. "thread list of pid 12: cycle
+    /// at 0x5612a0, stopped after 3 nodes".
+    pub fn take_walk_notes(&self) -> Vec<String> {
+        let mut notes = self.walk_notes.borrow_mut();
+        notes.iter_mut().filter(|n| !n.2).map(|n| {
+            n.2 = true;
+            n.1.clone()
+        }).collect()
+    }
+
+    /// A walk over the process's memory of at most `max` nodes (`walk`).
+    fn walk(&self, max: usize) -> walk::Walk {
+        walk::Walk::new(max, walk::WALK_TIME, self.walk_deadline.get())
+    }
+
+    /// Keeps the note of a walk of `what` that tripped a bound (once per
+    /// `what`, at most `MAX_WALK_NOTES`).
+    fn tripped(&self, what: impl std::fmt::Display, stopped: walk::Stopped) {
+        self.walk_note(what.to_string(), |w| stopped.describe(w));
+    }
+
+    fn walk_note(&self, what: String, text: impl FnOnce(&str) -> String) {
+        const MAX_WALK_NOTES: usize = 64;
+        let mut notes = self.walk_notes.borrow_mut();
+        if notes.len() < MAX_WALK_NOTES && !notes.iter().any(|n| n.0 == what) {
+            let text = text(&what);
+            notes.push((what, text, false));
+        }
     }
 
     fn layout_err(&self, message: impl Into<String>) -> PythonError {

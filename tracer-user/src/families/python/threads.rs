@@ -9,12 +9,16 @@ use std::collections::{HashMap, HashSet};
 
 use super::{
     proc::le_u32,
-    Interpreter, PythonError,
+    walk, Interpreter, PythonError,
 };
 
-/// Most thread states walked per interpreter, and interpreters per process.
+/// Most thread states walked (all interpreters together): `THREADS_PER_LIVE`
+/// per live thread of the process and `THREADS_SLACK` more, at most
+/// `MAX_THREADS`; most interpreters per process.
 const MAX_THREADS: usize = 65_536;
-const MAX_INTERPRETERS: usize = 1024;
+const THREADS_PER_LIVE: usize = 4;
+const THREADS_SLACK: usize = 256;
+pub(super) const MAX_INTERPRETERS: usize = 1024;
 /// glibc's `offsetof(struct pthread, tid)` on x86_64 (0x2d0), preferred when
 /// several offsets fit.
 pub(super) const GLIBC_PTHREAD_TID: u64 = 0x2d0;
@@ -31,27 +35,53 @@ pub(super) struct TState {
 
 impl Interpreter {
     /// Every thread state of every interpreter, in list order, with its raw
-    /// thread id.
+    /// thread id. Bounded (`walk`): at most `MAX_INTERPRETERS` interpreters
+    /// and, all lists together, a few times the process's live threads
+    /// (a thread state exists only for a thread that runs, starts or ends);
+    /// a list that loops, runs on past the bound or into unreadable memory
+    /// ends the walk with a note, keeping the thread states read before.
     pub(super) fn walk_tstates(&self) -> Result<Vec<TState>, PythonError> {
         let o = &self.offsets;
         let tid_off = o.tstate_native_thread_id.unwrap_or(o.tstate_thread_id);
+        let pid = self.pid;
+        let first = self.mem.u64(self.runtime + o.runtime_interpreters_head)?;
+        let (interps, stopped, err) = walk::chain(first, &mut self.walk(MAX_INTERPRETERS), |i| self.mem.u64(i + o.interp_next));
+        if let Some(s) = stopped {
+            self.tripped(format_args!("interpreter list of pid {pid}"), s);
+        }
+        if let Some(e) = err {
+            self.walk_note(format!("interpreter list of pid {pid}"), |w| format!("{w}: {e}, stopped after {} nodes", interps.len()));
+        }
+        let live = crate::os::procfs::thread_ids(pid).len();
+        let mut walk = self.walk((THREADS_PER_LIVE * live + THREADS_SLACK).min(MAX_THREADS));
         let mut out = Vec::new();
-        let mut seen = HashSet::new();
-        let mut interp = self.mem.u64(self.runtime + o.runtime_interpreters_head)?;
-        for _ in 0..MAX_INTERPRETERS {
-            if interp == 0 {
+        self.tstates_cut.set(false);
+        for interp in interps {
+            let head = match self.mem.u64(interp + o.interp_threads_head) {
+                Ok(h) => h,
+                Err(e) if out.is_empty() => return Err(e),
+                Err(_) => break,
+            };
+            let mut ids = Vec::new();
+            let (list, stopped, err) = walk::chain(head, &mut walk, |ts| {
+                ids.push(self.mem.u64(ts + tid_off)?);
+                self.mem.u64(ts + o.tstate_next)
+            });
+            out.extend(list.iter().zip(&ids).map(|(&addr, &thread_id)| TState { addr, thread_id }));
+            if let Some(s) = stopped {
+                self.tripped(format_args!("thread list of pid {pid}"), s);
+                self.tstates_cut.set(true);
                 break;
             }
-            let mut ts = self.mem.u64(interp + o.interp_threads_head)?;
-            for _ in 0..MAX_THREADS {
-                if ts == 0 || !seen.insert(ts) {
-                    break;
+            if let Some(e) = err {
+                if out.is_empty() {
+                    return Err(e);
                 }
-                let thread_id = self.mem.u64(ts + tid_off)?;
-                out.push(TState { addr: ts, thread_id });
-                ts = self.mem.u64(ts + o.tstate_next)?;
+                let n = walk.visited();
+                self.walk_note(format!("thread list of pid {pid}"), |w| format!("{w}: {e}, stopped after {n} nodes"));
+                self.tstates_cut.set(true);
+                break;
             }
-            interp = self.mem.u64(interp + o.interp_next)?;
         }
         Ok(out)
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::{
     attach::{published_offsets, PublishedError},
-    frames::MAX_DEPTH,
+    frames::MAX_VISITED,
     layout,
     proc::le_u64,
     Interpreter, PythonError,
@@ -150,10 +150,8 @@ impl Interpreter {
             if frame == 0 {
                 continue;
             }
-            for _ in 0..MAX_DEPTH {
-                if frame == 0 {
-                    break;
-                }
+            let mut walk = self.walk(MAX_VISITED);
+            while frame != 0 && walk.visit(frame).is_ok() {
                 let f = match self.read_frame(frame) {
                     Ok(f) => f,
                     Err(e) => {

@@ -136,8 +136,9 @@ pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<MappedFile> {
 
 /// [`open_mapped`], trying `map_files` only when `map_files_first`.
 pub fn open_mapped_via(pid: u32, line: &MapsLine, map_files_first: bool) -> io::Result<MappedFile> {
-    let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", line.start, line.end));
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let dir = super::proc_dir(pid);
+    let map_files = dir.join(format!("map_files/{:x}-{:x}", line.start, line.end));
+    let root = dir.join("root");
     let path = Path::new(line.path());
     let in_root = resolve_in_root(&root, path).ok().filter(|p| fs::metadata(p).is_ok_and(|m| m.ino() == line.inode));
     let direct = if map_files_first { File::open(&map_files) } else { Err(io::ErrorKind::Unsupported.into()) };

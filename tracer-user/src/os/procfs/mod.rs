@@ -18,8 +18,35 @@ use std::{fs, io, path::PathBuf};
 /// `PF_KTHREAD` in the `flags` field of /proc/PID/stat.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
+/// What the kernel serves from a task's memory map or filesystem context,
+/// which a thread-group leader that has exited no longer has: read through
+/// a live thread of the process ([`proc_dir`]).
+const THROUGH_A_LIVE_THREAD: &[&str] = &["maps", "exe", "root", "cwd", "map_files", "mem", "cmdline", "environ", "auxv"];
+
 fn proc_path(pid: u32, rel: &str) -> PathBuf {
+    if THROUGH_A_LIVE_THREAD.contains(&rel.split('/').next().unwrap_or("")) {
+        return proc_dir(pid).join(rel);
+    }
     PathBuf::from(format!("/proc/{pid}/{rel}"))
+}
+
+/// `/proc/PID`, or `/proc/PID/task/TID` of a live thread when the process's
+/// main thread has exited while others run on (its leader a zombie, whose
+/// `maps`, `exe`, `root` and memory are gone with it).
+pub fn proc_dir(pid: u32) -> PathBuf {
+    match stand_in_thread(pid) {
+        Some(tid) => PathBuf::from(format!("/proc/{pid}/task/{tid}")),
+        None => PathBuf::from(format!("/proc/{pid}")),
+    }
+}
+
+/// A live thread of process `pid` whose main thread (tid == pid) has exited
+/// (a zombie leader); `None` for any other process.
+pub fn stand_in_thread(pid: u32) -> Option<u32> {
+    if state(pid)? != 'Z' {
+        return None;
+    }
+    thread_ids(pid).into_iter().find(|&t| t != pid && thread_alive(pid, t))
 }
 
 /// The fields of /proc/PID/stat that follow `(comm)`, which may itself hold
@@ -40,7 +67,12 @@ pub fn state(pid: u32) -> Option<char> {
 
 /// True while the process exists and is not a zombie.
 pub fn is_alive(pid: u32) -> bool {
-    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+    match state(pid) {
+        // A leader that exited before its other threads: alive while they are.
+        Some('Z') => stand_in_thread(pid).is_some(),
+        Some(s) => s != 'X',
+        None => false,
+    }
 }
 
 pub fn ppid(pid: u32) -> Option<u32> {

@@ -26,7 +26,7 @@ pub mod record;
 mod locate;
 mod offsets;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::{
     proc::{le_u32, le_u64},
@@ -153,8 +153,10 @@ impl AsyncioReader {
     fn read_once(&self, interp: &mut Interpreter) -> Result<Vec<LoopTasks>, AsyncioError> {
         let tstates = interp.walk_tstates()?;
         let tids = interp.tids(&tstates);
+        // A thread list cut at a bound: only the states of live threads.
+        let cut = interp.tstates_cut.get();
         let mut lists: Vec<(LoopTasks, Vec<u64>, u64)> = Vec::new();
-        for (ts, tid) in tstates.iter().zip(tids) {
+        for (ts, tid) in tstates.iter().zip(tids).filter(|(_, tid)| !cut || tid.is_some()) {
             let loop_id = nonzero(interp.mem.u64(ts.addr + self.debug.tstate_running_loop)? & TAG_MASK);
             let running = match loop_id {
                 Some(_) => nonzero(interp.mem.u64(ts.addr + self.debug.tstate_running_task)? & TAG_MASK),
@@ -190,23 +192,32 @@ impl AsyncioReader {
     /// Every interpreter state's address.
     fn interpreters(&self, interp: &Interpreter) -> Result<Vec<u64>, AsyncioError> {
         let o = &interp.offsets;
-        let mut out = Vec::new();
-        let mut i = interp.mem.u64(interp.runtime + o.runtime_interpreters_head)?;
-        while i != 0 && out.len() < 1024 && !out.contains(&i) {
-            out.push(i);
-            i = interp.mem.u64(i + o.interp_next)?;
+        let first = interp.mem.u64(interp.runtime + o.runtime_interpreters_head)?;
+        let mut walk = interp.walk(super::threads::MAX_INTERPRETERS);
+        let (out, stopped, err) = super::walk::chain(first, &mut walk, |i| interp.mem.u64(i + o.interp_next));
+        if let Some(s) = stopped {
+            interp.tripped(format_args!("interpreter list of pid {}", self.pid), s);
         }
-        Ok(out)
+        match err {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
     }
 
     /// The task addresses on the list whose head is at `head`.
     fn list(&self, interp: &Interpreter, head: u64) -> Result<Vec<u64>, AsyncioError> {
         let mut out = Vec::new();
-        let mut seen = HashSet::new();
+        let mut walk = interp.walk(MAX_TASKS);
         let mut node = interp.mem.u64(head)?;
         while node != head {
-            if node == 0 || !seen.insert(node) || out.len() >= MAX_TASKS {
+            if node == 0 {
                 return Err(self.inconsistent(format!("the task list at {head:#x} does not lead back to its head")));
+            }
+            // A loop that misses its head, too many tasks, too long: the
+            // tasks read so far, and a note.
+            if let Err(s) = walk.visit(node) {
+                interp.tripped(format_args!("asyncio task list at {head:#x} of pid {}", self.pid), s);
+                break;
             }
             out.push(node.wrapping_sub(self.debug.task_node));
             node = interp.mem.u64(node)?;
@@ -305,8 +316,12 @@ impl AsyncioReader {
         let g = self.groups;
         let mut out = Vec::new();
         let mut cur = coro;
-        let mut seen = HashSet::new();
-        while out.len() < MAX_CHAIN && seen.insert(cur) {
+        let mut walk = interp.walk(MAX_CHAIN);
+        loop {
+            if let Err(s) = walk.visit(cur) {
+                interp.tripped(format_args!("coroutine chain of task at {coro:#x} of pid {}", self.pid), s);
+                break;
+            }
             let gen = interp.mem.bytes(cur, g.gen_size as usize)?;
             let state = gen[g.gen_frame_state as usize] as i8;
             if state >= self.facts.finished_from {
@@ -351,8 +366,12 @@ impl AsyncioReader {
     fn running_stack(&self, interp: &mut Interpreter, tstate: u64, task_frame: u64) -> Vec<Frame> {
         let mut out = Vec::new();
         let Ok(mut frame) = interp.top_frame(tstate) else { return out };
-        let mut seen = HashSet::new();
-        while frame != 0 && out.len() < super::frames::MAX_DEPTH && seen.insert(frame) {
+        let mut walk = interp.walk(super::frames::MAX_VISITED);
+        while frame != 0 && out.len() < super::frames::MAX_DEPTH {
+            if let Err(s) = walk.visit(frame) {
+                interp.tripped(format_args!("frame chain of thread state {tstate:#x} of pid {}", self.pid), s);
+                return Vec::new();
+            }
             let Ok(f) = interp.read_frame(frame) else { return Vec::new() };
             if !f.skip {
                 let checksum = interp.mem.u32(f.code + interp.offsets.code_firstlineno).unwrap_or(0);

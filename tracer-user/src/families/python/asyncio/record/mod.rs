@@ -113,6 +113,8 @@ pub struct AsyncioCollector {
     /// Long steps no sample fell in, per loop thread.
     unsampled: HashMap<(u32, u32), u64>,
     arch: String,
+    /// The sampler's notes on hostile or corrupted memory, for the sink.
+    walk_notes: Vec<String>,
 }
 
 /// What a long step did: CPU, or a blocking syscall (named when the
@@ -138,7 +140,8 @@ impl AsyncioCollector {
     fn take_ticks(&mut self) {
         let Some(s) = self.sampler.as_ref() else { return };
         let ticks: Vec<Tick> = s.rx.try_iter().collect();
-        for t in ticks {
+        for mut t in ticks {
+            self.walk_notes.append(&mut t.notes);
             let single = (t.threads.len() == 1).then(|| t.threads[0].tid);
             for th in &t.threads {
                 let lt = self.loops.entry((t.pid, th.tid)).or_default();
@@ -380,8 +383,11 @@ impl Collector for AsyncioCollector {
         Duration::from_millis(25)
     }
 
-    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
         self.take_ticks();
+        for note in self.walk_notes.drain(..) {
+            cx.sink.note(note);
+        }
         self.drain();
         self.resolve(crate::os::clock::monotonic_ns(), false);
         Ok(())
@@ -389,6 +395,9 @@ impl Collector for AsyncioCollector {
 
     fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
         self.take_ticks();
+        for note in self.walk_notes.drain(..) {
+            cx.sink.note(note);
+        }
         self.drain();
         self.resolve(cx.now_or_end(), cx.window_end.is_some());
         cx.sink.set_lost("asyncio_events_lost", Self::kernel_lost(cx));

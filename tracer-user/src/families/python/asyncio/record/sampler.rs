@@ -59,6 +59,9 @@ pub struct Tick {
     pub threads: Vec<ThreadSample>,
     /// The loops' tasks, or why they cannot be read.
     pub tasks: Result<Vec<LoopTasks>, String>,
+    /// Walks over the process's memory that tripped a bound (python/walk.rs),
+    /// for the recording's notes.
+    pub notes: Vec<String>,
 }
 
 /// Whether a leaf-first stack runs an asyncio event loop.
@@ -239,5 +242,6 @@ fn sample(pid: u32, p: &mut Proc) -> Option<Tick> {
             Err(e.why.clone())
         }
     };
-    Some(Tick { ts_ns, pid, version, threads, tasks })
+    let notes = p.interp.as_ref().map(|i| i.take_walk_notes()).unwrap_or_default();
+    Some(Tick { ts_ns, pid, version, threads, tasks, notes })
 }
