@@ -180,8 +180,9 @@ fn a_link_planted_at_the_next_window_name_is_never_followed() {
     let dir = TempDir::new("outdir-link");
     let v = victim(&dir);
     let out = shared_dir(&dir, "shared");
-    // The next 6 windows' names over the next 12 seconds, each a link to the victim.
-    let planted = next_names(&out, 12, 6);
+    // The names of windows 1-8 over the next 40 seconds (the agent's
+    // start takes a few), each a link to the victim.
+    let planted = next_names(&out, 40, 8);
     as_nobody(r#"v="$1"; shift; for n in "$@"; do ln -s "$v" "$n" || exit 1; done"#, &[vec![v.to_string_lossy().into_owned()], planted.clone()].concat());
     assert!(fs::symlink_metadata(&planted[0]).unwrap().file_type().is_symlink());
     let (_sleep, _g) = sleeper();
@@ -208,13 +209,14 @@ fn a_fifo_planted_at_the_next_window_name_does_not_block_the_agent() {
     require!("a_fifo_planted_at_the_next_window_name_does_not_block_the_agent", Root, Binary, Setpriv);
     let dir = TempDir::new("outdir-fifo");
     let out = shared_dir(&dir, "shared");
-    let planted = next_names(&out, 12, 6);
+    let planted = next_names(&out, 40, 8);
     as_nobody(r#"for n in "$@"; do mkfifo -m 666 "$n" || exit 1; done"#, &planted);
     let (_sleep, _g) = sleeper();
     let mut agent = start_agent(_sleep.id(), &out);
     let written = poll(Duration::from_secs(30), || (windows(&out).len() >= 3).then_some(()));
     assert!(written.is_some(), "fewer than 3 windows\n{}", agent.lines.join("\n"));
-    agent.stop(Duration::from_secs(5));
+    agent.wait_line(|l| l.contains("was already there: left alone"), Duration::from_secs(5), "no line about the planted FIFO");
+    agent.stop(Duration::from_secs(10));
     for p in &planted {
         assert!(fs::symlink_metadata(p).unwrap().file_type().is_fifo(), "{p}: the planted FIFO was replaced");
     }

@@ -45,14 +45,16 @@ pub struct Stat {
 }
 
 impl Stat {
-    fn from(st: &libc::stat) -> Stat {
+    // The field types differ between architectures (st_nlink is u32 on aarch64).
+    #[allow(clippy::useless_conversion)]
+    fn from_raw(st: &libc::stat) -> Stat {
         Stat {
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
             uid: st.st_uid,
             mode: st.st_mode,
             size: u64::try_from(st.st_size).unwrap_or(0),
-            nlink: st.st_nlink,
+            nlink: u64::from(st.st_nlink),
         }
     }
     /// Of a path the kernel resolved (`fs::metadata`).
@@ -95,7 +97,7 @@ pub fn fstat(fd: &impl AsRawFd) -> io::Result<Stat> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fstat succeeded, so it filled the buffer.
-    Ok(Stat::from(unsafe { &st.assume_init() }))
+    Ok(Stat::from_raw(unsafe { &st.assume_init() }))
 }
 
 /// The tracer's effective user.
@@ -225,7 +227,7 @@ impl Dir {
             return if e.kind() == io::ErrorKind::NotFound { Ok(None) } else { Err(e) };
         }
         // SAFETY: fstatat succeeded, so it filled the buffer.
-        Ok(Some(Stat::from(unsafe { &st.assume_init() })))
+        Ok(Some(Stat::from_raw(unsafe { &st.assume_init() })))
     }
 
     /// Removes the entry `name` (a link itself, never its target).
@@ -285,7 +287,7 @@ impl Dir {
                     self.fd.as_raw_fd(),
                     c.as_ptr(),
                     libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    mode as libc::c_uint,
+                    mode,
                 )
             };
             if fd >= 0 {

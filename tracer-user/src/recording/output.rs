@@ -277,9 +277,11 @@ mod tests {
         assert!(e.to_string().contains("owned by uid 65534") && e.to_string().contains("not followed"), "{e}");
         // The same link of this user is followed; a FIFO of nobody's is refused too.
         let mine = shared.join("mine.itr");
-        std::os::unix::fs::symlink(dir.join("new.itr"), &mine).unwrap();
+        fs::write(dir.join("mine-target.itr"), b"old").unwrap();
+        std::os::unix::fs::symlink(dir.join("mine-target.itr"), &mine).unwrap();
         Output::prepare(&mine).unwrap().write(&super::super::tests::sample()).unwrap();
-        assert!(Recording::read(&dir.join("new.itr")).is_ok());
+        assert!(Recording::read(&dir.join("mine-target.itr")).is_ok());
+        assert!(fs::symlink_metadata(&mine).unwrap().file_type().is_symlink());
         let fifo = shared.join("fifo.itr");
         let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
