@@ -187,12 +187,12 @@ fn a_link_planted_at_the_next_window_name_is_never_followed() {
     assert!(fs::symlink_metadata(&planted[0]).unwrap().file_type().is_symlink());
     let (_sleep, _g) = sleeper();
     let mut agent = start_agent(_sleep.id(), &out);
-    let note = agent.wait_line(|l| l.contains("was already there: left alone"), Duration::from_secs(30), "no line about the planted name");
     let written = poll(Duration::from_secs(30), || (windows(&out).len() >= 3).then_some(()));
     agent.stop(Duration::from_secs(10));
-    assert!(written.is_some(), "fewer than 3 windows\n{}", agent.lines.join("\n"));
     assert_eq!(fs::read(&v).unwrap(), SECRET, "the victim was written through a planted link");
     assert_eq!(fs::metadata(&v).unwrap().mode() & 0o7777, 0o600, "the victim's mode changed");
+    assert!(written.is_some(), "fewer than 3 windows\n{}", agent.lines.join("\n"));
+    let note = agent.wait_line(|l| l.contains("was already there: left alone"), Duration::from_secs(1), "no line about the planted name");
     for p in &planted {
         let m = fs::symlink_metadata(p).unwrap();
         assert!(m.file_type().is_symlink() && m.uid() == 65534, "{p}: the planted link was replaced or removed");
