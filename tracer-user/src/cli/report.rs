@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::parse::parse_max_inflated;
 use crate::{
-    recording::{ReadLimits, Recording},
+    recording::{output::Output, ReadLimits, Recording},
     report::{self, folded::Profile},
 };
 
@@ -56,7 +56,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
     let text = render(&rec, format, profile)?;
     match output {
-        Some(out) => std::fs::write(&out, text)
+        // As `record -o`: a new file renamed into place, never through a planted link.
+        Some(out) => Output::prepare(&out)
+            .and_then(|o| o.write_bytes(&text))
             .with_context(|| format!("cannot write {} (hint: choose a writable path)", out.display()))?,
         None => {
             let mut out = std::io::stdout().lock();

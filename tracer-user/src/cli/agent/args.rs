@@ -17,8 +17,9 @@ picked up at its exec, through a kernel event. Children of a target are followed
 the selection does not name is dropped at once, one that stops matching otherwise (renamed, moved to another \
 cgroup) at the next scan.\n\
 Windows: every --window, the recording of that window (exact counts: the difference of two cumulative snapshots) is \
-written into --out-dir as infertrace-agent-<time>-<seq>.itr, atomically (a temporary file renamed); the oldest beyond \
---keep / --max-size are removed. `infertrace report FILE` renders one.\n\
+written into --out-dir (default /var/lib/infertrace) as infertrace-agent-<time>-<seq>.itr, mode 0640, atomically (a \
+new temporary file renamed within the directory; a name already taken is left alone and the next one used); the \
+oldest beyond --keep / --max-size are removed. `infertrace report FILE` renders one.\n\
 HTTP on --listen (default 127.0.0.1:9475): /metrics (OpenMetrics text, for Prometheus), /healthz, /targets (JSON: \
 host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report). \
 Command lines there and in the windows keep the program and the Python script or module; other arguments are \
@@ -60,8 +61,9 @@ pub struct AgentArgs {
     /// Length of one window (e.g. 10s, 60s, 5m; 1s to 24h).
     #[arg(long, value_name = "DURATION", default_value = agent::DEFAULT_WINDOW, value_parser = parse_window, allow_hyphen_values = true)]
     window: Duration,
-    /// Directory of the windows' recordings (created if missing).
-    #[arg(long, value_name = "DIR", default_value = "infertrace-agent")]
+    /// Directory of the windows' recordings (created 0750 if missing, and again should it be removed). Refused
+    /// when owned by someone other than root or this user, or writable by others without the sticky bit.
+    #[arg(long, value_name = "DIR", default_value = agent::DEFAULT_OUT_DIR)]
     out_dir: PathBuf,
     /// Keep at most this many windows (0: no limit).
     #[arg(long, value_name = "N", default_value_t = agent::DEFAULT_KEEP)]
@@ -154,7 +156,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
     let opts = AgentOptions {
         selector,
         window: a.window,
-        retention: Retention { dir: a.out_dir, keep: a.keep, max_size: a.max_size },
+        retention: Retention::new(a.out_dir, a.keep, a.max_size),
         listen: a.listen,
         record,
         quiet: a.quiet,

@@ -57,6 +57,8 @@ use self::{
 
 /// `--window`'s default.
 pub const DEFAULT_WINDOW: &str = "60s";
+/// `--out-dir`'s default (absolute: not wherever the agent was started).
+pub const DEFAULT_OUT_DIR: &str = "/var/lib/infertrace";
 /// `--keep`'s default.
 pub const DEFAULT_KEEP: usize = 60;
 /// How often /proc is scanned again for processes that came to match
@@ -100,7 +102,9 @@ impl AgentError {
         match self {
             Self::NoSelection => "select processes with --pid, --comm, --cmdline, --exe, --cgroup, --container or --python",
             Self::Listen { .. } => "choose a free address with --listen ADDR:PORT (e.g. 127.0.0.1:9475)",
-            Self::OutDir { .. } => "choose a writable directory with --out-dir DIR",
+            Self::OutDir { .. } => {
+                "choose a directory only root or this user can write with --out-dir DIR (e.g. `mkdir -m 0750 DIR`), or fix its owner and mode"
+            }
             Self::Record(e) => e.hint(),
         }
     }
@@ -325,10 +329,8 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     // all inherit the blocked signals, which only the signal thread takes.
     let shutdown = shutdown::install().map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
     let dir = opts.retention.dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
-    let probe = dir.join(format!(".infertrace-agent-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
-    let _ = std::fs::remove_file(&probe);
+    // Created if missing, checked (owner, mode), and a file created in it.
+    opts.retention.open().map_err(|source| AgentError::OutDir { path: dir.clone(), source })?;
     let listener = tokio::net::TcpListener::bind(&opts.listen)
         .await
         .map_err(|source| AgentError::Listen { addr: opts.listen.clone(), source })?;

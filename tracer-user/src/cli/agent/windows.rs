@@ -11,11 +11,17 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    ffi::{OsStr, OsString},
     fs,
-    path::{Path, PathBuf},
+    io::{self, Write as _},
+    path::PathBuf,
+    sync::Mutex,
 };
 
-use crate::recording::{output::Output, Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes};
+use crate::{
+    os::safe_write::{self, Dir, Place},
+    recording::{Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes},
+};
 
 /// The window between two cumulative snapshots (`prev` None: the first
 /// window, which is `cur` itself).
@@ -229,14 +235,19 @@ fn stacks_delta(cur: &[StackRecord], prev: &[StackRecord]) -> Vec<StackRecord> {
         .collect()
 }
 
-/// The window files in `dir`, oldest first (names sort by time).
-pub fn window_files(dir: &Path) -> Vec<(PathBuf, u64)> {
-    let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
-    let mut v: Vec<(PathBuf, u64)> = rd
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let name = e.file_name().into_string().ok()?;
-            (name.starts_with(FILE_PREFIX) && name.ends_with(".itr")).then(|| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+/// The windows in `dir`, oldest first (names sort by time): regular files
+/// of this user named like one. Anything else there (a link or a FIFO
+/// someone planted at a window's name) is neither counted nor removed.
+fn window_files(dir: &Dir) -> Vec<(OsString, u64)> {
+    let me = safe_write::euid();
+    let mut v: Vec<(OsString, u64)> = dir
+        .names()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.to_str().is_some_and(|s| s.starts_with(FILE_PREFIX) && s.ends_with(".itr")))
+        .filter_map(|n| {
+            let st = dir.stat_at(&n).ok().flatten()?;
+            (st.is_file() && st.uid == me).then_some((n, st.size))
         })
         .collect();
     v.sort();
@@ -245,8 +256,15 @@ pub fn window_files(dir: &Path) -> Vec<(PathBuf, u64)> {
 
 pub const FILE_PREFIX: &str = "infertrace-agent-";
 
+/// Mode of a window (less the umask): its owner and group read it.
+const WINDOW_MODE: u32 = 0o640;
+/// Mode of an output directory the agent creates (less the umask).
+const DIR_MODE: u32 = 0o750;
+/// Other names tried when a window's name is taken (`-1` ... `-15`).
+const NAME_TRIES: u64 = 16;
+
 /// Where the windows go, and how many are kept.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Retention {
     pub dir: PathBuf,
     /// Keep at most this many windows (0: no limit).
@@ -254,33 +272,105 @@ pub struct Retention {
     /// Keep at most this many bytes of windows (None: no limit); the
     /// newest window is always kept.
     pub max_size: Option<u64>,
+    /// The directory as opened ([`Retention::open`]); opened again (and
+    /// created again) when it is no longer at `dir`.
+    opened: Mutex<Option<Dir>>,
+}
+
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "infertrace agent: {line}");
 }
 
 impl Retention {
-    /// Writes one window atomically (temporary file, renamed), then applies
-    /// the retention. Returns the path.
+    pub fn new(dir: PathBuf, keep: usize, max_size: Option<u64>) -> Retention {
+        Retention { dir, keep, max_size, opened: Mutex::new(None) }
+    }
+
+    /// Creates the directory if missing (0750), opens it and checks it:
+    /// refused when it belongs to someone other than root or this user, or
+    /// when others can write it without the sticky bit. Removes the
+    /// temporary files of agents that are gone. Errors say why in one line.
+    pub fn open(&self) -> io::Result<()> {
+        let mut slot = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = None;
+        let dir = self.current(&mut slot)?;
+        dir.probe()?;
+        dir.remove_stale_temps(None);
+        Ok(())
+    }
+
+    /// The directory, opened again if it is no longer at `dir` (removed:
+    /// created again; replaced: checked again), with a line on stderr.
+    fn current<'a>(&self, slot: &'a mut Option<Dir>) -> io::Result<&'a Dir> {
+        let was_open = match slot.take() {
+            Some(d) if d.still_at_path() => return Ok(slot.insert(d)),
+            Some(_) => true,
+            None => false,
+        };
+        let gone = fs::metadata(&self.dir).is_err();
+        if gone {
+            safe_write::create_dir_all(&self.dir, DIR_MODE)?;
+        }
+        let dir = Dir::open(&self.dir)?;
+        dir.check_owned()?;
+        if was_open {
+            let what = if gone { "was removed: created again" } else { "was replaced: opened again" };
+            say(&format!("the output directory {} {what}", self.dir.display()));
+        }
+        Ok(slot.insert(dir))
+    }
+
+    /// Writes one window atomically (a new temporary file, renamed within
+    /// the directory to a name nothing holds yet), then applies the
+    /// retention. Returns the path.
     pub fn write(&self, rec: &Recording, seq: u64) -> Result<PathBuf, RecordingError> {
-        let name = format!("{FILE_PREFIX}{}-{seq:06}.itr", crate::os::clock::local_timestamp());
-        let path = self.dir.join(name);
-        let out = Output::prepare(&path).map_err(|source| RecordingError::Write { path: path.clone(), source })?;
-        out.write(rec)?;
-        self.prune();
-        Ok(path)
+        let base = format!("{FILE_PREFIX}{}-{seq:06}", crate::os::clock::local_timestamp());
+        let first = self.dir.join(format!("{base}.itr"));
+        let werr = |path: &PathBuf, source| RecordingError::Write { path: path.clone(), source };
+        let mut slot = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = self.current(&mut slot).map_err(|e| werr(&self.dir, e))?;
+        let mut tmp = dir.create_temp(OsStr::new(&format!("{base}.itr")), WINDOW_MODE).map_err(|e| werr(&first, e))?;
+        rec.write_to(tmp.file().try_clone().map_err(|e| werr(&first, e))?, &first)?;
+        // The name is predictable: whatever is there already (a link or a
+        // FIFO someone planted) is left alone, and the window takes the next name.
+        let mut last = None;
+        for k in 0..NAME_TRIES {
+            let name = if k == 0 { format!("{base}.itr") } else { format!("{base}-{k}.itr") };
+            match tmp.place(OsStr::new(&name), Place::New) {
+                Ok(()) => {
+                    if k > 0 {
+                        say(&format!("window {seq}: {} was already there: left alone, the window is {name}", first.display()));
+                    }
+                    prune_in(dir, self.keep, self.max_size);
+                    return Ok(self.dir.join(name));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(werr(&first, e)),
+            }
+        }
+        Err(werr(&first, last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists))))
     }
 
     /// Removes the oldest windows beyond `keep` and `max_size`.
     pub fn prune(&self) {
-        let mut files = window_files(&self.dir);
-        while files.len() > 1 {
-            let total: u64 = files.iter().map(|f| f.1).sum();
-            let over_count = self.keep > 0 && files.len() > self.keep;
-            let over_size = self.max_size.is_some_and(|m| total > m);
-            if !over_count && !over_size {
-                break;
-            }
-            let (p, _) = files.remove(0);
-            let _ = fs::remove_file(p);
+        let slot = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = slot.as_ref() {
+            prune_in(dir, self.keep, self.max_size);
         }
+    }
+}
+
+fn prune_in(dir: &Dir, keep: usize, max_size: Option<u64>) {
+    let mut files = window_files(dir);
+    while files.len() > 1 {
+        let total: u64 = files.iter().map(|f| f.1).sum();
+        let over_count = keep > 0 && files.len() > keep;
+        let over_size = max_size.is_some_and(|m| total > m);
+        if !over_count && !over_size {
+            break;
+        }
+        let (name, _) = files.remove(0);
+        let _ = dir.remove(&name);
     }
 }
 
@@ -346,19 +436,73 @@ mod tests {
     fn retention_keeps_the_newest() {
         let dir = std::env::temp_dir().join(format!("itr-retention-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let r = Retention::new(dir.clone(), 3, None);
+        r.open().unwrap();
         for i in 0..5 {
             fs::write(dir.join(format!("{FILE_PREFIX}20260101-000000-{i:06}.itr")), vec![0u8; 100]).unwrap();
         }
         fs::write(dir.join("other.itr"), b"x").unwrap();
-        Retention { dir: dir.clone(), keep: 3, max_size: None }.prune();
-        let left: Vec<String> = window_files(&dir).iter().map(|f| f.0.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        // Planted at a window's name: not a window of this agent's.
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(format!("{FILE_PREFIX}20250101-000000-000000.itr"))).unwrap();
+        r.prune();
+        let names = |d: &std::path::Path| window_files(&Dir::open(d).unwrap()).iter().map(|f| f.0.to_string_lossy().into_owned()).collect::<Vec<_>>();
+        let left = names(&dir);
         assert_eq!(left.len(), 3);
         assert!(left[0].ends_with("000002.itr"));
-        Retention { dir: dir.clone(), keep: 0, max_size: Some(150) }.prune();
-        assert_eq!(window_files(&dir).len(), 1);
+        let r = Retention::new(dir.clone(), 0, Some(150));
+        r.open().unwrap();
+        r.prune();
+        assert_eq!(names(&dir).len(), 1);
         assert!(dir.join("other.itr").exists());
+        assert!(fs::symlink_metadata(dir.join(format!("{FILE_PREFIX}20250101-000000-000000.itr"))).is_ok());
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_planted_name_is_left_alone_and_a_removed_directory_comes_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("itr-planted-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let victim = base.join("victim");
+        fs::write(&victim, b"secret").unwrap();
+        let dir = base.join("out");
+        let r = Retention::new(dir.clone(), 0, None);
+        r.open().unwrap();
+        let mode = fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o027, 0, "created 0750 at most: {mode:o}");
+        let rec = crate::recording::tests::sample();
+        // The name window 7 gets is taken by a link (planted again should
+        // the clock turn a second in between).
+        let mut p = PathBuf::new();
+        for _ in 0..5 {
+            let ts = crate::os::clock::local_timestamp();
+            let planted = dir.join(format!("{FILE_PREFIX}{ts}-000007.itr"));
+            let _ = fs::remove_file(&planted);
+            std::os::unix::fs::symlink(&victim, &planted).unwrap();
+            p = r.write(&rec, 7).unwrap();
+            if p.to_string_lossy().ends_with("-000007-1.itr") {
+                break;
+            }
+        }
+        assert!(p.to_string_lossy().ends_with("-000007-1.itr"), "{}", p.display());
+        assert_eq!(fs::read(&victim).unwrap(), b"secret");
+        assert!(Recording::read(&p).is_ok());
+        let st = fs::symlink_metadata(&p).unwrap();
+        assert!(st.is_file());
+        assert_eq!(st.permissions().mode() & 0o037, 0, "a window is 0640 at most");
+        // Removed: created again at the next window.
+        fs::remove_dir_all(&dir).unwrap();
+        let p = r.write(&rec, 8).unwrap();
+        assert!(Recording::read(&p).is_ok());
+        // Replaced by a world-writable one: refused.
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = r.write(&rec, 9).unwrap_err().to_string();
+        assert!(e.contains("without the sticky bit"), "{e}");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        fs::remove_dir_all(&base).unwrap();
     }
 }
 
