@@ -30,7 +30,7 @@ pub fn sparse_elf(path: &Path, claimed: u64) -> std::io::Result<()> {
     h.extend_from_slice(&0u16.to_le_bytes()); // e_phnum
     h.extend_from_slice(&64u16.to_le_bytes()); // e_shentsize
     h.extend_from_slice(&3u16.to_le_bytes()); // e_shnum
-    h.extend_from_slice(&0u16.to_le_bytes()); // e_shstrndx
+    h.extend_from_slice(&2u16.to_le_bytes()); // e_shstrndx: the string table
     let section = |h: &mut Vec<u8>, kind: u32, offset: u64, size: u64, link: u32, entsize: u64| {
         h.extend_from_slice(&0u32.to_le_bytes()); // sh_name
         h.extend_from_slice(&kind.to_le_bytes());

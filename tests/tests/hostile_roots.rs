@@ -16,13 +16,14 @@
 //!   tracer allocated and read it: OOM in 3 s);
 //! - a malformed `ld.so.cache`, 1,000,000 entries and no NUL (the old
 //!   parser was quadratic: hours at 100% CPU);
-//! - a directory on `LD_LIBRARY_PATH` that is a symlink flipped, while
-//!   the tracer searches it, between a directory of the root and an
-//!   absolute path naming a host-only directory with a FIFO
-//!   `libcudart.so.12`: resolved by name outside the root (a check, then a
-//!   re-open by name), it is the host's FIFO; the test watches the FIFO for
-//!   a reader the whole time (a non-blocking open for writing succeeds only
-//!   when one has it open, or is blocked opening it).
+//! - a directory on `LD_LIBRARY_PATH` swapped, while the tracer searches
+//!   it, with a symlink to the absolute path of a host-only directory with
+//!   a FIFO `libcudart.so.12`: resolved by name outside the root (a check,
+//!   then a re-open by name, as the old fallback without openat2 did), it
+//!   is the host's FIFO; the test watches the FIFO for a reader the whole
+//!   time (a non-blocking open for writing succeeds only when one has it
+//!   open, or is blocked opening it); with openat2 and with the fallback
+//!   forced (`INFERTRACE_TEST_NO_OPENAT2`).
 //!
 //! Needs root, the binary, util-linux's `unshare` and `mount`, and a memory
 //! cgroup (v2 or v1); under `CI=true` a missing one fails the test.
@@ -30,7 +31,7 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +49,11 @@ const BOUND: Duration = Duration::from_secs(90);
 /// `record` in a memory cgroup. Returns the run, the report, the memory
 /// peak and the time taken.
 fn record_in_root(test: &str, root: &Path, ld_path: &str, inner: &str) -> (Run, Report, Option<u64>, Duration) {
+    record_in_root_with(test, root, ld_path, inner, &[])
+}
+
+/// [`record_in_root`] with `env` set for the tracer.
+fn record_in_root_with(test: &str, root: &Path, ld_path: &str, inner: &str, env: &[(&str, &str)]) -> (Run, Report, Option<u64>, Duration) {
     for d in ["usr", "dev", "etc", "tmp"] {
         fs::create_dir_all(root.join(d)).unwrap();
     }
@@ -59,7 +65,7 @@ fn record_in_root(test: &str, root: &Path, ld_path: &str, inner: &str) -> (Run, 
     let outer = r#"mount --rbind /usr "$1/usr" && mount --rbind /dev "$1/dev" || exit 125
 exec unshare --root="$1" /usr/bin/env -i PATH=/usr/bin LD_LIBRARY_PATH="$2" /usr/bin/sh -c "$3""#;
     let cg = MemCgroup::new(test, MEMORY_LIMIT).unwrap_or_else(|e| panic!("{test}: {e}"));
-    let out = root.parent().unwrap().join(format!("{test}.json"));
+    let out = root.parent().unwrap().join(format!("{test}.itr"));
     let args: Vec<&OsStr> = vec![
         "record".as_ref(),
         "-q".as_ref(),
@@ -81,12 +87,15 @@ exec unshare --root="$1" /usr/bin/env -i PATH=/usr/bin LD_LIBRARY_PATH="$2" /usr
         inner.as_ref(),
     ];
     let started = Instant::now();
-    let run = wait_child(spawn(&mut cg.command(&bin(), &args)), BOUND, test);
+    let mut cmd = cg.command(&bin(), &args);
+    cmd.envs(env.iter().copied());
+    let run = wait_child(spawn(&mut cmd), BOUND, test);
     let took = started.elapsed();
     let peak = cg.peak();
     assert_eq!(cg.oom_kills(), 0, "{test}: killed for memory under {MEMORY_LIMIT} bytes\n{}", run.describe());
     run.assert_ok();
-    let rep = Report::read(&out);
+    assert!(out.is_file(), "{test}: recording {} not written\n{}", out.display(), run.describe());
+    let rep = run.json();
     rep.check_invariants();
     eprintln!("{test}: record took {took:?}, memory peak {:?} MiB", peak.map(|p| p >> 20));
     (run, rep, peak, took)
@@ -181,36 +190,44 @@ fn malformed_loader_cache_of_a_million_entries() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
-/// The symlink race: `evil/d` flipped between `real` (in the root) and the
-/// absolute path of a host-only directory holding a FIFO, while 60 targets
-/// with distinct environments (each searched anew) look in it.
-#[test]
-fn flipped_link_never_reaches_a_host_fifo() {
-    let Some(tmp) = setup("flip_race") else { return };
+/// Swaps two paths at once (`renameat2(RENAME_EXCHANGE)`).
+fn exchange(a: &Path, b: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (Ok(a), Ok(b)) = (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes())) else {
+        return false;
+    };
+    // SAFETY: two NUL-terminated paths.
+    unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) == 0 }
+}
+
+/// The symlink race: `evil/d`, a directory on `LD_LIBRARY_PATH` holding a
+/// `libcudart.so.12`, swapped over and over with a symlink to the
+/// absolute path of a host-only directory holding a FIFO of that name,
+/// while 60 targets with distinct environments (each searched anew) look
+/// in it. Checked, then opened again by name (the old fallback where
+/// openat2 is missing or refused by seccomp), the path is the host's FIFO:
+/// run with openat2 and with the fallback forced.
+fn flip_race(test: &str, env: &[(&str, &str)]) {
+    let Some(tmp) = setup(test) else { return };
     let root = tmp.join("root");
     let host_dir = tmp.join("host-only");
-    fs::create_dir_all(root.join("evil/real")).unwrap();
+    fs::create_dir_all(root.join("evil/d")).unwrap();
     fs::create_dir_all(&host_dir).unwrap();
-    fs::write(root.join("evil/real/libcudart.so.12"), b"not an ELF file").unwrap();
+    fs::write(root.join("evil/d/libcudart.so.12"), b"not an ELF file").unwrap();
     let host_fifo = host_dir.join("libcudart.so.12");
     mkfifo(&host_fifo).unwrap();
-    symlink("real", root.join("evil/d")).unwrap();
+    symlink(&host_dir, root.join("evil/d.alt")).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let (flips, opened) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let flipper = {
         let (stop, flips, opened) = (stop.clone(), flips.clone(), opened.clone());
-        let (link, tmp_link, host_dir, host_fifo) =
-            (root.join("evil/d"), root.join("evil/d.tmp"), host_dir.clone(), host_fifo.clone());
+        let (d, alt, host_fifo) = (root.join("evil/d"), root.join("evil/d.alt"), host_fifo.clone());
         std::thread::spawn(move || {
-            let targets: [PathBuf; 2] = [PathBuf::from("real"), host_dir];
-            let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let _ = fs::remove_file(&tmp_link);
-                if symlink(&targets[i % 2], &tmp_link).is_ok() && fs::rename(&tmp_link, &link).is_ok() {
+                if exchange(&d, &alt) {
                     flips.fetch_add(1, Ordering::Relaxed);
                 }
-                i += 1;
                 if fifo_has_reader(&host_fifo) {
                     opened.fetch_add(1, Ordering::Relaxed);
                 }
@@ -218,12 +235,22 @@ fn flipped_link_never_reaches_a_host_fifo() {
         })
     };
     let inner = "i=0; while [ $i -lt 60 ]; do LD_LIBRARY_PATH=/evil/d:/n$i sleep 0.05; i=$((i+1)); done; echo done > /tmp/done";
-    let result = std::panic::catch_unwind(|| record_in_root("flip_race", &root, "/evil/d", inner));
+    let result = std::panic::catch_unwind(|| record_in_root_with(test, &root, "/evil/d", inner, env));
     stop.store(true, Ordering::Relaxed);
     flipper.join().unwrap();
     let (_, rep, _, _) = result.unwrap_or_else(|e| std::panic::resume_unwind(e));
     assert_target_finished(&root, &rep);
     let flips = flips.load(Ordering::Relaxed);
-    assert!(flips > 100, "the link was flipped only {flips} times");
+    assert!(flips > 100, "the directory was swapped only {flips} times");
     assert_eq!(opened.load(Ordering::Relaxed), 0, "the host-only FIFO was opened (the search left the root)");
+}
+
+#[test]
+fn flipped_link_never_reaches_a_host_fifo() {
+    flip_race("flip_race", &[]);
+}
+
+#[test]
+fn flipped_link_never_reaches_a_host_fifo_without_openat2() {
+    flip_race("flip_race_walk", &[("INFERTRACE_TEST_NO_OPENAT2", "1")]);
 }

@@ -64,18 +64,36 @@ impl ElfSymbols {
 /// [`TABLE_LIMIT`], all reads together by [`READ_BUDGET`]; a table over
 /// its limit is refused and counted ([`refused`]).
 pub fn lookup(file: &File, shown: &str, wanted: &[&str]) -> Result<ElfSymbols, String> {
-    with_elf(file, shown, Some(wanted)).map(|found| found.unwrap_or_default())
+    with_elf(file, shown, Want::Symbols(wanted)).map(|(found, _)| found.unwrap_or_default())
 }
 
 /// Checks, reading only the headers, that an ELF file's symbol tables are
 /// within the file and the limits of [`lookup`] (for a file handed to
 /// another parser: blazesym). A refusal is counted.
 pub fn check_tables(file: &File, shown: &str) -> Result<(), String> {
-    with_elf(file, shown, None).map(|_| ())
+    with_elf(file, shown, Want::Check).map(|_| ())
 }
 
-/// [`lookup`] (`wanted` given) or [`check_tables`] (`None`).
-fn with_elf(file: &File, shown: &str, wanted: Option<&[&str]>) -> Result<Option<ElfSymbols>, String> {
+/// The link-time address of section `name` (`None` when the file has no
+/// such section) and the loadable segments, as [`lookup`] reads them
+/// (bounded, symbol tables checked; the symbols themselves not read).
+pub fn section_and_segments(file: &File, shown: &str, name: &str) -> Result<(Option<u64>, ElfSymbols), String> {
+    let (found, section) = with_elf(file, shown, Want::Section(name))?;
+    Ok((section, found.unwrap_or_default()))
+}
+
+/// What [`with_elf`] reads beyond the headers.
+#[derive(Clone, Copy)]
+enum Want<'w> {
+    /// Nothing: the symbol tables' bounds checked only.
+    Check,
+    /// These symbols, the segments and `.data`/`.bss`.
+    Symbols(&'w [&'w str]),
+    /// The address of this section, and the segments.
+    Section(&'w str),
+}
+
+fn with_elf(file: &File, shown: &str, want: Want<'_>) -> Result<(Option<ElfSymbols>, Option<u64>), String> {
     let reader = BlockReader::new(file).map_err(|e| e.to_string())?;
     if !reader.regular {
         return Err(refused::refuse(shown, Refused::NotRegular("not a regular file")).to_string());
@@ -86,8 +104,8 @@ fn with_elf(file: &File, shown: &str, wanted: Option<&[&str]>) -> Result<Option<
     let data = Bounded { cache: &cache, left: &left };
     let kind = object::FileKind::parse(data).map_err(|e| e.to_string())?;
     match kind {
-        object::FileKind::Elf64 => lookup_in::<elf::FileHeader64<Endianness>>(data, len, shown, wanted),
-        object::FileKind::Elf32 => lookup_in::<elf::FileHeader32<Endianness>>(data, len, shown, wanted),
+        object::FileKind::Elf64 => lookup_in::<elf::FileHeader64<Endianness>>(data, len, shown, want),
+        object::FileKind::Elf32 => lookup_in::<elf::FileHeader32<Endianness>>(data, len, shown, want),
         other => Err(format!("not an ELF file ({other:?})")),
     }
 }
@@ -96,8 +114,8 @@ fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
     data: Bounded<'_>,
     len: u64,
     shown: &str,
-    wanted: Option<&[&str]>,
-) -> Result<Option<ElfSymbols>, String> {
+    want: Want<'_>,
+) -> Result<(Option<ElfSymbols>, Option<u64>), String> {
     let header = Elf::parse(data).map_err(|e| e.to_string())?;
     let endian = header.endian().map_err(|e| e.to_string())?;
     let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
@@ -120,9 +138,13 @@ fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
             }
         }
     }
-    let Some(wanted) = wanted else { return Ok(None) };
+    let (wanted, section): (&[&str], Option<&str>) = match want {
+        Want::Check => return Ok((None, None)),
+        Want::Symbols(w) => (w, None),
+        Want::Section(name) => (&[], Some(name)),
+    };
     let mut out = ElfSymbols::default();
-    for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
+    for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB].into_iter().filter(|_| !wanted.is_empty()) {
         let table = sections.symbols(endian, data, kind).map_err(|e| e.to_string())?;
         if table.is_empty() {
             continue;
@@ -153,12 +175,16 @@ fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
         .filter(|p| p.p_type(endian) == elf::PT_LOAD)
         .map(|p| (p.p_vaddr(endian).into(), p.p_memsz(endian).into(), p.p_offset(endian).into()))
         .collect();
+    if let Some(name) = section {
+        let address = sections.section_by_name(endian, name.as_bytes()).map(|(_, s)| s.sh_addr(endian).into());
+        return Ok((Some(out), address));
+    }
     for name in [".data", ".bss"] {
         if let Some((_, s)) = sections.section_by_name(endian, name.as_bytes()) {
             out.data_sections.push((s.sh_addr(endian).into(), s.sh_size(endian).into()));
         }
     }
-    Ok(Some(out))
+    Ok((Some(out), None))
 }
 
 /// The NUL-terminated name at `offset` of a string table, at most
@@ -285,12 +311,48 @@ mod tests {
     #[test]
     fn finds_own_symbols_and_offsets() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let found = lookup(&exe, &["main", "no_such_symbol_here"]).unwrap();
+        let found = lookup(&exe, "/proc/self/exe", &["main", "no_such_symbol_here"]).unwrap();
         let main = found.addresses.get("main").copied().expect("main");
         assert!(!found.addresses.contains_key("no_such_symbol_here"));
         assert!(found.file_offset(main).is_some());
         assert!(!found.segments.is_empty());
-        assert!(lookup(&File::open("/proc/self/status").unwrap(), &["main"]).is_err());
+        assert!(lookup(&File::open("/proc/self/status").unwrap(), "/proc/self/status", &["main"]).is_err());
+        check_tables(&exe, "/proc/self/exe").unwrap();
+    }
+
+    /// A sparse file whose `.dynsym` claims 10 GiB (the attack: the old
+    /// lookup allocated and read it all) is refused from its headers, at
+    /// once and without memory; so is a table claimed past the file's end.
+    #[test]
+    fn huge_or_truncated_symbol_tables_are_refused() {
+        let dir = std::env::temp_dir().join(format!("infertrace-elf-bounds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let before = refused::counts();
+        let huge = dir.join("libcudart.so.12");
+        infertrace_e2e::sparse_elf(&huge, 10 << 30).unwrap();
+        let f = File::open(&huge).unwrap();
+        let t = std::time::Instant::now();
+        let e = lookup(&f, "/huge", &["cudaMalloc"]).unwrap_err();
+        assert!(e.contains("ELF symbol table of 10737418240 bytes is over the 67108864-byte limit"), "{e}");
+        assert!(check_tables(&f, "/huge").is_err());
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
+        // Within the limit but past the end of the (truncated) file.
+        let cut = dir.join("cut.so");
+        infertrace_e2e::sparse_elf(&cut, 1 << 20).unwrap();
+        File::options().write(true).open(&cut).unwrap().set_len(8192).unwrap();
+        let e = lookup(&File::open(&cut).unwrap(), "/cut", &["cudaMalloc"]).unwrap_err();
+        assert!(e.contains("ends past the file's 8192 bytes"), "{e}");
+        // A table just within the limit is read (zeros: no symbol).
+        let ok = dir.join("ok.so");
+        infertrace_e2e::sparse_elf(&ok, 24 * 1000).unwrap();
+        let found = lookup(&File::open(&ok).unwrap(), "/ok", &["cudaMalloc"]).unwrap();
+        assert!(found.addresses.is_empty());
+        let after = refused::counts();
+        assert!(after[1] >= before[1] + 2 && after[2] > before[2], "{before:?} -> {after:?}");
+        // Not a regular file: refused before anything is read.
+        let e = lookup(&File::open("/dev/null").unwrap(), "/dev/null", &["x"]).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
