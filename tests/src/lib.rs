@@ -13,6 +13,8 @@
 //! - the workspace and the binary under test: [`locations`];
 //! - [`Need`], [`require`], [`skip`] (the `CI=true` rule): [`prereq`];
 //! - the CPythons the tests expect, found through pyenv and PATH: [`pythons`];
+//! - hostile files (a sparse ELF, a FIFO) and a memory cgroup to bound the
+//!   tracer with: [`hostile`];
 //! - sid's 3.14 and 3.15 run in a chroot through generated wrappers: [`pyroot`];
 //! - temporary directories ([`TempDir`]): [`tmp`];
 //! - compiling `tests/workloads/*.c`: [`workloads`];
@@ -32,6 +34,7 @@ pub use serde_json;
 
 pub mod bpftool;
 pub mod cudalibs;
+pub mod hostile;
 pub mod itr;
 pub mod json;
 pub mod locations;
@@ -49,6 +52,7 @@ pub mod workloads;
 
 pub use bpftool::*;
 pub use cudalibs::*;
+pub use hostile::*;
 pub use itr::*;
 pub use json::*;
 pub use locations::*;

@@ -193,6 +193,11 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
             cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
         }
     }
+    // Files of targets refused (FIFOs, devices, oversized or malformed
+    // files, lists cut at their caps): one note, with the counts so far.
+    if let Some(text) = crate::os::procfs::refused::note() {
+        cx.sink.state_note("target_files_refused", text);
+    }
     rec.targets = cx.targets.to_targets();
     cx.sink.fill(&mut rec);
     rec.attribute_folded_stacks();

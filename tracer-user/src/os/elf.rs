@@ -7,13 +7,34 @@
 //! meanwhile included.
 
 use std::{
+    cell::Cell,
     collections::HashMap,
     fs::File,
     io::{self, Read, Seek, SeekFrom},
+    ops::Range,
     os::unix::fs::FileExt,
 };
 
-use object::{read::ReadCache, Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{
+    elf,
+    read::{
+        elf::{FileHeader, ProgramHeader, SectionHeader, Sym},
+        ReadCache, ReadRef,
+    },
+    Endianness,
+};
+
+use crate::os::procfs::{refused, Refused};
+
+/// The largest symbol table (or its string table) read: far above any
+/// real library's (libpython's `.symtab` is ~0.5 MiB, libcuda's `.dynsym`
+/// smaller); a file claiming more is refused, not allocated for.
+pub const TABLE_LIMIT: u64 = 64 << 20;
+/// All the bytes read from one file for one lookup (headers, both symbol
+/// tables and their strings).
+pub const READ_BUDGET: u64 = 160 << 20;
+/// The longest symbol name read.
+const NAME_LIMIT: usize = 4096;
 
 /// What [`lookup`] found in one file.
 #[derive(Debug, Default)]
@@ -31,34 +52,186 @@ pub struct ElfSymbols {
 impl ElfSymbols {
     /// The file offset of link-time address `addr` (what a uprobe takes).
     pub fn file_offset(&self, addr: u64) -> Option<u64> {
-        let &(vaddr, _, off) = self.segments.iter().find(|(a, size, _)| *a <= addr && addr < a + size)?;
+        let &(vaddr, _, off) = self.segments.iter().find(|(a, size, _)| *a <= addr && addr < a.saturating_add(*size))?;
         Some(addr - vaddr + off)
     }
 }
 
 /// Looks up the `wanted` symbols, the segments and the data sections of an
-/// ELF file. The error is the parser's, one line.
-pub fn lookup(file: &File, wanted: &[&str]) -> Result<ElfSymbols, String> {
-    let cache = ReadCache::new(BlockReader::new(file).map_err(|e| e.to_string())?);
-    let obj = object::File::parse(&cache).map_err(|e| e.to_string())?;
-    let mut out = ElfSymbols::default();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        if sym.is_undefined() || sym.address() == 0 {
+/// ELF file (`shown`: its name for messages). The error is one line. The
+/// file is a target's, so nothing in it is trusted: it must be a regular
+/// file; every table is bounded by the file's real size and by
+/// [`TABLE_LIMIT`], all reads together by [`READ_BUDGET`]; a table over
+/// its limit is refused and counted ([`refused`]).
+pub fn lookup(file: &File, shown: &str, wanted: &[&str]) -> Result<ElfSymbols, String> {
+    with_elf(file, shown, Want::Symbols(wanted)).map(|(found, _)| found.unwrap_or_default())
+}
+
+/// Checks, reading only the headers, that an ELF file's symbol tables are
+/// within the file and the limits of [`lookup`] (for a file handed to
+/// another parser: blazesym). A refusal is counted.
+pub fn check_tables(file: &File, shown: &str) -> Result<(), String> {
+    with_elf(file, shown, Want::Check).map(|_| ())
+}
+
+/// The link-time address of section `name` (`None` when the file has no
+/// such section) and the loadable segments, as [`lookup`] reads them
+/// (bounded, symbol tables checked; the symbols themselves not read).
+pub fn section_and_segments(file: &File, shown: &str, name: &str) -> Result<(Option<u64>, ElfSymbols), String> {
+    let (found, section) = with_elf(file, shown, Want::Section(name))?;
+    Ok((section, found.unwrap_or_default()))
+}
+
+/// What [`with_elf`] reads beyond the headers.
+#[derive(Clone, Copy)]
+enum Want<'w> {
+    /// Nothing: the symbol tables' bounds checked only.
+    Check,
+    /// These symbols, the segments and `.data`/`.bss`.
+    Symbols(&'w [&'w str]),
+    /// The address of this section, and the segments.
+    Section(&'w str),
+}
+
+fn with_elf(file: &File, shown: &str, want: Want<'_>) -> Result<(Option<ElfSymbols>, Option<u64>), String> {
+    let reader = BlockReader::new(file).map_err(|e| e.to_string())?;
+    if !reader.regular {
+        return Err(refused::refuse(shown, Refused::NotRegular("not a regular file")).to_string());
+    }
+    let len = reader.len;
+    let cache = ReadCache::new(reader);
+    let left = Cell::new(READ_BUDGET);
+    let data = Bounded { cache: &cache, left: &left };
+    let kind = object::FileKind::parse(data).map_err(|e| e.to_string())?;
+    match kind {
+        object::FileKind::Elf64 => lookup_in::<elf::FileHeader64<Endianness>>(data, len, shown, want),
+        object::FileKind::Elf32 => lookup_in::<elf::FileHeader32<Endianness>>(data, len, shown, want),
+        other => Err(format!("not an ELF file ({other:?})")),
+    }
+}
+
+fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
+    data: Bounded<'_>,
+    len: u64,
+    shown: &str,
+    want: Want<'_>,
+) -> Result<(Option<ElfSymbols>, Option<u64>), String> {
+    let header = Elf::parse(data).map_err(|e| e.to_string())?;
+    let endian = header.endian().map_err(|e| e.to_string())?;
+    let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
+    // Every symbol table and its strings inside the file and within the
+    // limit, before anything is read of them.
+    for section in sections.iter() {
+        let kind = section.sh_type(endian);
+        if kind != elf::SHT_SYMTAB && kind != elf::SHT_DYNSYM {
             continue;
         }
-        let Ok(name) = sym.name() else { continue };
-        let name = name.split('@').next().unwrap_or(name);
-        if wanted.contains(&name) && !out.addresses.contains_key(name) {
-            out.addresses.insert(name.to_owned(), sym.address());
+        let strings = sections.section(object::SectionIndex(section.sh_link(endian) as usize)).map_err(|e| e.to_string())?;
+        for (what, s) in [("ELF symbol table", section), ("ELF string table", strings)] {
+            let (offset, size): (u64, u64) = (s.sh_offset(endian).into(), s.sh_size(endian).into());
+            if size > TABLE_LIMIT {
+                return Err(refused::refuse(shown, Refused::TooLarge { what, size, cap: TABLE_LIMIT }).to_string());
+            }
+            if s.sh_type(endian) != elf::SHT_NOBITS && offset.checked_add(size).is_none_or(|end| end > len) {
+                let detail = format!("{what} at {offset:#x}+{size:#x} ends past the file's {len} bytes");
+                return Err(refused::refuse(shown, Refused::Malformed { what: "ELF file", detail }).to_string());
+            }
         }
     }
-    out.segments = obj.segments().map(|s| (s.address(), s.size(), s.file_range().0)).collect();
+    let (wanted, section): (&[&str], Option<&str>) = match want {
+        Want::Check => return Ok((None, None)),
+        Want::Symbols(w) => (w, None),
+        Want::Section(name) => (&[], Some(name)),
+    };
+    let mut out = ElfSymbols::default();
+    for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB].into_iter().filter(|_| !wanted.is_empty()) {
+        let table = sections.symbols(endian, data, kind).map_err(|e| e.to_string())?;
+        if table.is_empty() {
+            continue;
+        }
+        // The string table, read once (a read per name would be one cache
+        // entry per symbol).
+        let strings = sections.section(table.string_section()).map_err(|e| e.to_string())?;
+        let strings = strings.data(endian, data).map_err(|_| format!("{shown}: unreadable ELF string table"))?;
+        for sym in table.symbols() {
+            if sym.is_undefined(endian) {
+                continue;
+            }
+            let address: u64 = sym.st_value(endian).into();
+            if address == 0 {
+                continue;
+            }
+            let Some(name) = name_at(strings, sym.st_name(endian)) else { continue };
+            let name = name.split(|b| *b == b'@').next().unwrap_or(name);
+            let Ok(name) = std::str::from_utf8(name) else { continue };
+            if wanted.contains(&name) && !out.addresses.contains_key(name) {
+                out.addresses.insert(name.to_owned(), address);
+            }
+        }
+    }
+    let segments = header.program_headers(endian, data).map_err(|e| e.to_string())?;
+    out.segments = segments
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD)
+        .map(|p| (p.p_vaddr(endian).into(), p.p_memsz(endian).into(), p.p_offset(endian).into()))
+        .collect();
+    if let Some(name) = section {
+        let address = sections.section_by_name(endian, name.as_bytes()).map(|(_, s)| s.sh_addr(endian).into());
+        return Ok((Some(out), address));
+    }
     for name in [".data", ".bss"] {
-        if let Some(s) = obj.section_by_name(name) {
-            out.data_sections.push((s.address(), s.size()));
+        if let Some((_, s)) = sections.section_by_name(endian, name.as_bytes()) {
+            out.data_sections.push((s.sh_addr(endian).into(), s.sh_size(endian).into()));
         }
     }
-    Ok(out)
+    Ok((Some(out), None))
+}
+
+/// The NUL-terminated name at `offset` of a string table, at most
+/// [`NAME_LIMIT`] bytes.
+fn name_at(strings: &[u8], offset: u32) -> Option<&[u8]> {
+    let rest = strings.get(offset as usize..)?;
+    let rest = &rest[..rest.len().min(NAME_LIMIT)];
+    let end = rest.iter().position(|b| *b == 0)?;
+    Some(&rest[..end])
+}
+
+/// The file as `object` reads it, every read bounded: none larger than
+/// [`TABLE_LIMIT`], all of them together within a budget. (`object`
+/// allocates a read's whole size before reading it: a header claiming
+/// gigabytes would be allocated otherwise, a sparse file would even fill
+/// it.)
+#[derive(Clone, Copy)]
+struct Bounded<'a> {
+    cache: &'a ReadCache<BlockReader<'a>>,
+    left: &'a Cell<u64>,
+}
+
+impl Bounded<'_> {
+    fn charge(&self, size: u64) -> Result<(), ()> {
+        if size > TABLE_LIMIT || size > self.left.get() {
+            return Err(());
+        }
+        self.left.set(self.left.get() - size);
+        Ok(())
+    }
+}
+
+impl<'a> ReadRef<'a> for Bounded<'a> {
+    fn len(self) -> Result<u64, ()> {
+        self.cache.len()
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        self.charge(size)?;
+        self.cache.read_bytes_at(offset, size)
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let got = self.cache.read_bytes_at_until(range, delimiter)?;
+        self.charge(got.len() as u64 + 1)?;
+        Ok(got)
+    }
 }
 
 /// Size of the blocks [`BlockReader`] reads and keeps.
@@ -69,13 +242,15 @@ const BLOCK: u64 = 64 * 1024;
 struct BlockReader<'a> {
     file: &'a File,
     len: u64,
+    regular: bool,
     pos: u64,
     blocks: HashMap<u64, Vec<u8>>,
 }
 
 impl<'a> BlockReader<'a> {
     fn new(file: &'a File) -> io::Result<Self> {
-        Ok(BlockReader { file, len: file.metadata()?.len(), pos: 0, blocks: HashMap::new() })
+        let meta = file.metadata()?;
+        Ok(BlockReader { file, len: meta.len(), regular: meta.is_file(), pos: 0, blocks: HashMap::new() })
     }
 
     fn block(&mut self, index: u64) -> io::Result<&[u8]> {
@@ -102,6 +277,12 @@ impl<'a> BlockReader<'a> {
 impl Read for BlockReader<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let pos = self.pos;
+        // A whole table: read as is, not kept twice (the caller keeps it).
+        if out.len() as u64 >= BLOCK {
+            let n = self.file.read_at(out, pos)?;
+            self.pos += n as u64;
+            return Ok(n);
+        }
         let block = self.block(pos / BLOCK)?;
         let at = (pos % BLOCK) as usize;
         let n = block.len().saturating_sub(at).min(out.len());
@@ -130,12 +311,48 @@ mod tests {
     #[test]
     fn finds_own_symbols_and_offsets() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let found = lookup(&exe, &["main", "no_such_symbol_here"]).unwrap();
+        let found = lookup(&exe, "/proc/self/exe", &["main", "no_such_symbol_here"]).unwrap();
         let main = found.addresses.get("main").copied().expect("main");
         assert!(!found.addresses.contains_key("no_such_symbol_here"));
         assert!(found.file_offset(main).is_some());
         assert!(!found.segments.is_empty());
-        assert!(lookup(&File::open("/proc/self/status").unwrap(), &["main"]).is_err());
+        assert!(lookup(&File::open("/proc/self/status").unwrap(), "/proc/self/status", &["main"]).is_err());
+        check_tables(&exe, "/proc/self/exe").unwrap();
+    }
+
+    /// A sparse file whose `.dynsym` claims 10 GiB (the attack: the old
+    /// lookup allocated and read it all) is refused from its headers, at
+    /// once and without memory; so is a table claimed past the file's end.
+    #[test]
+    fn huge_or_truncated_symbol_tables_are_refused() {
+        let dir = std::env::temp_dir().join(format!("infertrace-elf-bounds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let before = refused::counts();
+        let huge = dir.join("libcudart.so.12");
+        infertrace_e2e::sparse_elf(&huge, 10 << 30).unwrap();
+        let f = File::open(&huge).unwrap();
+        let t = std::time::Instant::now();
+        let e = lookup(&f, "/huge", &["cudaMalloc"]).unwrap_err();
+        assert!(e.contains("ELF symbol table of 10737418240 bytes is over the 67108864-byte limit"), "{e}");
+        assert!(check_tables(&f, "/huge").is_err());
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
+        // Within the limit but past the end of the (truncated) file.
+        let cut = dir.join("cut.so");
+        infertrace_e2e::sparse_elf(&cut, 1 << 20).unwrap();
+        File::options().write(true).open(&cut).unwrap().set_len(8192).unwrap();
+        let e = lookup(&File::open(&cut).unwrap(), "/cut", &["cudaMalloc"]).unwrap_err();
+        assert!(e.contains("ends past the file's 8192 bytes"), "{e}");
+        // A table just within the limit is read (zeros: no symbol).
+        let ok = dir.join("ok.so");
+        infertrace_e2e::sparse_elf(&ok, 24 * 1000).unwrap();
+        let found = lookup(&File::open(&ok).unwrap(), "/ok", &["cudaMalloc"]).unwrap();
+        assert!(found.addresses.is_empty());
+        let after = refused::counts();
+        assert!(after[1] >= before[1] + 2 && after[2] > before[2], "{before:?} -> {after:?}");
+        // Not a regular file: refused before anything is read.
+        let e = lookup(&File::open("/dev/null").unwrap(), "/dev/null", &["x"]).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

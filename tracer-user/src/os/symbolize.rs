@@ -4,8 +4,10 @@
 //! file-backed mappings of a live process from `/proc/PID/maps` and opens
 //! each mapped file right away (through `/proc/PID/map_files/`, or else by
 //! its path resolved inside the process's own root, `/proc/PID/root`, with
-//! symlinks confined to that root), so that containers work and the files
-//! stay readable after the process exits or the file is deleted. An address
+//! symlinks confined to that root: `procfs::open_mapped`), so that
+//! containers work and the files stay readable after the process exits or
+//! the file is deleted. blazesym is handed `/proc/self/fd/N` of the file
+//! opened and checked (a regular file), never the target's path. An address
 //! is then turned into (file, file offset) and handed to blazesym's ELF
 //! source as a file offset; DWARF supplies file, line and inlined functions
 //! where present, the ELF symbol table otherwise. Names are demangled (Rust,
@@ -266,18 +268,26 @@ impl Symbolizer {
         // another mount namespace) but needs CAP_SYS_ADMIN; the path inside
         // the process root is the fallback.
         let opened = procfs::open_mapped_via(pid, entry, self.use_map_files).ok()?;
-        let live_path = opened.in_root.unwrap_or(opened.map_files);
+        // Out of descriptors to hold, blazesym opens the file by path while
+        // the process lives: only `map_files` (a magic link to the mapped
+        // inode itself); never the mapped path inside the process's root,
+        // which would be resolved again by name (a link swapped meanwhile
+        // leads out of that root).
+        let live_path = opened.via_map_files.then(|| opened.map_files.clone());
         let (file, identity) = (opened.file, opened.identity);
         let index = match self.by_identity.get(&identity) {
             Some(&index) => index,
             None => {
+                // A target's file: its symbol tables bounded before
+                // blazesym reads them (a refusal is counted).
+                crate::os::elf::check_tables(&file, entry.path()).ok()?;
                 let object = if self.fd_budget > 0 {
                     self.fd_budget -= 1;
                     Object { path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())), _file: Some(file) }
                 } else {
                     // Out of descriptors to hold: symbolization of this file
                     // only works while the process lives.
-                    Object { path: live_path, _file: None }
+                    Object { path: live_path?, _file: None }
                 };
                 self.objects.push(object);
                 self.by_identity.insert(identity, self.objects.len() - 1);
@@ -427,13 +437,20 @@ mod tests {
         let b = rusty_probe_target_fn as *const () as u64;
         let frames = s.user_frames(pid, &[b]);
         assert!(frames.iter().any(|f| f.function.contains("rusty_probe_target_fn")), "{frames:?}");
-        // Out of descriptors to hold: live paths still work.
+        // Out of descriptors to hold: map_files paths still work (the
+        // mapped inode itself, while the process lives)...
         let mut s = Symbolizer::new();
-        (s.use_map_files, s.fd_budget) = (false, 0);
+        s.fd_budget = 0;
         assert!(s.observe_process(pid));
-        assert!(s.objects.iter().all(|o| o._file.is_none() && o.path.starts_with(format!("/proc/{pid}/root"))));
+        assert!(!s.objects.is_empty());
+        assert!(s.objects.iter().all(|o| o._file.is_none() && o.path.starts_with(format!("/proc/{pid}/map_files/"))));
         let frames = s.user_frames(pid, &[b]);
         assert!(frames.iter().any(|f| f.function.contains("rusty_probe_target_fn")), "{frames:?}");
+        // ... but a path in the process's root is never handed on by name.
+        let mut s = Symbolizer::new();
+        (s.use_map_files, s.fd_budget) = (false, 0);
+        s.observe_process(pid);
+        assert!(s.objects.is_empty());
     }
 
     #[test]

@@ -210,10 +210,8 @@ impl CudaCollector {
             return Ok(());
         }
         let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
-        for found in search::candidates(&root, &facts, self.opts.driver) {
-            self.probe_found(cx, pid, &root, &found, &mapped)?;
-        }
-        Ok(())
+        let driver = self.opts.driver;
+        search::candidates(&root, &facts, driver, |found| self.probe_found(cx, pid, &root, &found, &mapped))
     }
 
     /// Opens a file [`search`](super::search) found (inside the target's
@@ -237,7 +235,7 @@ impl CudaCollector {
         if !meta.is_file() || self.attached.contains_key(&identity) || self.not_cuda.contains(&identity) {
             return Ok(());
         }
-        let symbols = match discovery::cuda_symbols(&file) {
+        let symbols = match discovery::cuda_symbols(&file, &found.path) {
             Ok(s) if !s.is_empty() => s,
             _ => {
                 self.not_cuda.insert(identity);
@@ -373,7 +371,7 @@ impl CudaCollector {
         if self.attached.contains_key(&opened.identity) {
             return Ok(Some(opened.identity));
         }
-        let symbols = match discovery::cuda_symbols(&opened.file) {
+        let symbols = match discovery::cuda_symbols(&opened.file, &shown) {
             Ok(s) => s,
             Err(e) => {
                 if !cand.is_exe {

@@ -87,20 +87,20 @@ pub fn text_range(maps: &[MapsLine], file: &MapsLine) -> Option<(u64, u64)> {
 }
 
 /// Opens the file behind `line` of process `pid` ([`procfs::open_mapped`]);
-/// also returns a path this process can hand to the kernel for the uprobe,
-/// naming the same inode: a plain path inside the process's root where it
-/// has one, else the `map_files` link.
+/// also returns the path this process hands to the kernel for the uprobe:
+/// `/proc/self/fd/N` of the opened file (valid while it is open), which
+/// names exactly the inode checked, whatever the target does to its paths.
 pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<(MappedFile, PathBuf)> {
     let opened = procfs::open_mapped(pid, line)?;
-    let attach_path = opened.in_root.clone().unwrap_or_else(|| opened.map_files.clone());
+    let attach_path = opened.by_fd();
     Ok((opened, attach_path))
 }
 
 /// File offsets of the probed CUDA runtime functions defined in an ELF
 /// file, by api id (`.dynsym` first, then `.symtab`; version suffixes such
 /// as `@@libcudart.so.12` are not part of the names read).
-pub fn cuda_symbols(file: &File) -> Result<Vec<(u32, u64)>, String> {
-    let found = crate::os::elf::lookup(file, &api::NAMES)?;
+pub fn cuda_symbols(file: &File, shown: &str) -> Result<Vec<(u32, u64)>, String> {
+    let found = crate::os::elf::lookup(file, shown, &api::NAMES)?;
     let mut out: Vec<(u32, u64)> = api::NAMES
         .iter()
         .enumerate()
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn own_executable_has_no_cuda_runtime() {
         let f = File::open("/proc/self/exe").unwrap();
-        let syms = cuda_symbols(&f).unwrap();
+        let syms = cuda_symbols(&f, "/proc/self/exe").unwrap();
         assert!(!is_runtime(&syms));
     }
 }

@@ -20,15 +20,40 @@
 //! Only file names are matched here ([`is_cudart_name`],
 //! [`is_driver_name`]); the collector opens each candidate and probes it
 //! when its symbols make it a CUDA library.
+//!
+//! The target's root is not trusted: every path is resolved and every
+//! directory listed through descriptors inside it
+//! ([`procfs::list_in_root`]), the loader cache is read only when it is a
+//! regular file of at most [`LD_SO_CACHE_LIMIT`] bytes and parsed in linear
+//! time, and every list is capped ([`MAX_PATH_ENTRIES`], [`MAX_DIRS`],
+//! [`MAX_LISTED`], [`MAX_CANDIDATES`]); candidates are handed out one at a
+//! time. What is cut or refused is counted ([`procfs::refused`]).
 
 use std::{
+    cell::Cell,
     collections::BTreeSet,
     fs,
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use super::discovery::{is_cudart_name, is_driver_name};
-use crate::os::procfs::{self, resolve_in_root};
+use crate::os::procfs::{self, refused, Refused};
+
+/// Entries of one search path (`LD_LIBRARY_PATH`, `PYTHONPATH`, `PATH`) used.
+pub const MAX_PATH_ENTRIES: usize = 128;
+/// Directories searched for one target.
+pub const MAX_DIRS: usize = 512;
+/// Directory entries read for one target, all listings together.
+pub const MAX_LISTED: usize = 50_000;
+/// Entries read of one directory.
+pub const MAX_PER_DIR: usize = 10_000;
+/// Candidate files handed out for one target.
+pub const MAX_CANDIDATES: usize = 64;
+/// The largest `/etc/ld.so.cache` read (real ones are well under 1 MiB;
+/// a million entries are 24 MiB).
+pub const LD_SO_CACHE_LIMIT: u64 = 32 << 20;
+/// Entries of the loader cache examined.
+pub const LD_SO_CACHE_ENTRIES: usize = 200_000;
 
 /// Where a candidate was found (for the note that says it was probed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,6 +109,19 @@ impl TargetFacts {
         self.environ.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 
+    /// The non-empty entries of a `:`-separated variable, at most
+    /// [`MAX_PATH_ENTRIES`] (more counted as refused).
+    fn env_list(&self, name: &'static str) -> impl Iterator<Item = &str> {
+        let mut n = 0;
+        self.env(name).unwrap_or("").split(':').filter(|d| !d.is_empty()).take_while(move |_| {
+            n += 1;
+            if n == MAX_PATH_ENTRIES + 1 {
+                refused::count(name, &Refused::TooMany { what: "search path entries", cap: MAX_PATH_ENTRIES });
+            }
+            n <= MAX_PATH_ENTRIES
+        })
+    }
+
     /// A path as the target would resolve it: absolute, or relative to its
     /// working directory when known.
     fn absolute(&self, p: &str) -> Option<String> {
@@ -127,13 +165,21 @@ pub fn directories(
     list: &dyn Fn(&str) -> Vec<String>,
 ) -> Vec<(String, Source)> {
     let mut out: Vec<(String, Source)> = Vec::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut push = |d: String, s: Source| {
         let d = d.trim_end_matches('/').to_owned();
-        if !d.is_empty() && !out.iter().any(|(x, _)| *x == d) {
+        if d.is_empty() || seen.contains(&d) {
+            return;
+        }
+        if out.len() == MAX_DIRS {
+            refused::count(&d, &Refused::TooMany { what: "directories to search", cap: MAX_DIRS });
+        }
+        if out.len() < MAX_DIRS {
+            seen.insert(d.clone());
             out.push((d, s));
         }
     };
-    for d in facts.env("LD_LIBRARY_PATH").unwrap_or("").split(':').filter(|d| !d.is_empty()) {
+    for d in facts.env_list("LD_LIBRARY_PATH") {
         if let Some(d) = facts.absolute(d) {
             push(d, Source::LdLibraryPath);
         }
@@ -159,7 +205,7 @@ pub fn directories(
                 facts.absolute(a)
             } else {
                 let path = facts.env("PATH")?;
-                path.split(':').filter(|d| d.starts_with('/')).map(|d| format!("{}/{a}", d.trim_end_matches('/'))).find(|p| exists(p))
+                path.split(':').filter(|d| d.starts_with('/')).take(MAX_PATH_ENTRIES).map(|d| format!("{}/{a}", d.trim_end_matches('/'))).find(|p| exists(p))
             }
         });
         if let Some(venv) = invoked.as_deref().and_then(parent).and_then(parent) {
@@ -187,7 +233,7 @@ pub fn directories(
                 }
             }
         }
-        for d in facts.env("PYTHONPATH").unwrap_or("").split(':').filter(|d| !d.is_empty()) {
+        for d in facts.env_list("PYTHONPATH") {
             if let Some(d) = facts.absolute(d) {
                 sites.push((d, Source::PythonPath));
             }
@@ -240,30 +286,93 @@ pub fn wanted_name(name: &str, driver: bool) -> bool {
     is_cudart_name(name) || (driver && is_driver_name(name))
 }
 
-/// The `(name, path)` entries of an `ld.so.cache` (glibc's
-/// `glibc-ld.so.cache1.1` format, alone or after the old `ld.so-1.7.0`
-/// table); empty when the data is not such a cache.
-pub fn ld_so_cache_entries(data: &[u8]) -> Vec<(String, String)> {
+/// What [`ld_so_cache_entries`] read of a loader cache.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LoaderCache {
+    /// `(name, path)` of the entries whose name was wanted, in order.
+    pub entries: Vec<(String, String)>,
+    /// Why the cache was not read whole (malformed, or over a cap).
+    pub problem: Option<String>,
+}
+
+/// The entries of an `ld.so.cache` (glibc's `glibc-ld.so.cache1.1` format,
+/// alone or after the old `ld.so-1.7.0` table) whose name `want`s; empty
+/// when the data is not such a cache. Linear in the entries examined
+/// (at most [`LD_SO_CACHE_ENTRIES`]): a name is read up to 256 bytes, a
+/// path (only for a wanted name) up to 4096, so a cache without a NUL
+/// costs no more than a well-formed one; a cache claiming more entries
+/// than it holds, or strings without an end, is reported in `problem`.
+pub fn ld_so_cache_entries(data: &[u8], want: &dyn Fn(&str) -> bool) -> LoaderCache {
     const MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
+    const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
     const HEADER: usize = 48;
     const ENTRY: usize = 24;
-    let Some(base) = data.windows(MAGIC.len()).position(|w| w == MAGIC) else { return Vec::new() };
-    let u32_at = |off: usize| -> Option<u32> { Some(u32::from_le_bytes(data.get(off..off + 4)?.try_into().ok()?)) };
-    let Some(nlibs) = u32_at(base + 20) else { return Vec::new() };
-    // NUL-terminated string at an offset from the new header.
-    let string = |off: u32| -> Option<String> {
+    const OLD_ENTRY: usize = 12;
+    const NAME_MAX: usize = 256;
+    const PATH_MAX: usize = 4096;
+    let u32_at = |off: usize| -> Option<u32> { Some(u32::from_le_bytes(data.get(off..off.checked_add(4)?)?.try_into().ok()?)) };
+    let mut out = LoaderCache::default();
+    // The new header is at the start, or right after the old table
+    // (aligned to 4 or 8 bytes, depending on the glibc that wrote it).
+    let base = if data.starts_with(MAGIC) {
+        Some(0)
+    } else if data.starts_with(OLD_MAGIC) {
+        let end = u32_at(12).and_then(|n| (n as usize).checked_mul(OLD_ENTRY)).and_then(|t| t.checked_add(16));
+        end.and_then(|end| {
+            [end, end.next_multiple_of(4), end.next_multiple_of(8)]
+                .into_iter()
+                .find(|b| data.get(*b..).is_some_and(|d| d.starts_with(MAGIC)))
+        })
+    } else {
+        None
+    };
+    let Some(base) = base else {
+        if data.starts_with(OLD_MAGIC) {
+            out.problem = Some("an old-format cache with no glibc-ld.so.cache1.1 table after it".into());
+        }
+        return out;
+    };
+    let Some(nlibs) = u32_at(base + 20) else {
+        out.problem = Some("truncated header".into());
+        return out;
+    };
+    let room = data.len().saturating_sub(base + HEADER) / ENTRY;
+    let mut n = nlibs as usize;
+    if n > room {
+        out.problem = Some(format!("claims {nlibs} entries, {room} fit in its {} bytes", data.len()));
+        n = room;
+    }
+    if n > LD_SO_CACHE_ENTRIES {
+        out.problem.get_or_insert_with(|| format!("{nlibs} entries, more than the {LD_SO_CACHE_ENTRIES} examined"));
+        n = LD_SO_CACHE_ENTRIES;
+    }
+    // NUL-terminated string at an offset from the new header, at most `max` bytes.
+    let string = |off: u32, max: usize| -> Option<&[u8]> {
         let start = base.checked_add(off as usize)?;
         let rest = data.get(start..)?;
+        let rest = &rest[..rest.len().min(max)];
         let end = rest.iter().position(|b| *b == 0)?;
-        String::from_utf8(rest[..end].to_vec()).ok()
+        Some(&rest[..end])
     };
-    let mut out = Vec::new();
-    for i in 0..nlibs as usize {
+    let mut unterminated = 0usize;
+    for i in 0..n {
         let off = base + HEADER + i * ENTRY;
         let (Some(key), Some(value)) = (u32_at(off + 4), u32_at(off + 8)) else { break };
-        if let (Some(k), Some(v)) = (string(key), string(value)) {
-            out.push((k, v));
+        let Some(name) = string(key, NAME_MAX) else {
+            unterminated += 1;
+            continue;
+        };
+        let Ok(name) = std::str::from_utf8(name) else { continue };
+        if !want(name) {
+            continue;
         }
+        match string(value, PATH_MAX).map(|p| String::from_utf8_lossy(p).into_owned()) {
+            Some(path) => out.entries.push((name.to_owned(), path)),
+            None => unterminated += 1,
+        }
+    }
+    if unterminated > 0 && out.problem.is_none() {
+        out.problem = Some(format!("{unterminated} entries whose strings have no end"));
     }
     out
 }
@@ -276,38 +385,64 @@ pub struct Found {
 }
 
 /// Every file a target may load the CUDA runtime (and, with `driver`, the
-/// driver) from, as it sees them (see the module documentation); paths
-/// are resolved in `root` (`/proc/PID/root`).
-pub fn candidates(root: &Path, facts: &TargetFacts, driver: bool) -> Vec<Found> {
-    let host = |p: &str| resolve_in_root(root, Path::new(p)).ok();
-    let exists = |p: &str| host(p).is_some();
+/// driver) from, as it sees them (see the module documentation), handed
+/// to `each` one at a time (at most [`MAX_CANDIDATES`]); paths are resolved
+/// in `root` (`/proc/PID/root`). Stops at `each`'s first error.
+pub fn candidates<E>(root: &Path, facts: &TargetFacts, driver: bool, mut each: impl FnMut(Found) -> Result<(), E>) -> Result<(), E> {
+    let exists = |p: &str| procfs::exists_in_root(root, Path::new(p));
+    let listed = Cell::new(0usize);
     let list = |d: &str| -> Vec<String> {
-        let Some(h) = host(d) else { return Vec::new() };
-        fs::read_dir(h)
-            .map(|it| it.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
-            .unwrap_or_default()
+        let left = MAX_LISTED.saturating_sub(listed.get());
+        if left == 0 {
+            if listed.get() == MAX_LISTED {
+                refused::count(d, &Refused::TooMany { what: "directory entries listed", cap: MAX_LISTED });
+                listed.set(MAX_LISTED + 1);
+            }
+            return Vec::new();
+        }
+        let Some((names, cut)) = procfs::list_in_root(root, Path::new(d), left.min(MAX_PER_DIR)) else { return Vec::new() };
+        listed.set(listed.get() + names.len());
+        if cut && names.len() == MAX_PER_DIR {
+            refused::count(d, &Refused::TooMany { what: "entries of one directory", cap: MAX_PER_DIR });
+        }
+        names.into_iter().filter_map(|n| n.into_string().ok()).collect()
     };
     let mut seen: BTreeSet<String> = BTreeSet::new();
-    let mut out = Vec::new();
+    let mut handed = 0usize;
+    let mut hand = |path: String, source: Source, each: &mut dyn FnMut(Found) -> Result<(), E>| -> Result<bool, E> {
+        if !seen.insert(path.clone()) {
+            return Ok(true);
+        }
+        if handed == MAX_CANDIDATES {
+            refused::count(&path, &Refused::TooMany { what: "candidate CUDA libraries", cap: MAX_CANDIDATES });
+            return Ok(false);
+        }
+        handed += 1;
+        each(Found { path, source })?;
+        Ok(true)
+    };
     for (dir, source) in directories(facts, &exists, &list) {
         let mut names: Vec<String> = list(&dir).into_iter().filter(|n| wanted_name(n, driver)).collect();
         names.sort();
         for n in names {
-            let path = format!("{dir}/{n}");
-            if seen.insert(path.clone()) {
-                out.push(Found { path, source });
+            if !hand(format!("{dir}/{n}"), source, &mut each)? {
+                return Ok(());
             }
         }
     }
-    let cache: Option<PathBuf> = host("/etc/ld.so.cache");
-    if let Some(data) = cache.and_then(|c| fs::read(c).ok()) {
-        for (name, path) in ld_so_cache_entries(&data) {
-            if wanted_name(&name, driver) && seen.insert(path.clone()) {
-                out.push(Found { path, source: Source::LdSoCache });
-            }
+    const CACHE: &str = "/etc/ld.so.cache";
+    let Ok(file) = procfs::open_in_root(root, Path::new(CACHE)) else { return Ok(()) };
+    let Ok(data) = procfs::read_capped(&file, CACHE, "loader cache", LD_SO_CACHE_LIMIT) else { return Ok(()) };
+    let cache = ld_so_cache_entries(&data, &|name| wanted_name(name, driver));
+    if let Some(detail) = cache.problem {
+        refused::count(CACHE, &Refused::Malformed { what: "loader cache", detail });
+    }
+    for (_, path) in cache.entries {
+        if !hand(path, Source::LdSoCache, &mut each)? {
+            return Ok(());
         }
     }
-    out
+    Ok(())
 }
 
 #[cfg(test)]
@@ -414,14 +549,68 @@ mod tests {
 
     #[test]
     fn this_machines_loader_cache() {
-        let Ok(data) = fs::read("/etc/ld.so.cache") else { return };
-        let entries = ld_so_cache_entries(&data);
+        let data = fs::read("/etc/ld.so.cache").expect("/etc/ld.so.cache");
+        let cache = ld_so_cache_entries(&data, &|_| true);
+        assert_eq!(cache.problem, None);
         assert!(
-            entries.iter().any(|(k, v)| k == "libc.so.6" && v.ends_with("/libc.so.6")),
+            cache.entries.iter().any(|(k, v)| k == "libc.so.6" && v.ends_with("/libc.so.6")),
             "libc.so.6 not in {} entries of /etc/ld.so.cache",
-            entries.len()
+            cache.entries.len()
         );
-        assert!(ld_so_cache_entries(b"not a cache").is_empty());
+        let only = ld_so_cache_entries(&data, &|n| n == "libc.so.6");
+        assert!(!only.entries.is_empty() && only.entries.iter().all(|(k, _)| k == "libc.so.6"));
+        assert_eq!(ld_so_cache_entries(b"not a cache", &|_| true), LoaderCache::default());
+    }
+
+    /// A cache claiming `nlibs` entries, `present` of them there, each
+    /// naming a string at the start of a `tail` of bytes without a NUL (the
+    /// attack: a scan for the end of each string reads the whole tail).
+    fn hostile_cache(nlibs: u32, present: usize, tail: usize) -> Vec<u8> {
+        let mut d = b"glibc-ld.so.cache1.1".to_vec();
+        d.extend_from_slice(&nlibs.to_le_bytes());
+        d.resize(48, 0x41);
+        let strings = (48 + present * 24) as u32;
+        for _ in 0..present {
+            d.extend_from_slice(&1u32.to_le_bytes());
+            d.extend_from_slice(&strings.to_le_bytes());
+            d.extend_from_slice(&strings.to_le_bytes());
+            d.extend_from_slice(&[0x41; 12]);
+        }
+        d.resize(d.len() + tail, 0x41);
+        d
+    }
+
+    /// The attack's cache (a million entries, no NUL) is read in linear
+    /// time and reported; the old parser scanned to the end of the data
+    /// for every string (quadratic: minutes at 100% CPU).
+    #[test]
+    fn malformed_loader_cache_is_linear_and_reported() {
+        let time = |nlibs: u32, present: usize, tail: usize| {
+            let data = hostile_cache(nlibs, present, tail);
+            let t = std::time::Instant::now();
+            let cache = ld_so_cache_entries(&data, &|n| wanted_name(n, true));
+            (t.elapsed(), cache)
+        };
+        let (_, cache) = time(1_000_000, 10_000, 0);
+        assert!(cache.problem.as_deref().is_some_and(|p| p.contains("claims 1000000 entries, 10000 fit")), "{cache:?}");
+        // The attack: a million entries over 8 MiB without a NUL (the old
+        // parser read ~10^13 bytes). Bounded per string: well under 1 s.
+        let (t, cache) = time(1_000_000, 1_000_000, 8 << 20);
+        assert!(cache.entries.is_empty());
+        assert!(cache.problem.as_deref().is_some_and(|p| p.contains("entries, more than the")), "{cache:?}");
+        assert!(t < std::time::Duration::from_secs(1), "{t:?}");
+        let (t, cache) = time(100_000, 100_000, 8 << 20);
+        assert!(cache.problem.as_deref().is_some_and(|p| p.contains("100000 entries whose strings have no end")), "{cache:?}");
+        assert!(t < std::time::Duration::from_millis(500), "{t:?}");
+        // A well-formed entry among them is still found.
+        let mut data = hostile_cache(3, 3, 300);
+        let strings = data.len() as u32;
+        data.extend_from_slice(b"libcudart.so.12\0/opt/cuda/libcudart.so.12\0");
+        data[48 + 24 + 4..48 + 24 + 8].copy_from_slice(&strings.to_le_bytes());
+        data[48 + 24 + 8..48 + 24 + 12].copy_from_slice(&(strings + 16).to_le_bytes());
+        let cache = ld_so_cache_entries(&data, &|n| wanted_name(n, false));
+        assert_eq!(cache.entries, [("libcudart.so.12".to_owned(), "/opt/cuda/libcudart.so.12".to_owned())]);
+        assert!(cache.problem.as_deref().is_some_and(|p| p.contains("2 entries")), "{cache:?}");
     }
 
     #[test]
@@ -436,7 +625,13 @@ mod tests {
         // A link out of the root is not followed out.
         std::os::unix::fs::symlink("/", site.join("torch")).unwrap();
         let facts = TargetFacts { exe: Some("/opt/py/bin/python3.11".into()), ..Default::default() };
-        let found: Vec<Found> = candidates(&base, &facts, true).into_iter().filter(|f| f.source != Source::LdSoCache && f.source != Source::LibDir).collect();
+        let mut found: Vec<Found> = Vec::new();
+        candidates(&base, &facts, true, |f| {
+            found.push(f);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        found.retain(|f| f.source != Source::LdSoCache && f.source != Source::LibDir);
         assert_eq!(
             found,
             [Found { path: "/opt/py/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12".into(), source: Source::SitePackages }]

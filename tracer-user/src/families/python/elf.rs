@@ -54,7 +54,7 @@ pub fn page_size() -> u64 {
 /// Reads the symbols in [`WANTED`], the segments and data sections of an ELF
 /// file ([`crate::os::elf::lookup`]).
 pub fn inspect(file: File, path: &Path) -> Result<ElfInfo, PythonError> {
-    let found = crate::os::elf::lookup(&file, WANTED).map_err(|message| PythonError::Elf { path: path.display().to_string(), message })?;
+    let found = crate::os::elf::lookup(&file, &path.display().to_string(), WANTED).map_err(|message| PythonError::Elf { path: path.display().to_string(), message })?;
     let symbols = WANTED.iter().filter_map(|w| found.addresses.get(*w).map(|a| (*w, *a))).collect();
     let loads = found.segments.iter().map(|&(vaddr, _, off)| (off, vaddr)).collect();
     Ok(ElfInfo { symbols, loads, data_sections: found.data_sections })

@@ -2,13 +2,13 @@
 //! open the file behind a mapping.
 
 use std::{
-    fs::{self, File},
+    fs::File,
     io,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
-use super::root::{open_in_root, resolve_in_root};
+use super::root::{open_in_root, open_regular};
 
 /// One line of /proc/PID/maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,15 +121,30 @@ pub struct MappedFile {
     /// `/proc/PID/map_files/START-END`: the mapped file itself while the
     /// process lives (even deleted, even in another mount namespace).
     pub map_files: PathBuf,
-    /// The mapped path resolved inside the process's root, when it still
-    /// names the mapped inode: a plain path that outlives the process.
-    pub in_root: Option<PathBuf>,
+    /// The file was opened through `map_files` (then that path names it
+    /// while the process lives; else it may not be readable: it needs
+    /// CAP_SYS_ADMIN).
+    pub via_map_files: bool,
+}
+
+impl MappedFile {
+    /// A path naming exactly the opened file, for what takes paths (a
+    /// uprobe, blazesym): `/proc/self/fd/N` of [`MappedFile::file`], valid
+    /// while it is open. Never the mapped path: resolved again by name,
+    /// it could lead elsewhere (a link swapped meanwhile, resolved against
+    /// the host's root).
+    pub fn by_fd(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
 }
 
 /// Opens the file behind mapping `line` of process `pid`: through
 /// `/proc/PID/map_files/` when allowed (needs CAP_SYS_ADMIN), else by its
-/// path inside `/proc/PID/root` with symlinks confined to that root. Either
-/// way the opened file must be the mapped inode, and a regular file.
+/// path inside `/proc/PID/root` with symlinks confined to that root
+/// ([`open_in_root`]). Either way the opened file must be the mapped inode,
+/// and a regular file (checked before it is opened for reading: a device
+/// can be mapped too).
 pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<MappedFile> {
     open_mapped_via(pid, line, true)
 }
@@ -140,10 +155,10 @@ pub fn open_mapped_via(pid: u32, line: &MapsLine, map_files_first: bool) -> io::
     let map_files = dir.join(format!("map_files/{:x}-{:x}", line.start, line.end));
     let root = dir.join("root");
     let path = Path::new(line.path());
-    let in_root = resolve_in_root(&root, path).ok().filter(|p| fs::metadata(p).is_ok_and(|m| m.ino() == line.inode));
-    let direct = if map_files_first { File::open(&map_files) } else { Err(io::ErrorKind::Unsupported.into()) };
-    let file = match direct {
-        Ok(f) if f.metadata().is_ok_and(|m| m.ino() == line.inode) => f,
+    let direct = if map_files_first { open_regular(&map_files) } else { Err(io::ErrorKind::Unsupported.into()) };
+    let (file, via_map_files) = match direct {
+        Ok(f) if f.metadata().is_ok_and(|m| m.ino() == line.inode) => (f, true),
+        Err(e) if super::refused::is_refusal(&e) => return Err(e),
         _ => {
             let f = open_in_root(&root, path)?;
             let ino = f.metadata()?.ino();
@@ -154,14 +169,11 @@ pub fn open_mapped_via(pid: u32, line: &MapsLine, map_files_first: bool) -> io::
                     line.inode
                 )));
             }
-            f
+            (f, false)
         }
     };
     let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(io::Error::other(format!("{} is not a regular file", line.path())));
-    }
-    Ok(MappedFile { file, identity: (meta.dev(), meta.ino()), map_files, in_root })
+    Ok(MappedFile { file, identity: (meta.dev(), meta.ino()), map_files, via_map_files })
 }
 
 #[cfg(test)]
@@ -206,6 +218,11 @@ mod tests {
         let exe = m.iter().find(|l| l.executable && l.is_file()).expect("an executable file mapping");
         let opened = open_mapped(me, exe).unwrap();
         assert_eq!(opened.identity.1, exe.inode);
-        assert!(opened.in_root.is_some());
+        assert!(opened.via_map_files);
+        let by_fd = std::fs::metadata(opened.by_fd()).unwrap();
+        assert_eq!((by_fd.dev(), by_fd.ino()), opened.identity);
+        let fallback = open_mapped_via(me, exe, false).unwrap();
+        assert!(!fallback.via_map_files);
+        assert_eq!(fallback.identity, opened.identity);
     }
 }

@@ -1,17 +1,19 @@
 //! Everything read from /proc: facts about processes and threads (here),
 //! their mappings ([`maps`]), their files by the paths they see
-//! ([`root`]) and their thread ids in their own PID namespace
+//! ([`root`]; what is refused there is counted in [`refused`]) and their thread ids in their own PID namespace
 //! ([`nspid`]). Every value here comes from outside the tool, so every
 //! accessor returns `Option`/`Result`, never panics.
 
 mod maps;
 mod nspid;
+pub mod refused;
 mod root;
 
 pub use maps::{maps, open_mapped, open_mapped_via, parse_maps, MappedFile, MapsLine};
 pub use maps::as_seen_by as maps_as_seen_by;
 pub use nspid::{nspid, ThreadIdMap};
-pub use root::{open_in_root, resolve_in_root};
+pub use refused::{Refused, refuse};
+pub use root::{exists_in_root, list_in_root, open_in_root, open_regular, read_capped};
 
 use std::{fs, io, path::PathBuf};
 

@@ -5,8 +5,6 @@
 
 use std::{fs::File, path::PathBuf};
 
-use object::{read::ReadCache, Object, ObjectSection, ObjectSegment};
-
 use super::offsets::SECTION;
 use crate::{
     os::procfs::MapsLine,
@@ -40,7 +38,7 @@ pub fn find_section(pid: u32, binary: &std::path::Path) -> Result<Option<Located
     groups.sort_by_key(|g| std::path::Path::new(g.1) != binary);
     for (_, _, mappings) in &groups {
         let Ok((file, shown)) = proc::open_mapped(pid, mappings[0]) else { continue };
-        let Some((section, loads)) = section_and_loads(&file) else { continue };
+        let Some((section, loads)) = section_and_loads(&file, &shown.display().to_string()) else { continue };
         let info = ElfInfo { loads, ..ElfInfo::default() };
         let Some(bias) = info.load_bias(mappings) else { continue };
         return Ok(Some(Located { address: bias.wrapping_add(section), file: shown }));
@@ -49,11 +47,10 @@ pub fn find_section(pid: u32, binary: &std::path::Path) -> Result<Option<Located
 }
 
 /// The section's link-time address and the file's PT_LOAD segments
-/// (file offset, address); `None` when the file has no such section.
-fn section_and_loads(file: &File) -> Option<(u64, Vec<(u64, u64)>)> {
-    let cache = ReadCache::new(file);
-    let obj = object::File::parse(&cache).ok()?;
-    let section = obj.section_by_name(SECTION)?.address();
-    let loads = obj.segments().map(|s| (s.file_range().0, s.address())).collect();
-    Some((section, loads))
+/// (file offset, address); `None` when the file has no such section. Read
+/// with the bounds of `crate::os::elf` (a target's file).
+fn section_and_loads(file: &File, shown: &str) -> Option<(u64, Vec<(u64, u64)>)> {
+    let (section, found) = crate::os::elf::section_and_segments(file, shown, SECTION).ok()?;
+    let loads = found.segments.iter().map(|&(vaddr, _, off)| (off, vaddr)).collect();
+    Some((section?, loads))
 }
