@@ -1,7 +1,6 @@
 //! Operating-system glue shared by every part of the tracer: /proc,
 //! tracefs, the kernel's BTF, ELF files, the embedded kernel object and its
-//! typed accessors, multi-uprobe links, clocks, native symbolization and
-//! safe file creation (`safe_write`).
+//! typed accessors, multi-uprobe links, clocks, native symbolization.
 //! Knows no probe family.
 
 pub mod bpf_stats;
@@ -10,7 +9,6 @@ pub mod clock;
 pub mod elf;
 pub mod probe;
 pub mod procfs;
-pub mod safe_write;
 pub mod symbolize;
 pub mod tracefs;
 pub mod trap_timing;

@@ -6,6 +6,8 @@
 //!
 //! This is the recording model: serde types only, shared by the collectors
 //! that fill it and the reports that render it. It imports no collector.
+//! Its files are written by `output` (where `record -o` goes) through
+//! `safe_write` (created O_EXCL|O_NOFOLLOW in a directory it opened).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -22,6 +24,7 @@ pub mod attribution;
 pub mod cuda;
 pub mod limits;
 pub mod output;
+pub mod safe_write;
 pub mod overhead;
 pub mod timeline;
 

@@ -1,6 +1,6 @@
 //! Where `record` (its checkpoints and SIGUSR1 snapshots too) and `report`
 //! write: whole, or not at all, and never through something planted by
-//! someone else (`crate::os::safe_write` does the writing).
+//! someone else (`super::safe_write` does the writing).
 //!
 //! - A regular file (or a new one) is never opened for writing: each write
 //!   goes to a new temporary file beside it, `.NAME.tmp-PID-RANDOM`,
@@ -42,7 +42,7 @@ use std::{
 };
 
 use super::{Recording, RecordingError};
-use crate::os::safe_write::{self, Dir, Place, Stat};
+use super::safe_write::{self, Dir, Place, Stat};
 
 /// Upper bound on links followed from the path given (as the kernel).
 const MAX_LINKS: usize = 40;

@@ -18,9 +18,9 @@ use std::{
     sync::Mutex,
 };
 
-use crate::{
-    os::safe_write::{self, Dir, Place},
-    recording::{Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes},
+use crate::recording::{
+    safe_write::{self, Dir, Place},
+    Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes,
 };
 
 /// The window between two cumulative snapshots (`prev` None: the first

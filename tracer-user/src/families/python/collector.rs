@@ -65,7 +65,10 @@ const EAGER_RETRY: Duration = Duration::from_millis(4);
 const EAGER_FOR: Duration = Duration::from_millis(250);
 /// How long a starting interpreter may take to write its version string
 /// (<= 3.10) before it is attached with the version its file name gives.
-const VERSION_WAIT: Duration = Duration::from_secs(1);
+/// Written within milliseconds of exec on an idle machine; 3 s so that a
+/// start-up slowed by a loaded machine still gets its exact version (the
+/// wait ends as soon as the string is there).
+const VERSION_WAIT: Duration = Duration::from_secs(3);
 /// How often new stacks are resolved while their processes are alive.
 const RESOLVE: Duration = Duration::from_millis(300);
 
