@@ -11,6 +11,7 @@
 //! `infertrace_e2e::NAME` (or `use infertrace_e2e::*`):
 //!
 //! - the workspace and the binary under test: [`locations`];
+//! - `infertrace agent` on a loopback port, and HTTP GETs: [`agent`];
 //! - [`Need`], [`require`], [`skip`] (the `CI=true` rule): [`prereq`];
 //! - the CPythons the tests expect, found through pyenv and PATH: [`pythons`];
 //! - hostile files (a sparse ELF, a FIFO) and a memory cgroup to bound the
@@ -32,6 +33,7 @@ use std::time::Duration;
 
 pub use serde_json;
 
+pub mod agent;
 pub mod bpftool;
 pub mod cudalibs;
 pub mod hostile;
@@ -50,6 +52,7 @@ pub mod tmp;
 pub mod walltime;
 pub mod workloads;
 
+pub use agent::*;
 pub use bpftool::*;
 pub use cudalibs::*;
 pub use hostile::*;

@@ -16,8 +16,7 @@
 //!   `infertrace_cuda_calls_total` counters; sync seconds and findings are
 //!   exported with the call site.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -26,13 +25,7 @@ use std::time::{Duration, Instant};
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
-/// A running agent: its process, HTTP address and stderr lines.
-struct Agent {
-    child: Child,
-    addr: String,
-    stderr: Receiver<String>,
-    _guard: KillOnDrop,
-}
+type Agent = AgentProc;
 
 fn start_agent(args: &[&str]) -> Agent {
     start_agent_with(&["--no-cuda"], args)
@@ -40,39 +33,13 @@ fn start_agent(args: &[&str]) -> Agent {
 
 /// [`start_agent`] with `base` arguments instead of `--no-cuda`.
 fn start_agent_with(base: &[&str], args: &[&str]) -> Agent {
-    let mut child = Command::new(bin())
-        .arg("agent")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(base)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn infertrace agent");
-    let guard = KillOnDrop::new(child.id());
-    let stderr = line_channel(child.stderr.take().expect("stderr"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let addr = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = stderr.recv_timeout(left).unwrap_or_else(|_| panic!("the agent did not say where it listens ({args:?})"));
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().expect("address").to_owned();
-        }
-    };
-    Agent { child, addr, stderr, _guard: guard }
+    spawn_agent(base.iter().chain(args))
 }
 
 /// GET `path`: (status, body).
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("response");
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in {raw:?}"));
-    let status = head.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
-    (status, body.to_owned())
+    let (status, _, body) = http_get(addr, path).unwrap_or_else(|| panic!("GET {path} from {addr} failed"));
+    (status, body)
 }
 
 /// One sample of the exposition text: (name, labels, value).

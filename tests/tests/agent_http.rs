@@ -29,18 +29,27 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use infertrace_e2e::*;
 
 struct Agent {
-    child: Child,
-    addr: String,
-    stderr: Receiver<String>,
-    guard: KillOnDrop,
+    proc: AgentProc,
     _target: Target,
     _dir: TempDir,
+}
+
+impl std::ops::Deref for Agent {
+    type Target = AgentProc;
+    fn deref(&self) -> &AgentProc {
+        &self.proc
+    }
+}
+
+impl std::ops::DerefMut for Agent {
+    fn deref_mut(&mut self) -> &mut AgentProc {
+        &mut self.proc
+    }
 }
 
 /// A sleeping process for the agent to trace (`--pid`).
@@ -72,28 +81,10 @@ fn start_agent(extra: &[&str]) -> Agent {
 /// [`start_agent`] on `target`, with `select` (the selection and options).
 fn start_agent_on(target: Target, select: &[&str], extra: &[&str]) -> Agent {
     let dir = TempDir::new("agent-http");
-    let mut child = Command::new(bin())
-        .args(["agent", "--window", "1s", "--listen", "127.0.0.1:0", "--out-dir"])
-        .arg(dir.join("windows"))
-        .args(select)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn infertrace agent");
-    let guard = KillOnDrop::new(child.id());
-    let stderr = line_channel(child.stderr.take().expect("stderr"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let addr = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = stderr.recv_timeout(left).unwrap_or_else(|_| panic!("the agent did not say where it listens ({extra:?})"));
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            let url = rest.split_whitespace().next().expect("address");
-            break url.split("://").nth(1).expect("scheme").to_owned();
-        }
-    };
-    Agent { child, addr, stderr, guard, _target: target, _dir: dir }
+    let windows = dir.join("windows");
+    let base = ["--window".as_ref(), "1s".as_ref(), "--out-dir".as_ref(), windows.as_os_str()];
+    let proc = spawn_agent(base.into_iter().chain(select.iter().chain(extra).map(|a| std::ffi::OsStr::new(*a))));
+    Agent { proc, _target: target, _dir: dir }
 }
 
 impl Agent {

@@ -16,8 +16,6 @@
 //!   /metrics, writes its windows and is not OOM-killed; in a 40 MiB one it
 //!   exits non-zero at once with a one-line error that names memory.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,13 +38,7 @@ fn fds(pid: u32) -> Option<usize> {
 }
 
 fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_owned()))
+    http_get(addr, path).map(|(status, _, body)| (status, body))
 }
 
 /// The address from the agent's `listening on http://ADDR` line.

@@ -21,7 +21,6 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use infertrace_e2e::*;
@@ -96,47 +95,29 @@ fn sleeper() -> (Child, KillOnDrop) {
     (c, g)
 }
 
-struct Agent {
-    child: Child,
-    stderr: Receiver<String>,
-    lines: Vec<String>,
-    _guard: KillOnDrop,
+struct Agent(AgentProc);
+
+impl std::ops::Deref for Agent {
+    type Target = AgentProc;
+    fn deref(&self) -> &AgentProc {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Agent {
+    fn deref_mut(&mut self) -> &mut AgentProc {
+        &mut self.0
+    }
 }
 
 /// `agent --no-cuda --no-sched --pid PID --window 1s --out-dir OUT`.
 fn start_agent(pid: u32, out: &Path) -> Agent {
-    let mut child = infertrace(["agent", "--no-cuda", "--no-sched", "--listen", "127.0.0.1:0", "--window", "1s", "--pid"])
-        .arg(pid.to_string())
-        .arg("--out-dir")
-        .arg(out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn infertrace agent");
-    let guard = KillOnDrop::new(child.id());
-    let stderr = line_channel(child.stderr.take().expect("stderr"));
-    let mut a = Agent { child, stderr, lines: Vec::new(), _guard: guard };
-    a.wait_line(|l| l.contains("listening on http://"), Duration::from_secs(60), "the agent did not start");
-    a
+    let pid = pid.to_string();
+    let args = ["--no-cuda", "--no-sched", "--window", "1s", "--pid", &pid, "--out-dir"].map(std::ffi::OsStr::new);
+    Agent(spawn_agent(args.into_iter().chain([out.as_os_str()])))
 }
 
 impl Agent {
-    /// Waits for a stderr line matching `f` (all lines are kept).
-    fn wait_line(&mut self, f: impl Fn(&str) -> bool, timeout: Duration, what: &str) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.lines.iter().find(|l| f(l)) {
-                return l.clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.stderr.recv_timeout(left) {
-                Ok(l) => self.lines.push(l),
-                Err(_) => panic!("{what}; stderr so far:\n{}", self.lines.join("\n")),
-            }
-        }
-    }
-
     /// SIGTERM; asserts it exits 0 within `within`.
     fn stop(&mut self, within: Duration) {
         let t0 = Instant::now();
