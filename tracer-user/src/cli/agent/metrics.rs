@@ -85,6 +85,9 @@ pub struct Metrics {
     hw_wall: HashMap<u32, [u64; 9]>,
     hw_lost: BTreeMap<String, u64>,
     last_cuda: Option<crate::recording::cuda::CudaReport>,
+    /// CUDA calls by (pid, api, kind), summed over call sites: the highest
+    /// (count, bytes, ns, errors) published so far.
+    hw_cuda_calls: HashMap<(u32, String, String), [u64; 4]>,
     last_ns: u64,
 }
 
@@ -121,6 +124,7 @@ impl Metrics {
             hw_wall: HashMap::new(),
             hw_lost: BTreeMap::new(),
             last_cuda: None,
+            hw_cuda_calls: HashMap::new(),
             last_ns: 0,
         };
         registry.register("syscalls", "Syscalls made by a target, by name (exact, counted in the kernel)", m.syscalls.clone());
@@ -236,7 +240,8 @@ impl Metrics {
         }
         self.hw_wall = hw;
         if let Some(c) = &cur.cuda {
-            let d = super::cuda_delta::cuda_delta(c, self.last_cuda.as_ref(), self.last_ns);
+            let mut d = super::cuda_delta::cuda_delta(c, self.last_cuda.as_ref(), self.last_ns);
+            d.calls = self.cuda_calls_delta(c);
             self.cuda.add_window(&d, &mut labels_of);
         }
         self.last_cuda = cur.cuda.clone();
@@ -249,6 +254,37 @@ impl Metrics {
             }
         }
         self.refresh_self();
+    }
+
+    /// The CUDA calls of `c` (cumulative) past what was published, one row
+    /// per (pid, api, kind) summed over call sites. A call's site can read
+    /// differently from one snapshot to the next (a counts-only snapshot, a
+    /// stack resolved later): by site, its whole count would look new again.
+    fn cuda_calls_delta(&mut self, c: &crate::recording::cuda::CudaReport) -> Vec<crate::recording::cuda::CudaCall> {
+        let mut sums: HashMap<(u32, String, String), ([u64; 4], &crate::recording::cuda::CudaCall)> = HashMap::new();
+        for call in &c.calls {
+            let key = (call.pid, call.api.clone(), call.kind.clone().unwrap_or_default());
+            let e = sums.entry(key).or_insert(([0; 4], call));
+            for (v, add) in e.0.iter_mut().zip([call.count, call.bytes, call.total_ns, call.errors]) {
+                *v += add;
+            }
+        }
+        let mut out = Vec::new();
+        // Rebuilt from what the snapshot holds: a gone process's keys leave.
+        let mut hw = HashMap::with_capacity(sums.len());
+        for (key, (now, call)) in sums {
+            let old = self.hw_cuda_calls.get(&key).copied().unwrap_or_default();
+            let d: Vec<u64> = now.iter().zip(old).map(|(n, o)| n.saturating_sub(o)).collect();
+            hw.insert(key, std::array::from_fn(|i| now[i].max(old[i])));
+            if d.iter().all(|v| *v == 0) {
+                continue;
+            }
+            let mut row = call.clone();
+            (row.count, row.bytes, row.total_ns, row.errors) = (d[0], d[1], d[2], d[3]);
+            out.push(row);
+        }
+        self.hw_cuda_calls = hw;
+        out
     }
 
     /// A window was cut: counted, and the series of targets gone long
@@ -392,6 +428,45 @@ mod tests {
         assert_eq!(counter(&m), Some(13.0));
         assert!(m.hw_syscalls.is_empty());
         assert!(m.encode().contains("infertrace_targets 0"));
+    }
+
+    #[test]
+    fn cuda_calls_count_once_when_their_site_reads_differently() {
+        use crate::recording::cuda::{CudaCall, CudaReport, Site};
+        let call = |count: u64, function: &str| CudaCall {
+            pid: 10,
+            api: "cudaStreamSynchronize".into(),
+            kind: None,
+            class: None,
+            count,
+            bytes: 0,
+            total_ns: count * 1000,
+            errors: 0,
+            site: Site { function: function.into(), file: None, line: None },
+            return_codes: BTreeMap::new(),
+            pinned: None,
+            pageable: None,
+            events_lost: 0,
+        };
+        let with = |calls: Vec<CudaCall>| {
+            let mut r = cumulative(&[]);
+            r.cuda = Some(CudaReport { calls, ..Default::default() });
+            r
+        };
+        let value = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .find(|l| l.starts_with("infertrace_cuda_calls_total{") && l.contains("pid=\"10\""))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        let info = BTreeMap::new();
+        let mut m = Metrics::new();
+        // A full snapshot (site resolved), then a counts-only one (not yet),
+        // then full again: 318 calls in all, never 636.
+        m.publish(&with(vec![call(300, "step")]), &info, 1);
+        m.publish(&with(vec![call(310, "[unknown]")]), &info, 1);
+        m.publish(&with(vec![call(200, "step"), call(118, "hold")]), &info, 1);
+        assert_eq!(value(&m), Some(318.0));
     }
 
     #[test]
