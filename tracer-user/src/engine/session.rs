@@ -208,6 +208,9 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
 /// The counts so far, without stacks: the snapshots of the collectors
 /// that [count](Collector::counts), with [`Context::counts_only`] set.
 pub(crate) fn counts_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
+    // The stack maps as they are now: the CUDA rows are keyed by call site,
+    // and a stack captured since the last snapshot would read as unknown.
+    cx.stacks.invalidate();
     let mut rec = empty_recording(cx);
     let order: Vec<usize> =
         super::snapshot_order(collectors).map_err(RecordError::Order)?.into_iter().filter(|i| collectors[*i].counts()).collect();
