@@ -43,6 +43,8 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             (d.count > 0).then_some(d)
         })
         .collect();
+    clamp_to_totals(&mut out.calls, cur, prev);
+    out.calls.retain(|c| c.count > 0);
     let launch_key = |l: &CudaLaunch| (l.pid, l.kernel.clone(), l.site.clone(), l.api.clone());
     let prev_launches: HashMap<_, (u64, Option<u64>)> = prev.launches.iter().map(|l| (launch_key(l), (l.count, l.sampled))).collect();
     out.launches = cur
@@ -87,6 +89,52 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
     out
 }
 
+/// A call's site can read differently from one snapshot to the next (its
+/// Python stack resolved only later): by site, its whole count would look
+/// new again. Per (pid, api, kind), the rows' differences are cut down to
+/// the difference of the sums over sites, taken first from the rows whose
+/// site the previous snapshot did not have.
+fn clamp_to_totals(rows: &mut [CudaCall], cur: &CudaReport, prev: &CudaReport) {
+    type Group<'a> = (u32, &'a str, Option<&'a str>);
+    let sums = |calls: &[CudaCall]| {
+        let mut m: HashMap<(u32, String, Option<String>), [u64; 4]> = HashMap::new();
+        for c in calls {
+            let e = m.entry((c.pid, c.api.clone(), c.kind.clone())).or_default();
+            for (v, add) in e.iter_mut().zip([c.count, c.bytes, c.total_ns, c.errors]) {
+                *v += add;
+            }
+        }
+        m
+    };
+    let (now, before, given) = (sums(&cur.calls), sums(&prev.calls), sums(rows));
+    let known: std::collections::HashSet<CallKey> = prev.calls.iter().map(call_key).collect();
+    for (group, given) in given {
+        let zero = [0; 4];
+        let (n, b) = (now.get(&group).unwrap_or(&zero), before.get(&group).unwrap_or(&zero));
+        for field in 0..4 {
+            let mut excess = given[field].saturating_sub(n[field].saturating_sub(b[field]));
+            let g: Group = (group.0, group.1.as_str(), group.2.as_deref());
+            // New sites first, then any row of the group.
+            for pass in [false, true] {
+                for r in rows.iter_mut().filter(|r| (r.pid, r.api.as_str(), r.kind.as_deref()) == g) {
+                    if excess == 0 || (!pass && known.contains(&call_key(r))) {
+                        continue;
+                    }
+                    let v = match field {
+                        0 => &mut r.count,
+                        1 => &mut r.bytes,
+                        2 => &mut r.total_ns,
+                        _ => &mut r.errors,
+                    };
+                    let cut = excess.min(*v);
+                    *v -= cut;
+                    excess -= cut;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +156,20 @@ mod tests {
             pageable: Some(count),
             events_lost: 0,
         }
+    }
+
+    #[test]
+    fn a_call_whose_site_resolved_later_is_not_counted_again() {
+        let mut unknown = call("cudaMemcpy", 300, 3000, 30_000);
+        unknown.site = Site::unknown();
+        let prev = CudaReport { calls: vec![unknown, call("cudaFree", 2, 0, 20)], ..Default::default() };
+        // The same 300 calls now read at `step`, plus 18 new ones.
+        let cur = CudaReport { calls: vec![call("cudaMemcpy", 318, 3180, 31_800), call("cudaFree", 2, 0, 20)], ..Default::default() };
+        let d = cuda_delta(&cur, Some(&prev), 0);
+        assert_eq!(d.calls.len(), 1, "{:?}", d.calls);
+        let c = &d.calls[0];
+        assert_eq!((c.count, c.bytes, c.total_ns), (18, 180, 1_800));
+        assert_eq!(c.site.function, "step");
     }
 
     #[test]
