@@ -216,13 +216,16 @@ fn a_world_writable_out_dir_without_the_sticky_bit_is_refused() {
     fs::create_dir(&out).unwrap();
     fs::set_permissions(&out, fs::Permissions::from_mode(0o777)).unwrap();
     let (_sleep, _g) = sleeper();
-    let r = run_cmd(
-        infertrace(["agent", "--no-cuda", "--listen", "127.0.0.1:0", "--window", "1s", "--pid"])
-            .arg(_sleep.id().to_string())
-            .arg("--out-dir")
-            .arg(&out),
-        Duration::from_secs(30),
-    );
+    let run_agent = || {
+        run_cmd(
+            infertrace(["agent", "--no-cuda", "--listen", "127.0.0.1:0", "--window", "1s", "--pid"])
+                .arg(_sleep.id().to_string())
+                .arg("--out-dir")
+                .arg(&out),
+            Duration::from_secs(30),
+        )
+    };
+    let r = run_agent();
     assert_eq!(r.code(), Some(1), "{}", r.describe());
     let line = single_error_line(&r);
     assert!(line.contains(&*out.to_string_lossy()), "{line:?}");
@@ -232,13 +235,7 @@ fn a_world_writable_out_dir_without_the_sticky_bit_is_refused() {
     // Owned by another user: refused too, even 0755.
     fs::set_permissions(&out, fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&out, Some(65534), Some(65534)).unwrap();
-    let r = run_cmd(
-        infertrace(["agent", "--no-cuda", "--listen", "127.0.0.1:0", "--window", "1s", "--pid"])
-            .arg(_sleep.id().to_string())
-            .arg("--out-dir")
-            .arg(&out),
-        Duration::from_secs(30),
-    );
+    let r = run_agent();
     assert_eq!(r.code(), Some(1), "{}", r.describe());
     let line = single_error_line(&r);
     assert!(line.contains("owned by uid 65534"), "{line:?}");

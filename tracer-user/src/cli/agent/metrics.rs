@@ -85,9 +85,6 @@ pub struct Metrics {
     hw_wall: HashMap<u32, [u64; 9]>,
     hw_lost: BTreeMap<String, u64>,
     last_cuda: Option<crate::recording::cuda::CudaReport>,
-    /// CUDA calls by (pid, api, kind), summed over call sites: the highest
-    /// (count, bytes, ns, errors) published so far.
-    hw_cuda_calls: HashMap<(u32, String, String), [u64; 4]>,
     last_ns: u64,
 }
 
@@ -124,7 +121,6 @@ impl Metrics {
             hw_wall: HashMap::new(),
             hw_lost: BTreeMap::new(),
             last_cuda: None,
-            hw_cuda_calls: HashMap::new(),
             last_ns: 0,
         };
         registry.register("syscalls", "Syscalls made by a target, by name (exact, counted in the kernel)", m.syscalls.clone());
@@ -240,8 +236,9 @@ impl Metrics {
         }
         self.hw_wall = hw;
         if let Some(c) = &cur.cuda {
-            let mut d = super::cuda_delta::cuda_delta(c, self.last_cuda.as_ref(), self.last_ns);
-            d.calls = self.cuda_calls_delta(c);
+            // Calls whose site reads differently from the last publish are
+            // not counted again: `cuda_delta` cuts rows to the sums over sites.
+            let d = super::cuda_delta::cuda_delta(c, self.last_cuda.as_ref(), self.last_ns);
             self.cuda.add_window(&d, &mut labels_of);
         }
         self.last_cuda = cur.cuda.clone();
@@ -254,37 +251,6 @@ impl Metrics {
             }
         }
         self.refresh_self();
-    }
-
-    /// The CUDA calls of `c` (cumulative) past what was published, one row
-    /// per (pid, api, kind) summed over call sites. A call's site can read
-    /// differently from one snapshot to the next (a counts-only snapshot, a
-    /// stack resolved later): by site, its whole count would look new again.
-    fn cuda_calls_delta(&mut self, c: &crate::recording::cuda::CudaReport) -> Vec<crate::recording::cuda::CudaCall> {
-        let mut sums: HashMap<(u32, String, String), ([u64; 4], &crate::recording::cuda::CudaCall)> = HashMap::new();
-        for call in &c.calls {
-            let key = (call.pid, call.api.clone(), call.kind.clone().unwrap_or_default());
-            let e = sums.entry(key).or_insert(([0; 4], call));
-            for (v, add) in e.0.iter_mut().zip([call.count, call.bytes, call.total_ns, call.errors]) {
-                *v += add;
-            }
-        }
-        let mut out = Vec::new();
-        // Rebuilt from what the snapshot holds: a gone process's keys leave.
-        let mut hw = HashMap::with_capacity(sums.len());
-        for (key, (now, call)) in sums {
-            let old = self.hw_cuda_calls.get(&key).copied().unwrap_or_default();
-            let d: Vec<u64> = now.iter().zip(old).map(|(n, o)| n.saturating_sub(o)).collect();
-            hw.insert(key, std::array::from_fn(|i| now[i].max(old[i])));
-            if d.iter().all(|v| *v == 0) {
-                continue;
-            }
-            let mut row = call.clone();
-            (row.count, row.bytes, row.total_ns, row.errors) = (d[0], d[1], d[2], d[3]);
-            out.push(row);
-        }
-        self.hw_cuda_calls = hw;
-        out
     }
 
     /// A window was cut: counted, and the series of targets gone long
