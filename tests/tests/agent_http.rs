@@ -355,6 +355,13 @@ fn tls_serves_https_and_refuses_plain_http() {
         .status()
         .expect("openssl");
     assert!(st.success(), "openssl req");
+    // A key others can read is refused, in one line, before anything loads.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let args = ["agent", "--listen", "127.0.0.1:0", "--tls-cert", cert.to_str().expect("utf-8"), "--tls-key", key.to_str().expect("utf-8")];
+    let refused = run_cmd(infertrace(args).stdin(Stdio::null()), Duration::from_secs(30));
+    let err = refused.stderr.trim();
+    assert!(refused.code() != Some(0) && err.contains("TLS key file") && err.contains("mode 0644") && err.lines().count() == 1, "{err}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut agent = start_agent(&["--tls-cert", cert.to_str().expect("utf-8"), "--tls-key", key.to_str().expect("utf-8")]);
     let addr = agent.addr.clone();
     let out = Command::new("curl")

@@ -140,7 +140,21 @@ impl Engine {
     /// Closes the window (every program detached, the last events taken)
     /// and returns the final recording.
     pub async fn close(&mut self) -> Result<Recording, RecordError> {
-        session::end_window(&mut self.cx, &mut self.collectors)?;
+        self.close_with(true).await
+    }
+
+    /// The last window of a process about to exit (the agent, on a
+    /// signal): the window ends in the kernel (the programs count nothing
+    /// after it) and the final snapshot is taken without detaching first.
+    /// Detaching thousands of uprobes can take longer than the grace a
+    /// signal leaves, and the process's exit releases them all (nothing is
+    /// pinned); so do the collectors when they are dropped.
+    pub async fn close_for_exit(&mut self) -> Result<Recording, RecordError> {
+        self.close_with(false).await
+    }
+
+    async fn close_with(&mut self, detach: bool) -> Result<Recording, RecordError> {
+        session::end_window(&mut self.cx, &mut self.collectors, detach)?;
         dispatch(&mut self.cx, &mut self.collectors)?;
         let rec = session::snapshot(&mut self.cx, &mut self.collectors)?;
         if let Some(log) = self.cx.ebpf_log.take() {

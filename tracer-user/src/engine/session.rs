@@ -257,7 +257,9 @@ fn empty_recording(cx: &Context) -> Recording {
 /// Ends the window: detaches every program and polls the collectors a
 /// last time (the caller then delivers the last target events and takes
 /// the final [`snapshot`]).
-pub(crate) fn end_window(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
+/// With `detach` false the programs stay attached (they count nothing
+/// after the end): for a process about to exit, whose exit releases them.
+pub(crate) fn end_window(cx: &mut Context, collectors: &mut [Box<dyn Collector>], detach: bool) -> Result<(), RecordError> {
     // First tell the kernel programs: detaching takes time, and what
     // happens meanwhile (threads started after the end) is not in the
     // window. The end is read after the kernel has it: a busy machine can
@@ -265,8 +267,10 @@ pub(crate) fn end_window(cx: &mut Context, collectors: &mut [Box<dyn Collector>]
     // must fall inside the window.
     set_window(&mut cx.ebpf, WINDOW_END, clock::monotonic_ns())?;
     cx.window_end = Some(clock::monotonic_ns());
-    for c in collectors.iter_mut() {
-        c.detach(cx);
+    if detach {
+        for c in collectors.iter_mut() {
+            c.detach(cx);
+        }
     }
     for c in collectors.iter_mut() {
         c.poll(cx)?;

@@ -300,6 +300,38 @@ mod tests {
     }
 
     #[test]
+    fn a_link_planted_in_the_middle_of_the_path_is_not_followed() {
+        let dir = scratch("middle");
+        let victim_dir = dir.join("private");
+        fs::create_dir(&victim_dir).unwrap();
+        fs::set_permissions(&victim_dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let shared = dir.join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        // nobody's link to a directory: `shared/out/rec.itr` would land in `private`.
+        let planted = shared.join("out");
+        std::os::unix::fs::symlink(&victim_dir, &planted).unwrap();
+        give_to_nobody(&planted);
+        let e = Output::prepare(&planted.join("rec.itr")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("shared/out is a link owned by uid 65534") && e.to_string().contains("not followed"), "{e}");
+        // Deeper, and through a relative path with `..`: refused too.
+        let e = Output::prepare(&shared.join("out/../out/rec.itr")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(entries(&victim_dir).is_empty());
+        // This user's link there, and any link in a directory only its owner writes, are followed.
+        let mine = shared.join("mine");
+        std::os::unix::fs::symlink(&victim_dir, &mine).unwrap();
+        Output::prepare(&mine.join("rec.itr")).unwrap().write(&super::super::tests::sample()).unwrap();
+        assert_eq!(entries(&victim_dir), ["rec.itr"]);
+        let private_link = dir.join("via");
+        std::os::unix::fs::symlink("shared/../private", &private_link).unwrap();
+        give_to_nobody(&private_link);
+        assert!(Output::prepare(&private_link.join("other.itr")).is_ok());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_directory_others_can_write_without_the_sticky_bit_is_refused() {
         let dir = scratch("open");
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();

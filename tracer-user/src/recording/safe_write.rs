@@ -106,6 +106,18 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// The most links [`Dir::open`] follows in one path (the kernel's limit).
+const MAX_LINKS: usize = 40;
+
+/// The names in `path` to walk, in order (`/` and `.` are not walked).
+fn names_of(path: &Path) -> impl Iterator<Item = OsString> + '_ {
+    path.components().filter_map(|c| match c {
+        std::path::Component::Normal(n) => Some(n.to_owned()),
+        std::path::Component::ParentDir => Some(OsString::from("..")),
+        _ => None,
+    })
+}
+
 fn cstr(name: &OsStr) -> io::Result<CString> {
     if name.is_empty() || name.as_bytes().contains(&b'/') {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?} is not a file name")));
@@ -143,20 +155,80 @@ pub struct Dir {
 pub const TMP_INFIX: &str = ".tmp-";
 
 impl Dir {
-    /// Opens the directory `path` (a link to a directory is followed: the
-    /// path is the user's choice; check what it is with the `check_`
-    /// functions).
+    /// Opens the directory `path`. Links on the way are followed (the path
+    /// is the user's choice), except one that someone else planted in a
+    /// shared directory ([`Dir::trusts`], the `fs.protected_symlinks` rule,
+    /// applied to every component of the path, not only the last, and
+    /// whatever that setting is): with `/tmp/out -> /etc` made by another
+    /// user, `/tmp/out/x.itr` is refused. The path is walked one component
+    /// at a time through descriptors (`openat` with `O_NOFOLLOW`, each
+    /// link read with `readlinkat` and checked before it is followed).
+    /// Check what the directory is with the `check_` functions.
     pub fn open(path: &Path) -> io::Result<Dir> {
-        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a path"))?;
-        // SAFETY: a NUL-terminated path.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if fd < 0 {
+        let start = |absolute: bool| -> io::Result<(OwnedFd, PathBuf)> {
+            let (c, shown) = if absolute { (c"/", PathBuf::from("/")) } else { (c".", PathBuf::new()) };
+            // SAFETY: a NUL-terminated path.
+            let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+            check(fd)?;
+            // SAFETY: a descriptor just opened, owned by nobody else.
+            Ok((unsafe { OwnedFd::from_raw_fd(fd) }, shown))
+        };
+        let (fd, shown) = start(path.is_absolute())?;
+        let mut cur = Dir { stat: fstat(&fd)?, fd, path: shown };
+        let mut todo: std::collections::VecDeque<OsString> = names_of(path).collect();
+        let mut links = 0;
+        while let Some(name) = todo.pop_front() {
+            let st = cur.stat_at(&name)?.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            if st.is_symlink() {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                if !cur.trusts(st.uid) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{} is a link owned by uid {} in {}, a directory others can write: not followed (it may have been planted there)",
+                            cur.path.join(&name).display(),
+                            st.uid,
+                            cur.path.display()
+                        ),
+                    ));
+                }
+                let target = PathBuf::from(OsString::from_vec(cur.read_link_at(&name)?));
+                for n in names_of(&target).collect::<Vec<_>>().into_iter().rev() {
+                    todo.push_front(n);
+                }
+                if target.is_absolute() {
+                    let (fd, shown) = start(true)?;
+                    cur = Dir { stat: fstat(&fd)?, fd, path: shown };
+                }
+                continue;
+            }
+            let c = cstr(&name)?;
+            // SAFETY: a valid directory descriptor and a NUL-terminated name.
+            let fd = unsafe { libc::openat(cur.fd.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+            check(fd)?;
+            // SAFETY: a descriptor just opened, owned by nobody else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let shown = if name == ".." { cur.path.parent().map(Path::to_owned).unwrap_or_else(|| cur.path.join("..")) } else { cur.path.join(&name) };
+            cur = Dir { stat: fstat(&fd)?, fd, path: shown };
+        }
+        cur.path = path.to_owned();
+        Ok(cur)
+    }
+
+    /// What the link `name` here points at.
+    fn read_link_at(&self, name: &OsStr) -> io::Result<Vec<u8>> {
+        let c = cstr(name)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize];
+        // SAFETY: a valid directory descriptor, a NUL-terminated name, a buffer of buf.len() bytes.
+        let n = unsafe { libc::readlinkat(self.fd.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a descriptor just opened, owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let stat = fstat(&fd)?;
-        Ok(Dir { fd, path: path.to_owned(), stat })
+        buf.truncate(n as usize);
+        Ok(buf)
     }
 
     pub fn path(&self) -> &Path {

@@ -3,17 +3,15 @@
 //! read or write is refused (a token others can read protects nothing).
 //! Requests are compared in constant time (in the presented token's length).
 
-use std::{os::unix::fs::PermissionsExt as _, path::{Path, PathBuf}, sync::Arc};
+use std::{path::{Path, PathBuf}, sync::Arc};
 
 /// The longest token accepted.
 const MAX_LEN: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("cannot read the token file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("the token file {path} is accessible to group or others (mode {mode:04o}); chmod 600 it")]
-    Permissions { path: PathBuf, mode: u32 },
+    #[error(transparent)]
+    File(#[from] super::private_file::PrivateFileError),
     #[error("the token file {path} {why}")]
     Content { path: PathBuf, why: &'static str },
 }
@@ -25,16 +23,7 @@ impl Token {
     /// Reads the token: the file's content without surrounding whitespace,
     /// printable ASCII (what an `Authorization` header can carry).
     pub fn from_file(path: &Path) -> Result<Token, AuthError> {
-        let read = |source| AuthError::Read { path: path.to_owned(), source };
-        let meta = std::fs::metadata(path).map_err(read)?;
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o077 != 0 {
-            return Err(AuthError::Permissions { path: path.to_owned(), mode });
-        }
-        if !meta.is_file() || meta.len() > MAX_LEN as u64 + 64 {
-            return Err(AuthError::Content { path: path.to_owned(), why: "is not a regular file of at most 4 KiB" });
-        }
-        let raw = std::fs::read(path).map_err(read)?;
+        let raw = super::private_file::read("token file", path, MAX_LEN as u64 + 64)?;
         Token::parse(&raw).map_err(|why| AuthError::Content { path: path.to_owned(), why })
     }
 
@@ -83,6 +72,7 @@ mod tests {
 
     #[test]
     fn refuses_a_file_others_can_read() {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = std::env::temp_dir().join(format!("infertrace-auth-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("token");

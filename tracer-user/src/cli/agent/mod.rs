@@ -24,6 +24,7 @@ pub mod targets;
 pub mod windows;
 pub mod args;
 pub mod auth;
+pub mod private_file;
 pub mod shutdown;
 pub mod tls;
 
@@ -420,11 +421,12 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
             }
         }
     }
-    // The last window: up to the signal, written before exit.
-    execs.detach(&mut agent.engine.cx);
-    let last = agent.engine.close().await?;
+    // The last window: up to the signal, written before the probes are
+    // released (by the exit: see `shutdown`).
+    let last = agent.engine.close_for_exit().await?;
     agent.emit_window(last)?;
     shutdown.finished();
+    execs.detach(&mut agent.engine.cx);
     say(quiet, "stopped; the last window is written");
     Ok(())
 }
