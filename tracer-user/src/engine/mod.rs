@@ -82,6 +82,19 @@ pub enum TargetEvent {
     Mapped { pid: u32, ts_ns: u64 },
 }
 
+impl TargetEvent {
+    /// The process the event is about.
+    pub fn pid(&self) -> u32 {
+        match self {
+            TargetEvent::Appeared { pid, .. }
+            | TargetEvent::Forked { pid, .. }
+            | TargetEvent::Execed { pid, .. }
+            | TargetEvent::Exited { pid }
+            | TargetEvent::Mapped { pid, .. } => *pid,
+        }
+    }
+}
+
 /// What every collector shares during one recording.
 pub struct Context {
     pub ebpf: Ebpf,
@@ -150,9 +163,13 @@ impl Context {
         }
     }
 
-    /// Queues an event for every collector (delivered by the session).
+    /// Queues an event for every collector (delivered by the session). A
+    /// [`TargetEvent::Mapped`] right behind an undelivered one of the same
+    /// process (nothing of that process between them) is dropped: the
+    /// collectors read the maps when it is delivered, which then hold both
+    /// mappings, and a starting process maps dozens of libraries at once.
     pub fn emit(&mut self, ev: TargetEvent) {
-        self.events.push_back(ev);
+        queue_event(&mut self.events, ev);
     }
 
     pub fn next_event(&mut self) -> Option<TargetEvent> {
@@ -172,6 +189,17 @@ impl Context {
     pub fn now_or_end(&self) -> u64 {
         self.window_end.unwrap_or_else(crate::os::clock::monotonic_ns)
     }
+}
+
+/// [`Context::emit`]'s queue.
+fn queue_event(events: &mut VecDeque<TargetEvent>, ev: TargetEvent) {
+    if let TargetEvent::Mapped { pid, .. } = ev {
+        let last_of_pid = events.iter().rev().find(|e| e.pid() == pid);
+        if matches!(last_of_pid, Some(TargetEvent::Mapped { .. })) {
+            return;
+        }
+    }
+    events.push_back(ev);
 }
 
 /// The user side of one probe family. Errors are for what breaks the
@@ -253,4 +281,28 @@ pub trait Collector {
     /// Drops what is kept of them, so that memory stays flat under process
     /// churn. Their rows leave the following snapshots.
     fn forget(&mut self, _cx: &mut Context, _pids: &std::collections::HashSet<u32>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_queued_back_to_back_are_delivered_once() {
+        let mut q = VecDeque::new();
+        let mapped = |pid, ts_ns| TargetEvent::Mapped { pid, ts_ns };
+        queue_event(&mut q, mapped(1, 10));
+        queue_event(&mut q, mapped(1, 11));
+        queue_event(&mut q, mapped(2, 12));
+        queue_event(&mut q, mapped(1, 13));
+        // Across an exec the maps are another program's: kept.
+        queue_event(&mut q, TargetEvent::Execed { pid: 2, comm: "x".into() });
+        queue_event(&mut q, mapped(2, 14));
+        queue_event(&mut q, mapped(2, 15));
+        assert_eq!(Vec::from(q.clone()), [mapped(1, 10), mapped(2, 12), TargetEvent::Execed { pid: 2, comm: "x".into() }, mapped(2, 14)]);
+        // Once delivered, a new mapping is news again.
+        q.clear();
+        queue_event(&mut q, mapped(1, 16));
+        assert_eq!(q.len(), 1);
+    }
 }

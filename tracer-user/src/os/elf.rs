@@ -37,7 +37,7 @@ pub const READ_BUDGET: u64 = 160 << 20;
 const NAME_LIMIT: usize = 4096;
 
 /// What [`lookup`] found in one file.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ElfSymbols {
     /// Name -> link-time address, for the names asked for that the file
     /// defines (`.dynsym` first, then `.symtab`; a version suffix such as
@@ -63,8 +63,71 @@ impl ElfSymbols {
 /// file; every table is bounded by the file's real size and by
 /// [`TABLE_LIMIT`], all reads together by [`READ_BUDGET`]; a table over
 /// its limit is refused and counted ([`refused`]).
+/// A file already looked up (the same interpreter or runtime in every
+/// process that maps it) is not read again: the answer is kept by the
+/// file's identity and the names asked for ([`LookupCache`]).
 pub fn lookup(file: &File, shown: &str, wanted: &[&str]) -> Result<ElfSymbols, String> {
-    with_elf(file, shown, Want::Symbols(wanted)).map(|(found, _)| found.unwrap_or_default())
+    let key = LookupCache::key(file, wanted);
+    if let Some(found) = key.and_then(|k| LookupCache::get(&k)) {
+        return Ok(found);
+    }
+    let found = with_elf(file, shown, Want::Symbols(wanted)).map(|(found, _)| found.unwrap_or_default())?;
+    if let Some(k) = key {
+        LookupCache::put(k, &found);
+    }
+    Ok(found)
+}
+
+/// The answers of [`lookup`], by file and names asked for. A file is known
+/// by its device, inode, size and change times (`ctime` moves with any
+/// write, whatever `mtime` is set to), so a file rewritten in place is read
+/// again. Only answers are kept, not refusals: each refusal is counted.
+/// Bounded: emptied when [`LookupCache::MAX`] files are known.
+struct LookupCache;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct LookupKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    /// A hash of the names asked for.
+    wanted: u64,
+}
+
+static LOOKUPS: std::sync::Mutex<Option<HashMap<LookupKey, ElfSymbols>>> = std::sync::Mutex::new(None);
+
+impl LookupCache {
+    const MAX: usize = 256;
+
+    fn key(file: &File, wanted: &[&str]) -> Option<LookupKey> {
+        use std::{hash::{Hash, Hasher}, os::unix::fs::MetadataExt};
+        let m = file.metadata().ok()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        wanted.hash(&mut h);
+        Some(LookupKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            wanted: h.finish(),
+        })
+    }
+
+    fn get(k: &LookupKey) -> Option<ElfSymbols> {
+        LOOKUPS.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.get(k).cloned()
+    }
+
+    fn put(k: LookupKey, found: &ElfSymbols) {
+        let mut g = LOOKUPS.lock().unwrap_or_else(|p| p.into_inner());
+        let map = g.get_or_insert_with(HashMap::new);
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(k, found.clone());
+    }
 }
 
 /// Checks, reading only the headers, that an ELF file's symbol tables are

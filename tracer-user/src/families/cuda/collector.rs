@@ -651,7 +651,7 @@ impl Collector for CudaCollector {
                     exe: std::fs::canonicalize(&l.path).ok().and_then(|p| p.to_str().map(str::to_owned)),
                     argv0: l.argv.first().cloned(),
                     libpython: None,
-                    environ: std::env::vars().collect(),
+                    environ: search::searched_vars(std::env::vars().collect()),
                     cwd: std::env::current_dir().ok().and_then(|p| p.to_str().map(str::to_owned)),
                 };
                 self.search(cx, *pid, facts)

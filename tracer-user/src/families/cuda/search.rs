@@ -77,6 +77,17 @@ impl Source {
     }
 }
 
+/// The environment variables the search reads. Only these are kept of a
+/// target's environment ([`TargetFacts::read`]): the collector searches
+/// once per distinct facts, and processes whose environments differ
+/// elsewhere (a request id, a worker number) share one search.
+pub const SEARCHED_VARS: &[&str] = &["LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV", "PYTHONUSERBASE", "HOME", "PYTHONPATH"];
+
+/// The variables of `environ` the search reads ([`SEARCHED_VARS`]), in order.
+pub fn searched_vars(environ: Vec<(String, String)>) -> Vec<(String, String)> {
+    environ.into_iter().filter(|(k, _)| SEARCHED_VARS.contains(&k.as_str())).collect()
+}
+
 /// What the search reads about a target, gathered once per look.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TargetFacts {
@@ -102,10 +113,11 @@ impl TargetFacts {
             .then(|| fs::read_link(format!("/proc/{pid}/cwd")).ok())
             .flatten()
             .and_then(|p| p.to_str().map(str::to_owned));
-        TargetFacts { exe, argv0, libpython, environ: procfs::environ(pid), cwd }
+        TargetFacts { exe, argv0, libpython, environ: searched_vars(procfs::environ(pid)), cwd }
     }
 
     fn env(&self, name: &str) -> Option<&str> {
+        debug_assert!(SEARCHED_VARS.contains(&name), "{name} is read by the search: add it to SEARCHED_VARS");
         self.environ.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 

@@ -151,7 +151,18 @@ pub fn open_mapped(pid: u32, line: &MapsLine) -> io::Result<MappedFile> {
 
 /// [`open_mapped`], trying `map_files` only when `map_files_first`.
 pub fn open_mapped_via(pid: u32, line: &MapsLine, map_files_first: bool) -> io::Result<MappedFile> {
-    let dir = super::proc_dir(pid);
+    // Through the leader first: the usual case, without a look at its state.
+    match open_mapped_in(Path::new(&format!("/proc/{pid}")), line, map_files_first) {
+        Err(e) if !super::refused::is_refusal(&e) => match super::stand_in_thread(pid) {
+            Some(tid) => open_mapped_in(Path::new(&format!("/proc/{pid}/task/{tid}")), line, map_files_first),
+            None => Err(e),
+        },
+        done => done,
+    }
+}
+
+/// [`open_mapped_via`] through `dir`, `/proc/PID` or `/proc/PID/task/TID`.
+fn open_mapped_in(dir: &Path, line: &MapsLine, map_files_first: bool) -> io::Result<MappedFile> {
     let map_files = dir.join(format!("map_files/{:x}-{:x}", line.start, line.end));
     let root = dir.join("root");
     let path = Path::new(line.path());

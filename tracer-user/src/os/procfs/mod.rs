@@ -15,31 +15,32 @@ pub use nspid::{nspid, ThreadIdMap};
 pub use refused::{Refused, refuse};
 pub use root::{exists_in_root, list_in_root, open_in_root, open_regular, read_capped};
 
-use std::{fs, io, path::PathBuf};
+use std::{fs, io, path::{Path, PathBuf}};
 
 /// `PF_KTHREAD` in the `flags` field of /proc/PID/stat.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
-/// What the kernel serves from a task's memory map or filesystem context,
-/// which a thread-group leader that has exited no longer has: read through
-/// a live thread of the process ([`proc_dir`]).
-const THROUGH_A_LIVE_THREAD: &[&str] = &["maps", "exe", "root", "cwd", "map_files", "mem", "cmdline", "environ", "auxv"];
-
-fn proc_path(pid: u32, rel: &str) -> PathBuf {
-    if THROUGH_A_LIVE_THREAD.contains(&rel.split('/').next().unwrap_or("")) {
-        return proc_dir(pid).join(rel);
+/// Reads `rel` of process `pid` with `read`: at `/proc/PID/REL` first, and
+/// only when that fails or `usable` refuses what it gave, through a live
+/// thread of the process (`/proc/PID/task/TID/REL`, [`stand_in_thread`]).
+/// What the kernel serves from a task's memory map or filesystem context
+/// (maps, exe, root, cwd, cmdline, environ, map_files) a thread-group leader
+/// that has exited no longer has: it answers empty or with an error. Asking
+/// the leader first costs nothing for the usual process; checking for an
+/// exited leader on every read cost a read of `/proc/PID/stat` each time.
+fn through_a_live_thread<T>(pid: u32, rel: &str, read: impl Fn(&Path) -> io::Result<T>, usable: impl Fn(&T) -> bool) -> io::Result<T> {
+    let direct = read(Path::new(&format!("/proc/{pid}/{rel}")));
+    if direct.as_ref().is_ok_and(&usable) {
+        return direct;
     }
-    PathBuf::from(format!("/proc/{pid}/{rel}"))
+    match stand_in_thread(pid) {
+        Some(tid) => read(Path::new(&format!("/proc/{pid}/task/{tid}/{rel}"))),
+        None => direct,
+    }
 }
 
-/// `/proc/PID`, or `/proc/PID/task/TID` of a live thread when the process's
-/// main thread has exited while others run on (its leader a zombie, whose
-/// `maps`, `exe`, `root` and memory are gone with it).
-pub fn proc_dir(pid: u32) -> PathBuf {
-    match stand_in_thread(pid) {
-        Some(tid) => PathBuf::from(format!("/proc/{pid}/task/{tid}")),
-        None => PathBuf::from(format!("/proc/{pid}")),
-    }
+fn proc_path(pid: u32, rel: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{rel}"))
 }
 
 /// A live thread of process `pid` whose main thread (tid == pid) has exited
@@ -93,7 +94,7 @@ pub fn comm(pid: u32) -> Option<String> {
 
 /// The process's executable, as the process sees its path.
 pub fn exe(pid: u32) -> Option<String> {
-    let p = fs::read_link(proc_path(pid, "exe")).ok()?.to_string_lossy().into_owned();
+    let p = through_a_live_thread(pid, "exe", |p| fs::read_link(p), |_| true).ok()?.to_string_lossy().into_owned();
     Some(as_seen_by(root_prefix(pid).as_deref(), p))
 }
 
@@ -105,7 +106,7 @@ pub fn exe(pid: u32) -> Option<String> {
 /// for a root we cannot reach (a container in another mount namespace,
 /// whose paths are already written as it sees them).
 pub fn root_prefix(pid: u32) -> Option<String> {
-    let root = fs::read_link(proc_path(pid, "root")).ok()?;
+    let root = through_a_live_thread(pid, "root", |p| fs::read_link(p), |_| true).ok()?;
     let root = root.to_str()?.trim_end_matches('/');
     (!root.is_empty()).then(|| root.to_owned())
 }
@@ -122,12 +123,12 @@ pub fn as_seen_by(prefix: Option<&str>, path: String) -> String {
 /// Inode of the process's executable (`stat /proc/PID/exe`).
 pub fn exe_inode(pid: u32) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    fs::metadata(proc_path(pid, "exe")).ok().map(|m| m.ino())
+    through_a_live_thread(pid, "exe", |p| fs::metadata(p), |_| true).ok().map(|m| m.ino())
 }
 
 /// The text of /proc/PID/maps (see [`parse_maps`]).
 pub fn maps_text(pid: u32) -> io::Result<String> {
-    fs::read_to_string(proc_path(pid, "maps"))
+    through_a_live_thread(pid, "maps", |p| fs::read_to_string(p), |t| !t.is_empty())
 }
 
 /// Whether a process or thread with this id exists (`/proc/ID`).
@@ -141,7 +142,7 @@ pub fn sysctl(name: &str) -> Option<String> {
 }
 
 pub fn cmdline(pid: u32) -> Vec<String> {
-    fs::read(proc_path(pid, "cmdline"))
+    through_a_live_thread(pid, "cmdline", |p| fs::read(p), |b| !b.is_empty())
         .map(|raw| {
             raw.split(|b| *b == 0)
                 .filter(|s| !s.is_empty())
@@ -155,7 +156,7 @@ pub fn cmdline(pid: u32) -> Vec<String> {
 /// was exec'd with, not later `setenv`s), as (name, value) pairs; empty
 /// when unreadable.
 pub fn environ(pid: u32) -> Vec<(String, String)> {
-    fs::read(proc_path(pid, "environ"))
+    through_a_live_thread(pid, "environ", |p| fs::read(p), |b| !b.is_empty())
         .map(|raw| {
             raw.split(|b| *b == 0)
                 .filter_map(|kv| {
