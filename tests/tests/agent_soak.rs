@@ -4,7 +4,8 @@
 //!   new Python processes per second, each with an environment of its own,
 //!   and 20 busy Python processes (tests/workloads/agent_soak_load.py, the
 //!   load of `cargo xtask soak --agent` at a pace a loaded 2-core CI
-//!   machine keeps up with). Its resident memory over the third minute
+//!   machine keeps up with; the load runs at nice 10, as a pod's CPU
+//!   request keeps the agent a share of the CPU). Its resident memory over the third minute
 //!   stays within 10% (plus 8 MiB for the allocator's and the page
 //!   cache's moods) of the first minute's, and its open descriptors within
 //!   8; and it did trace the load (its windows hold getppid calls of most

@@ -6,7 +6,11 @@
     agent_soak_load.py busy SECONDS N       N Python processes busy for SECONDS
 
 Arguments after these are passed on to every child (a token for the
-agent's --cmdline selection). Every child calls getppid in a Python function, stats a file and sleeps a
+agent's --cmdline selection). The load runs at nice 10 (`INFERTRACE_SOAK_NICE`
+changes it): the agent keeps a CPU share of its own, as a pod's CPU request
+gives it in a cluster (every process of a node in one cgroup, 50 busy ones
+on 2 cores would leave it 1/55 of the CPU, and the soak would measure the
+scheduler, not the agent). Every child calls getppid in a Python function, stats a file and sleeps a
 little, in a loop (syscalls, Python stacks, CPU samples and off-CPU time).
 It prints one line when done: the number of processes it started.
 """
@@ -30,6 +34,7 @@ while time.time() < end:
 
 
 def main():
+    os.nice(int(os.environ.get("INFERTRACE_SOAK_NICE", "10")))
     mode, seconds, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     tokens = sys.argv[4:]
     py = sys.executable

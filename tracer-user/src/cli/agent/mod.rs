@@ -37,6 +37,7 @@ use std::{
     time::Duration,
 };
 
+use crate::os::procfs::refused;
 use crate::{
     engine::{
         run::{self, Engine},
@@ -142,6 +143,9 @@ struct Agent {
     /// Targets found dead at the last window: forgotten after the next
     /// snapshot (by then every collector has drained their last events).
     dead_pending: std::collections::HashSet<u32>,
+    /// The counts of refused target files when the last window was cut
+    /// (`os::procfs::refused`: process-wide, since the agent started).
+    refused_at_cut: [u64; 4],
 }
 
 impl Agent {
@@ -266,6 +270,10 @@ impl Agent {
         if !self.opts.show_args {
             redact::recording(&mut win);
         }
+        // The refusals of this window, not those since the agent started.
+        win.notes.retain(|n| !n.starts_with(refused::NOTE_PREFIX));
+        win.notes.extend(refused::note_since(self.refused_at_cut));
+        self.refused_at_cut = refused::counts();
         win.notes.push(format!(
             "agent window {} (every {:.0}s); counts are this window's, from the difference of two cumulative snapshots",
             self.seq,
@@ -302,6 +310,12 @@ impl Agent {
             self.engine.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
         self.info.retain(|_, i| i.alive);
         self.prev = Some(cur);
+        // A cut allocates two cumulative snapshots, the window and its
+        // renderings at once; what is freed after goes back to the system
+        // (glibc keeps freed memory otherwise: the RSS would stay at the
+        // biggest cut's peak for good).
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
         Ok(())
     }
 }
@@ -369,6 +383,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         shared,
         metrics: Metrics::new(),
         dead_pending: std::collections::HashSet::new(),
+        refused_at_cut: [0; 4],
     };
     agent.scan();
     agent.engine.dispatch()?;

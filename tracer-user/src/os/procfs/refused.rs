@@ -42,6 +42,11 @@ impl Refused {
 static COUNTS: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 /// The first refusal of each kind, as an example for the note.
 static FIRST: Mutex<[Option<String>; 4]> = Mutex::new([None, None, None, None]);
+/// The latest refusal of each kind, the example of [`note_since`].
+static LAST: Mutex<[Option<String>; 4]> = Mutex::new([None, None, None, None]);
+/// How the note begins.
+pub const NOTE_PREFIX: &str = "files of targets not read (hostile or unusual roots): ";
+const LABELS: [&str; 4] = ["not a regular file", "over its size limit", "malformed", "a list cut at its cap"];
 
 /// Counts a refusal of the file (or list) `path` and returns it as an
 /// `io::Error` (its `get_ref` downcasts to [`Refused`]).
@@ -54,10 +59,14 @@ pub fn refuse(path: &str, why: Refused) -> std::io::Error {
 pub fn count(path: &str, why: &Refused) {
     let slot = why.slot();
     COUNTS[slot].fetch_add(1, Ordering::Relaxed);
+    let example = format!("{path}: {why}");
     if let Ok(mut first) = FIRST.lock() {
         if first[slot].is_none() {
-            first[slot] = Some(format!("{path}: {why}"));
+            first[slot] = Some(example.clone());
         }
+    }
+    if let Ok(mut last) = LAST.lock() {
+        last[slot] = Some(example);
     }
 }
 
@@ -74,15 +83,45 @@ pub fn counts() -> [u64; 4] {
 /// The one note on every refusal since the tracer started, `None` when there
 /// was none.
 pub fn note() -> Option<String> {
-    let c = counts();
+    let first = FIRST.lock().map(|f| f.clone()).unwrap_or_default();
+    render(counts(), &first, "first")
+}
+
+/// The note on the refusals since the counts were `before` (the agent's
+/// window: what it refused in that window), the latest of each kind as the
+/// example; `None` when there was none.
+pub fn note_since(before: [u64; 4]) -> Option<String> {
+    let now = counts();
+    let last = LAST.lock().map(|f| f.clone()).unwrap_or_default();
+    render([0, 1, 2, 3].map(|i| now[i].saturating_sub(before[i])), &last, "latest")
+}
+
+fn render(c: [u64; 4], examples: &[Option<String>; 4], which: &str) -> Option<String> {
     if c.iter().all(|n| *n == 0) {
         return None;
     }
-    let labels = ["not a regular file", "over its size limit", "malformed", "a list cut at its cap"];
-    let first = FIRST.lock().map(|f| f.clone()).unwrap_or_default();
     let parts: Vec<String> = (0..4)
         .filter(|i| c[*i] > 0)
-        .map(|i| format!("{} {} (first: {})", c[i], labels[i], first[i].as_deref().unwrap_or("?")))
+        .map(|i| format!("{} {} ({which}: {})", c[i], LABELS[i], examples[i].as_deref().unwrap_or("?")))
         .collect();
-    Some(format!("files of targets not read (hostile or unusual roots): {}", parts.join("; ")))
+    Some(format!("{NOTE_PREFIX}{}", parts.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_note_counts_only_what_was_refused_since() {
+        // Other tests count refusals concurrently: only what this one adds
+        // is certain (so "none since" is not asserted here).
+        count("/x/first", &Refused::NotRegular("a FIFO"));
+        let before = counts();
+        assert!(note().is_some_and(|n| n.starts_with(NOTE_PREFIX)));
+        count("/x/then-a-list", &Refused::TooMany { what: "unit test entries", cap: 3 });
+        let since = note_since(before).expect("one refusal since");
+        assert!(since.starts_with(NOTE_PREFIX) && since.contains("a list cut at its cap") && since.contains("latest: "), "{since}");
+        let all = note().expect("the whole count");
+        assert!(all.contains("first: "), "{all}");
+    }
 }
