@@ -1,12 +1,14 @@
 //! The processes of one recording: who they are, how they came to be
-//! traced, whether they are alive, and the command we launched.
+//! traced, whether they are alive, the command we launched, which of their
+//! exited threads keep rows of their own, and the events about them that
+//! wait for the collectors.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
     os::procfs,
     recording::{Origin, Target},
-    engine::targets::Launched,
+    engine::{targets::Launched, ExitedThreads, TargetEvent},
 };
 
 pub struct TargetState {
@@ -52,9 +54,26 @@ pub struct TargetSet {
     pub states: BTreeMap<u32, TargetState>,
     /// The command launched by `record -- CMD`, if any.
     pub launched: Option<Launched>,
+    /// Which exited threads keep rows of their own (`exited`).
+    pub exited: ExitedThreads,
+    /// Whether the process follower reports every executable mapping of a
+    /// target ([`TargetEvent::Mapped`], from the syscall family's
+    /// `sys_exit`); when not, a collector that needs new libraries
+    /// re-scans the maps instead.
+    pub mappings_followed: bool,
+    events: VecDeque<TargetEvent>,
 }
 
 impl TargetSet {
+    /// Queues an event for every collector (delivered by the session).
+    pub fn emit(&mut self, ev: TargetEvent) {
+        self.events.push_back(ev);
+    }
+
+    pub(in crate::engine) fn next_event(&mut self) -> Option<TargetEvent> {
+        self.events.pop_front()
+    }
+
     /// The state of `pid`, created (as followed) when unknown.
     pub fn entry(&mut self, pid: u32, origin: Origin) -> &mut TargetState {
         self.states.entry(pid).or_insert_with(|| TargetState::observe(pid, origin))
