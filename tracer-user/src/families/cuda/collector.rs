@@ -716,7 +716,7 @@ impl Collector for CudaCollector {
 
     fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         if let Some(ev) = self.events.as_ref() {
-            ev.report(&mut cx.sink);
+            ev.report(cx.sink);
         }
         if self.used(&mut cx.kernel.ebpf)? {
             rec.cuda = Some(self.report(cx)?);

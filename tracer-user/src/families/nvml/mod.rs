@@ -162,7 +162,7 @@ impl Collector for NvmlCollector {
     /// The samples arrive when the sampler stops: at the window end only.
     fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         if let (Some(end), Some(sampler)) = (cx.window.end, self.sampler.take()) {
-            sampler.finish(end).merge_into(rec, &mut cx.sink, end.saturating_sub(cx.window.start));
+            sampler.finish(end).merge_into(rec, cx.sink, end.saturating_sub(cx.window.start));
         }
         Ok(())
     }

@@ -236,7 +236,7 @@ impl Collector for ProcessCollector {
             }
         }
         if let Some(rb) = self.events.as_ref() {
-            rb.report(&mut cx.sink);
+            rb.report(cx.sink);
         }
         Ok(())
     }

@@ -153,7 +153,7 @@ impl Collector for TimelineCollector {
         let rel = |t: u64| t.saturating_sub(start);
         let in_kernel = Self::kernel_lost(cx);
         if let Some(ring) = self.ring.as_ref() {
-            ring.report(&mut cx.sink);
+            ring.report(cx.sink);
         }
         let mut tl = rec.timeline.take().unwrap_or_default();
         tl.window_start_mono_ns = start;

@@ -407,7 +407,7 @@ impl Collector for AsyncioCollector {
         self.resolve(cx.window.now_or_end(), cx.window.end.is_some());
         cx.sink.set_lost("asyncio_events_lost", Self::kernel_lost(cx));
         if let Some(ring) = self.ring.as_ref() {
-            ring.report(&mut cx.sink);
+            ring.report(cx.sink);
         }
         rec.asyncio = self.report();
         Ok(())
