@@ -14,17 +14,21 @@
 //! 5. [`detach`](Collector::detach) at the window end, then a last
 //!    `snapshot` makes the final recording.
 //!
-//! Everything the families share lives in the [`Context`]: the loaded
-//! object, the kernel BTF (parsed once), the target set, the stack resolver
-//! (one symbolizer, the Python frame resolver), the policy for exited
-//! threads ([`ExitedThreads`]: which keep rows of their own) and the
-//! [`Sink`], the one channel for notes and lost-event counters.
+//! Everything the families share lives in the [`Context`], grouped into
+//! handles with one job each: the [`Kernel`] (the loaded object, the
+//! kernel BTF), the [`Window`], the [`TargetSet`] (with the policy for
+//! exited threads, [`ExitedThreads`], and the target events), the
+//! [`Stacks`](stacks::Stacks) resolver (one symbolizer, the Python frame
+//! resolver), the probe calibration, and the [`Sink`], the one channel for
+//! notes and lost-event counters. A collector is handed a [`Cx`]: the sink,
+//! and the handles it declares in [`Collector::uses`] (`handles`).
 
 mod bounded;
 mod order;
 pub mod checkpoint;
 pub mod ebpf_log;
 mod exited;
+mod handles;
 pub mod memory;
 mod options;
 pub mod record;
@@ -38,13 +42,12 @@ pub mod ring;
 mod sink;
 mod target_set;
 
-use std::{collections::VecDeque, path::PathBuf, time::Duration};
-
-use aya::Ebpf;
+use std::time::Duration;
 
 pub use bounded::Bounded;
 pub use order::{snapshot_order, OrderError, Part};
 pub use exited::{ExitedThreads, Verdict, KEEP_PER_PROCESS};
+pub use handles::{Cx, Grant, Handle, Kernel, Window};
 pub use options::{
     AsyncOptions, RecordOptions, SchedOptions, DEFAULT_FREQUENCY, DEFAULT_GPU_SAMPLE_HZ, DEFAULT_SLOW_SYSCALL, MAX_DURATION, MAX_FREQUENCY,
     MAX_MAX_OVERHEAD, MAX_SLOW_SYSCALL, MIN_MAX_OVERHEAD, MIN_SLOW_SYSCALL,
@@ -53,7 +56,7 @@ pub use programs::{FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind
 pub use sink::{Sink, Topic};
 pub use target_set::{TargetSet, TargetState};
 
-use crate::{os::btf_offsets::KernelBtf, os::probe::ProbeError, recording::{Frame, Origin, Recording}, engine::stacks::Stacks};
+use crate::{os::probe::ProbeError, recording::{Origin, Recording}, engine::stacks::Stacks};
 
 /// The probe families a window runs, given by the caller
 /// (`crate::families::list()`), so that the engine names none.
@@ -78,7 +81,7 @@ pub enum TargetEvent {
     /// A target mapped a file executable (the dynamic loader brought in a
     /// library, dlopen), at `ts_ns` (CLOCK_MONOTONIC, when `mmap`
     /// returned); the mapping is in its maps now. Sent only while
-    /// [`Context::mappings_followed`].
+    /// [`TargetSet::mappings_followed`].
     Mapped { pid: u32, ts_ns: u64 },
 }
 
@@ -95,111 +98,45 @@ impl TargetEvent {
     }
 }
 
-/// What every collector shares during one recording.
+/// What every collector shares during one recording, grouped into the
+/// handles a collector declares ([`Collector::uses`]); a collector sees it
+/// only through its [`Cx`]. Private to the engine.
 pub struct Context {
-    pub ebpf: Ebpf,
-    pub btf: KernelBtf,
-    /// Where tracefs is mounted, when it could be.
-    pub tracefs: Option<PathBuf>,
+    pub(in crate::engine) kernel: Kernel,
+    pub(in crate::engine) window: Window,
     /// The whole options: the engine's. A family gets its own slice when
     /// its collector is made (`families::collectors`).
     pub(in crate::engine) opts: RecordOptions,
     /// The command line infertrace ran with.
-    pub argv: Vec<String>,
-    /// Wall-clock time when the window opened, Unix ms.
-    pub started_unix_ms: u64,
-    /// CLOCK_MONOTONIC ns when the window opened.
-    pub window_start: u64,
-    /// Set when the window closed (the programs are detached).
-    pub window_end: Option<u64>,
-    pub targets: TargetSet,
-    /// Which exited threads keep rows of their own (`exited`).
-    pub exited: ExitedThreads,
-    pub stacks: Stacks,
-    pub sink: Sink,
+    pub(in crate::engine) argv: Vec<String>,
+    pub(in crate::engine) targets: TargetSet,
+    pub(in crate::engine) stacks: Stacks,
+    pub(in crate::engine) sink: Sink,
     /// The reader of the kernel's diagnostics (`--debug-ebpf`), if on.
-    pub ebpf_log: Option<crate::engine::ebpf_log::EbpfLog>,
-    /// Whether the process follower reports every executable mapping of a
-    /// target ([`TargetEvent::Mapped`], from the syscall family's
-    /// `sys_exit`); when not, a collector that needs new libraries
-    /// re-scans the maps instead.
-    pub mappings_followed: bool,
-    /// Duplicates of the object's map descriptors, taken before any family
-    /// took its map out of [`ebpf`](Self::ebpf): what programs loaded
-    /// outside aya are relocated against ([`crate::os::uprobe_multi`]).
-    pub map_fds: crate::os::uprobe_multi::MapFds,
+    pub(in crate::engine) ebpf_log: Option<crate::engine::ebpf_log::EbpfLog>,
     /// What one probe hit costs here, measured at startup by the overhead
     /// family (zeros until then, or where it could not be measured).
-    pub calibration: crate::recording::overhead::Calibration,
-    /// Set during a counts-only snapshot ([`run::Engine::counts`]): stacks
-    /// are not resolved ([`frames`](Self::frames) gives none) and a family
-    /// may skip its stack rows.
-    pub counts_only: bool,
-    events: VecDeque<TargetEvent>,
+    pub(in crate::engine) calibration: crate::recording::overhead::Calibration,
+    /// Set during a counts-only snapshot ([`run::Engine::counts`]): see
+    /// [`Cx::counts_only`].
+    pub(in crate::engine) counts_only: bool,
 }
 
 impl Context {
-    pub fn new(ebpf: Ebpf, btf: KernelBtf, tracefs: Option<PathBuf>, opts: RecordOptions, argv: Vec<String>, window_start: u64) -> Self {
-        let map_fds = crate::os::uprobe_multi::MapFds::capture(&ebpf);
+    pub(in crate::engine) fn new(kernel: Kernel, opts: RecordOptions, argv: Vec<String>, window_start: u64) -> Self {
         Context {
-            ebpf,
-            btf,
-            tracefs,
+            kernel,
+            window: Window { started_unix_ms: crate::os::clock::unix_ms(), start: window_start, end: None },
             opts,
             argv,
-            started_unix_ms: crate::os::clock::unix_ms(),
-            window_start,
-            window_end: None,
             targets: TargetSet::default(),
-            exited: ExitedThreads::default(),
             stacks: Stacks::default(),
             sink: Sink::default(),
             ebpf_log: None,
-            mappings_followed: false,
-            map_fds,
             calibration: Default::default(),
             counts_only: false,
-            events: VecDeque::new(),
         }
     }
-
-    /// Queues an event for every collector (delivered by the session). A
-    /// [`TargetEvent::Mapped`] right behind an undelivered one of the same
-    /// process (nothing of that process between them) is dropped: the
-    /// collectors read the maps when it is delivered, which then hold both
-    /// mappings, and a starting process maps dozens of libraries at once.
-    pub fn emit(&mut self, ev: TargetEvent) {
-        queue_event(&mut self.events, ev);
-    }
-
-    pub fn next_event(&mut self) -> Option<TargetEvent> {
-        self.events.pop_front()
-    }
-
-    /// Leaf-first frames of a captured stack (see `crate::engine::stacks`).
-    /// None during a counts-only snapshot.
-    pub fn frames(&mut self, pid: u32, user_stack: i32, kernel_stack: i32, py_stack: u64) -> Result<Vec<Frame>, ProbeError> {
-        if self.counts_only {
-            return Ok(Vec::new());
-        }
-        self.stacks.frames(&mut self.ebpf, pid, user_stack, kernel_stack, py_stack)
-    }
-
-    /// The end of what a snapshot covers: the window end once closed, else now.
-    pub fn now_or_end(&self) -> u64 {
-        self.window_end.unwrap_or_else(crate::os::clock::monotonic_ns)
-    }
-}
-
-/// [`Context::emit`]'s queue.
-fn queue_event(events: &mut VecDeque<TargetEvent>, ev: TargetEvent) {
-    if let TargetEvent::Mapped { pid, .. } = ev {
-        let last_of_pid = events.iter().rev().find(|e| e.pid() == pid);
-        if matches!(last_of_pid, Some(TargetEvent::Mapped { .. })) {
-            return;
-        }
-    }
-    events.push_back(ev);
 }
 
 /// The user side of one probe family. Errors are for what breaks the
@@ -211,10 +148,10 @@ pub trait Collector {
 
     /// Loads and attaches the family's programs (or prepares to, for probes
     /// attached per file later).
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError>;
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError>;
 
     /// A target appeared, forked, exec'd or exited.
-    fn target(&mut self, _cx: &mut Context, _ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, _cx: &mut Cx<'_>, _ev: &TargetEvent) -> Result<(), ProbeError> {
         Ok(())
     }
 
@@ -224,7 +161,7 @@ pub trait Collector {
     }
 
     /// Periodic work: drain ring buffers, retire dead threads, re-scan.
-    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         Ok(())
     }
 
@@ -236,9 +173,17 @@ pub trait Collector {
     }
 
     /// [`wake_fd`](Self::wake_fd) became readable: take what is there
-    /// (events go to [`Context::emit`], delivered right after).
-    fn wake(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    /// (events go to [`TargetSet::emit`], delivered right after).
+    fn wake(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         Ok(())
+    }
+
+    /// The handles of the context this collector reaches through its
+    /// [`Cx`] (the sink is every collector's). Any other handle is absent
+    /// from its view: reaching one panics. Declared here, checked on the
+    /// source by a test (`families::tests`).
+    fn uses(&self) -> &'static [Handle] {
+        &[]
     }
 
     /// The parts of the recording this family fills in its
@@ -257,7 +202,7 @@ pub trait Collector {
 
     /// Fills this family's part of `rec` with what it has so far. Called at
     /// any moment; after [`detach`](Self::detach), the final one.
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError>;
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError>;
 
     /// Whether this family's snapshot runs in a counts-only snapshot
     /// ([`run::Engine::counts`]: the agent's live metrics, every few
@@ -269,7 +214,7 @@ pub trait Collector {
     }
 
     /// Stops the kernel side (the maps stay readable). Idempotent.
-    fn detach(&mut self, _cx: &mut Context) {}
+    fn detach(&mut self, _cx: &mut Cx<'_>) {}
 
     /// A few words for the status line (`123 syscalls`), if any.
     fn status(&self) -> Option<String> {
@@ -280,29 +225,5 @@ pub trait Collector {
     /// these processes: they exited and a window has covered their end.
     /// Drops what is kept of them, so that memory stays flat under process
     /// churn. Their rows leave the following snapshots.
-    fn forget(&mut self, _cx: &mut Context, _pids: &std::collections::HashSet<u32>) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mappings_queued_back_to_back_are_delivered_once() {
-        let mut q = VecDeque::new();
-        let mapped = |pid, ts_ns| TargetEvent::Mapped { pid, ts_ns };
-        queue_event(&mut q, mapped(1, 10));
-        queue_event(&mut q, mapped(1, 11));
-        queue_event(&mut q, mapped(2, 12));
-        queue_event(&mut q, mapped(1, 13));
-        // Across an exec the maps are another program's: kept.
-        queue_event(&mut q, TargetEvent::Execed { pid: 2, comm: "x".into() });
-        queue_event(&mut q, mapped(2, 14));
-        queue_event(&mut q, mapped(2, 15));
-        assert_eq!(Vec::from(q.clone()), [mapped(1, 10), mapped(2, 12), TargetEvent::Execed { pid: 2, comm: "x".into() }, mapped(2, 14)]);
-        // Once delivered, a new mapping is news again.
-        q.clear();
-        queue_event(&mut q, mapped(1, 16));
-        assert_eq!(q.len(), 1);
-    }
+    fn forget(&mut self, _cx: &mut Cx<'_>, _pids: &std::collections::HashSet<u32>) {}
 }

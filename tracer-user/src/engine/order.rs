@@ -83,7 +83,7 @@ pub fn snapshot_order(collectors: &[Box<dyn Collector>]) -> Result<Vec<usize>, O
 mod tests {
     use super::*;
     use crate::{
-        engine::Context,
+        engine::Cx,
         os::probe::ProbeError,
         recording::Recording,
     };
@@ -94,10 +94,10 @@ mod tests {
         fn name(&self) -> &'static str {
             self.0
         }
-        fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+        fn attach(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
             Ok(())
         }
-        fn snapshot(&mut self, _cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
+        fn snapshot(&mut self, _cx: &mut Cx<'_>, _rec: &mut Recording) -> Result<(), ProbeError> {
             Ok(())
         }
         fn provides(&self) -> &'static [Part] {

@@ -16,7 +16,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 
-use super::{Context, RecordOptions};
+use super::{Kernel, RecordOptions};
 use crate::{
     os::btf_offsets::KernelBtf,
     os::probe::{self, ProbeError},
@@ -199,19 +199,30 @@ impl ProgramSpec {
         r.map_err(|e| ProbeError::load(name, e))
     }
 
-    /// Loads and attaches the program (not for uprobes, attached per file).
-    pub fn attach(&self, cx: &mut Context) -> Result<Link, ProbeError> {
-        self.load(&mut cx.ebpf, &cx.btf.btf)?;
+    /// Loads and attaches the program (not for uprobes, attached per file,
+    /// nor for CPU-clock programs: [`attach_sampling`](Self::attach_sampling)).
+    pub fn attach(&self, kernel: &mut Kernel) -> Result<Link, ProbeError> {
+        self.attach_at(kernel, None)
+    }
+
+    /// Loads and attaches a program, a CPU-clock one sampling every CPU
+    /// `hz` times a second.
+    pub fn attach_sampling(&self, kernel: &mut Kernel, hz: u64) -> Result<Link, ProbeError> {
+        self.attach_at(kernel, Some(hz))
+    }
+
+    fn attach_at(&self, kernel: &mut Kernel, hz: Option<u64>) -> Result<Link, ProbeError> {
+        self.load(&mut kernel.ebpf, &kernel.btf.btf)?;
         let name = self.name;
         let err = |e| ProbeError::attach(name, e);
         Ok(match self.kind {
-            ProgramKind::BtfTracePoint { .. } => Link::Btf(probe::program::<BtfTracePoint>(&mut cx.ebpf, name)?.attach().map_err(err)?),
+            ProgramKind::BtfTracePoint { .. } => Link::Btf(probe::program::<BtfTracePoint>(&mut kernel.ebpf, name)?.attach().map_err(err)?),
             ProgramKind::TracePoint { category, name: tp } => {
-                Link::TracePoint(probe::program::<TracePoint>(&mut cx.ebpf, name)?.attach(category, tp).map_err(err)?)
+                Link::TracePoint(probe::program::<TracePoint>(&mut kernel.ebpf, name)?.attach(category, tp).map_err(err)?)
             }
             ProgramKind::CpuClock => {
-                let hz = cx.opts.sched.frequency;
-                let prog = probe::program::<PerfEvent>(&mut cx.ebpf, name)?;
+                let hz = hz.ok_or(ProbeError::WrongProgramType(name))?;
+                let prog = probe::program::<PerfEvent>(&mut kernel.ebpf, name)?;
                 let cpus = aya::util::online_cpus().map_err(|(_, e)| ProbeError::Io("reading online CPUs", e))?;
                 let mut links = Vec::new();
                 for cpu in cpus {
@@ -231,8 +242,15 @@ impl ProgramSpec {
 pub struct Links(Vec<(&'static ProgramSpec, Link)>);
 
 impl Links {
-    pub fn attach(&mut self, cx: &mut Context, spec: &'static ProgramSpec) -> Result<(), ProbeError> {
-        let link = spec.attach(cx)?;
+    pub fn attach(&mut self, kernel: &mut Kernel, spec: &'static ProgramSpec) -> Result<(), ProbeError> {
+        let link = spec.attach(kernel)?;
+        self.0.push((spec, link));
+        Ok(())
+    }
+
+    /// [`attach`](Self::attach), a CPU-clock program sampling at `hz`.
+    pub fn attach_sampling(&mut self, kernel: &mut Kernel, spec: &'static ProgramSpec, hz: u64) -> Result<(), ProbeError> {
+        let link = spec.attach_sampling(kernel, hz)?;
         self.0.push((spec, link));
         Ok(())
     }

@@ -28,7 +28,7 @@ pub enum Stepped {
 
 /// One tracing window and the collectors that fill it.
 pub struct Engine {
-    pub cx: Context,
+    pub(in crate::engine) cx: Context,
     collectors: Vec<Box<dyn Collector>>,
     wakers: Wakers,
     due: Vec<Instant>,
@@ -46,13 +46,13 @@ impl Engine {
         let mut cx = session::open_context(opts, btf, argv, (families.tables)())?;
         let mut collectors = (families.collectors)(&cx.opts);
         for c in collectors.iter_mut() {
-            c.attach(&mut cx)?;
+            c.attach(&mut cx.view(c.uses()))?;
         }
         for pid in cx.opts.pids.clone() {
-            cx.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
+            cx.targets.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
         }
         if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
-            cx.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
+            cx.targets.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
         }
         dispatch(&mut cx, &mut collectors)?;
         if let Some(l) = cx.targets.launched.as_mut() {
@@ -70,7 +70,8 @@ impl Engine {
         tokio::select! {
             woken = self.wakers.ready() => {
                 for i in woken {
-                    self.collectors[i].wake(&mut self.cx)?;
+                    let c = &mut self.collectors[i];
+                    c.wake(&mut self.cx.view(c.uses()))?;
                 }
                 self.dispatch()?;
                 Ok(Stepped::Woken)
@@ -83,7 +84,7 @@ impl Engine {
     }
 
     /// Delivers the events queued in the context (targets the caller
-    /// added with [`Context::emit`]) to every collector.
+    /// added with [`TargetSet::emit`](super::TargetSet::emit)) to every collector.
     pub fn dispatch(&mut self) -> Result<(), RecordError> {
         dispatch(&mut self.cx, &mut self.collectors)
     }
@@ -96,7 +97,7 @@ impl Engine {
         for (c, at) in self.collectors.iter_mut().zip(self.due.iter_mut()) {
             if now + self.tick_every / 2 >= *at {
                 *at = now + c.poll_every();
-                c.poll(&mut self.cx)?;
+                c.poll(&mut self.cx.view(c.uses()))?;
             }
         }
         self.dispatch()
@@ -115,6 +116,22 @@ impl Engine {
         session::counts_snapshot(&mut self.cx, &mut self.collectors)
     }
 
+    /// The traced processes (the agent adds and drops its own; events it
+    /// [emits](super::TargetSet::emit) go out at the next [`dispatch`](Self::dispatch)).
+    pub fn targets(&mut self) -> &mut super::TargetSet {
+        &mut self.cx.targets
+    }
+
+    /// The loaded object (the agent's exec watch attaches to it).
+    pub fn kernel(&mut self) -> &mut super::Kernel {
+        &mut self.cx.kernel
+    }
+
+    /// Where notes and lost counts go.
+    pub fn sink(&mut self) -> &mut super::Sink {
+        &mut self.cx.sink
+    }
+
     /// Targets still alive.
     pub fn alive(&self) -> usize {
         self.cx.targets.alive_count()
@@ -129,9 +146,9 @@ impl Engine {
     /// window): memory stays flat under process churn (the agent).
     pub fn forget(&mut self, pids: &HashSet<u32>) {
         for c in self.collectors.iter_mut() {
-            c.forget(&mut self.cx, pids);
+            c.forget(&mut self.cx.view(c.uses()), pids);
         }
-        self.cx.exited.forget(pids);
+        self.cx.targets.exited.forget(pids);
         self.cx.sink.forget(pids);
         self.cx.stacks.forget(pids);
         self.cx.targets.states.retain(|pid, _| !pids.contains(pid));
@@ -166,9 +183,9 @@ impl Engine {
 
 /// Delivers the queued target events to every collector.
 pub(crate) fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
-    while let Some(ev) = cx.next_event() {
+    while let Some(ev) = cx.targets.next_event() {
         for c in collectors.iter_mut() {
-            c.target(cx, &ev)?;
+            c.target(&mut cx.view(c.uses()), &ev)?;
         }
     }
     Ok(())

@@ -16,7 +16,7 @@ use super::{
     ebpf_log,
     programs::{self, FamilyTable, LoadError, LoadInputs},
     targets::{self, Launched, TargetError},
-    Collector, Context,
+    Collector, Context, Kernel,
 };
 use crate::{
     os::{btf_offsets::KernelBtf, clock, probe::ProbeError, procfs, tracefs},
@@ -162,18 +162,18 @@ pub(crate) fn open_context(opts: RecordOptions, btf: KernelBtf, argv: Vec<String
     }
     let inputs = LoadInputs { opts: &opts, arch, btf: &btf, tracefs: tracefs.as_deref() };
     let ebpf = programs::load_object(tables, &inputs)?;
-    let mut cx = Context::new(ebpf, btf, tracefs, opts, argv, clock::monotonic_ns());
+    let mut cx = Context::new(Kernel::new(ebpf, btf, tracefs), opts, argv, clock::monotonic_ns());
     cx.targets.launched = launched;
     for n in notes {
         cx.sink.note(n);
     }
     if cx.opts.debug_ebpf {
-        match ebpf_log::start(&mut cx.ebpf) {
+        match ebpf_log::start(&mut cx.kernel.ebpf) {
             Ok(log) => cx.ebpf_log = log,
             Err(e) => cx.sink.note(format!("--debug-ebpf: {e}")),
         }
     }
-    set_window(&mut cx.ebpf, WINDOW_START, cx.window_start)?;
+    set_window(&mut cx.kernel.ebpf, WINDOW_START, cx.window.start)?;
     Ok(cx)
 }
 
@@ -184,7 +184,8 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
     let mut rec = empty_recording(cx);
     let order = super::snapshot_order(collectors).map_err(RecordError::Order)?;
     for i in order {
-        collectors[i].snapshot(cx, &mut rec)?;
+        let c = &mut collectors[i];
+        c.snapshot(&mut cx.view(c.uses()), &mut rec)?;
     }
     // Once every family has resolved its stacks: Python frames that could
     // not be resolved, per process and cause.
@@ -206,7 +207,7 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
 }
 
 /// The counts so far, without stacks: the snapshots of the collectors
-/// that [count](Collector::counts), with [`Context::counts_only`] set.
+/// that [count](Collector::counts), with [`Cx::counts_only`](super::Cx::counts_only) set.
 pub(crate) fn counts_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<Recording, RecordError> {
     // The stack maps as they are now: the CUDA rows are keyed by call site,
     // and a stack captured since the last snapshot would read as unknown.
@@ -217,7 +218,8 @@ pub(crate) fn counts_snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collec
     cx.counts_only = true;
     let mut done = Ok(());
     for i in order {
-        done = collectors[i].snapshot(cx, &mut rec);
+        let c = &mut collectors[i];
+        done = c.snapshot(&mut cx.view(c.uses()), &mut rec);
         if done.is_err() {
             break;
         }
@@ -235,8 +237,8 @@ fn empty_recording(cx: &Context) -> Recording {
         format_version: FORMAT_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").to_owned(),
         host: host_info(),
-        started_unix_ms: cx.started_unix_ms,
-        duration_ns: cx.now_or_end().saturating_sub(cx.window_start),
+        started_unix_ms: cx.window.started_unix_ms,
+        duration_ns: cx.window.now_or_end().saturating_sub(cx.window.start),
         argv: cx.argv.clone(),
         targets: Vec::new(),
         syscalls: Vec::new(),
@@ -265,15 +267,15 @@ pub(crate) fn end_window(cx: &mut Context, collectors: &mut [Box<dyn Collector>]
     // window. The end is read after the kernel has it: a busy machine can
     // hold this thread between the two, and every event the programs kept
     // must fall inside the window.
-    set_window(&mut cx.ebpf, WINDOW_END, clock::monotonic_ns())?;
-    cx.window_end = Some(clock::monotonic_ns());
+    set_window(&mut cx.kernel.ebpf, WINDOW_END, clock::monotonic_ns())?;
+    cx.window.end = Some(clock::monotonic_ns());
     if detach {
         for c in collectors.iter_mut() {
-            c.detach(cx);
+            c.detach(&mut cx.view(c.uses()));
         }
     }
     for c in collectors.iter_mut() {
-        c.poll(cx)?;
+        c.poll(&mut cx.view(c.uses()))?;
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! the `STACKS` map through the one [`Symbolizer`] of the recording, Python
 //! stacks through the [`PythonFrames`] the Python family registers when it
 //! attaches, merged leaf first. Shared by every probe family that records
-//! stacks (it lives in the collectors' `Context`).
+//! stacks (it lives in the engine's `Context`; a collector that declares it
+//! reaches it as `cx.stacks`, and `cx.frames()` resolves through it).
 
 use std::{
     any::Any,

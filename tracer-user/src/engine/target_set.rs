@@ -1,12 +1,14 @@
 //! The processes of one recording: who they are, how they came to be
-//! traced, whether they are alive, and the command we launched.
+//! traced, whether they are alive, the command we launched, which of their
+//! exited threads keep rows of their own, and the events about them that
+//! wait for the collectors.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
     os::procfs,
     recording::{Origin, Target},
-    engine::targets::Launched,
+    engine::{targets::Launched, ExitedThreads, TargetEvent},
 };
 
 pub struct TargetState {
@@ -52,9 +54,30 @@ pub struct TargetSet {
     pub states: BTreeMap<u32, TargetState>,
     /// The command launched by `record -- CMD`, if any.
     pub launched: Option<Launched>,
+    /// Which exited threads keep rows of their own (`exited`).
+    pub exited: ExitedThreads,
+    /// Whether the process follower reports every executable mapping of a
+    /// target ([`TargetEvent::Mapped`], from the syscall family's
+    /// `sys_exit`); when not, a collector that needs new libraries
+    /// re-scans the maps instead.
+    pub mappings_followed: bool,
+    events: VecDeque<TargetEvent>,
 }
 
 impl TargetSet {
+    /// Queues an event for every collector (delivered by the session). A
+    /// [`TargetEvent::Mapped`] right behind an undelivered one of the same
+    /// process (nothing of that process between them) is dropped: the
+    /// collectors read the maps when it is delivered, which then hold both
+    /// mappings, and a starting process maps dozens of libraries at once.
+    pub fn emit(&mut self, ev: TargetEvent) {
+        queue_event(&mut self.events, ev);
+    }
+
+    pub(in crate::engine) fn next_event(&mut self) -> Option<TargetEvent> {
+        self.events.pop_front()
+    }
+
     /// The state of `pid`, created (as followed) when unknown.
     pub fn entry(&mut self, pid: u32, origin: Origin) -> &mut TargetState {
         self.states.entry(pid).or_insert_with(|| TargetState::observe(pid, origin))
@@ -105,5 +128,40 @@ impl TargetSet {
 
     pub fn to_targets(&self) -> Vec<Target> {
         self.states.values().map(|s| s.target.clone()).collect()
+    }
+}
+
+/// [`TargetSet::emit`]'s queue.
+fn queue_event(events: &mut VecDeque<TargetEvent>, ev: TargetEvent) {
+    if let TargetEvent::Mapped { pid, .. } = ev {
+        let last_of_pid = events.iter().rev().find(|e| e.pid() == pid);
+        if matches!(last_of_pid, Some(TargetEvent::Mapped { .. })) {
+            return;
+        }
+    }
+    events.push_back(ev);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_queued_back_to_back_are_delivered_once() {
+        let mut q = VecDeque::new();
+        let mapped = |pid, ts_ns| TargetEvent::Mapped { pid, ts_ns };
+        queue_event(&mut q, mapped(1, 10));
+        queue_event(&mut q, mapped(1, 11));
+        queue_event(&mut q, mapped(2, 12));
+        queue_event(&mut q, mapped(1, 13));
+        // Across an exec the maps are another program's: kept.
+        queue_event(&mut q, TargetEvent::Execed { pid: 2, comm: "x".into() });
+        queue_event(&mut q, mapped(2, 14));
+        queue_event(&mut q, mapped(2, 15));
+        assert_eq!(Vec::from(q.clone()), [mapped(1, 10), mapped(2, 12), TargetEvent::Execed { pid: 2, comm: "x".into() }, mapped(2, 14)]);
+        // Once delivered, a new mapping is news again.
+        q.clear();
+        queue_event(&mut q, mapped(1, 16));
+        assert_eq!(q.len(), 1);
     }
 }

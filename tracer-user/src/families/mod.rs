@@ -223,6 +223,13 @@ mod tests {
     /// the files they are in; sub-folders that are other collectors' are
     /// left out.
     fn fields_used(folder: &str, skip: &[&str]) -> BTreeSet<(String, String)> {
+        mentions(folder, skip, r"\brec\.([a-z_]+)")
+    }
+
+    /// The first group of `pattern` wherever it matches in the code of a
+    /// folder's sources (tests and comment lines left out), with the files
+    /// it is in; sub-folders that are other collectors' are left out.
+    fn mentions(folder: &str, skip: &[&str], pattern: &str) -> BTreeSet<(String, String)> {
         fn walk(dir: &std::path::Path, skip: &[std::path::PathBuf], re: &regex::Regex, out: &mut BTreeSet<(String, String)>) {
             let Ok(entries) = std::fs::read_dir(dir) else { return };
             for e in entries.flatten() {
@@ -235,7 +242,8 @@ mod tests {
                 }
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
                 let code = text.split("#[cfg(test)]").next().unwrap_or("");
-                for c in re.captures_iter(code) {
+                let code: String = code.lines().filter(|l| !l.trim_start().starts_with("//")).flat_map(|l| [l, "\n"]).collect();
+                for c in re.captures_iter(&code) {
                     out.insert((c[1].to_owned(), p.display().to_string()));
                 }
             }
@@ -243,7 +251,7 @@ mod tests {
         let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/families");
         let skip: Vec<std::path::PathBuf> = skip.iter().map(|s| base.join(s)).collect();
         let mut out = BTreeSet::new();
-        let re = regex::Regex::new(r"\brec\.([a-z_]+)").expect("regex");
+        let re = regex::Regex::new(pattern).expect("regex");
         walk(&base.join(folder), &skip, &re, &mut out);
         out
     }
@@ -276,6 +284,54 @@ mod tests {
             }
         }
         assert!(bad.is_empty(), "undeclared reads or writes of the recording:\n{}", bad.join("\n"));
+    }
+
+    /// Every handle of the context a family's code reaches (`cx.kernel`,
+    /// `cx.window`, `cx.targets`, `cx.stacks`, `cx.calibration`; `cx.frames`
+    /// reaches the stacks and the kernel) is one its collectors declare in
+    /// `Collector::uses`, so that no family finds a handle missing from its
+    /// view at run time; and every declared handle is reached. A view is
+    /// only ever called `cx`, so that this reading sees every use.
+    #[test]
+    fn families_declare_the_handles_they_use() {
+        use crate::engine::Handle;
+        let opts = RecordOptions { timeline_limit: Some(1000), ..RecordOptions::default() };
+        let list = collectors(&opts);
+        let mut declared: std::collections::BTreeMap<&str, (String, BTreeSet<&str>)> = Default::default();
+        for c in &list {
+            let e = declared.entry(folder(c.name())).or_insert_with(|| (c.name().to_owned(), BTreeSet::new()));
+            e.1.extend(c.uses().iter().map(|h: &Handle| h.field()));
+        }
+        for name in ["syscalls", "sched", "cpu_samples", "cuda", "nvml", "python", "asyncio", "timeline", "process", "overhead"] {
+            assert!(declared.contains_key(folder(name)), "{name}: not in the collectors the test options give");
+        }
+        let fields: Vec<&str> = Handle::ALL.iter().map(|h| h.field()).collect();
+        let pattern = format!(r"\bcx\.({}|frames)\b", fields.join("|"));
+        let mut bad = Vec::new();
+        for (dir, (name, uses)) in &declared {
+            let skip: &[&str] = if *dir == "python" { &["python/asyncio/record"] } else { &[] };
+            let mut reached = BTreeSet::new();
+            for (field, file) in mentions(dir, skip, &pattern) {
+                let needed: &[&str] = if field == "frames" { &["stacks", "kernel"] } else { &[field.as_str()] };
+                for h in needed {
+                    reached.insert(h.to_string());
+                    if !uses.contains(h) {
+                        bad.push(format!("{file}: `cx.{field}` reaches the {h} handle, which {name} does not declare in `uses`"));
+                    }
+                }
+            }
+            for h in uses {
+                if !reached.contains(*h) {
+                    bad.push(format!("{dir}: {name} declares the {h} handle in `uses` and never reaches `cx.{h}`"));
+                }
+            }
+            for (binding, file) in mentions(dir, skip, r"\b([A-Za-z_][A-Za-z0-9_]*)\s*:\s*&(?:'[a-z_]+\s+)?(?:mut\s+)?Cx\b") {
+                if binding != "cx" && binding != "_cx" {
+                    bad.push(format!("{file}: a view named `{binding}`: call it `cx`, so that this test reads its uses"));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "handles reached and declared differ:\n{}", bad.join("\n"));
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl Agent {
         if self.info.get(&pid).is_some_and(|i| i.alive) {
             return;
         }
-        if let Some(st) = self.engine.cx.targets.states.get(&pid) {
+        if let Some(st) = self.engine.targets().states.get(&pid) {
             if st.alive {
                 // A child a target forked: the kernel follows it already.
                 if let Some(c) = Candidate::read(pid) {
@@ -169,7 +169,7 @@ impl Agent {
         let Some(c) = Candidate::read(pid) else { return };
         let Some(why) = self.opts.selector.matches(&c) else { return };
         let origin = if found_by == "exec" { Origin::Followed } else { Origin::Attached };
-        self.engine.cx.emit(TargetEvent::Appeared { pid, origin });
+        self.engine.targets().emit(TargetEvent::Appeared { pid, origin });
         let info = self.target_info(&c, why, found_by);
         self.info.insert(pid, info);
     }
@@ -186,7 +186,7 @@ impl Agent {
 
     /// An exec: a new match, or a target that stopped matching.
     fn on_exec(&mut self, pid: u32) -> Result<(), AgentError> {
-        let traced = self.engine.cx.targets.states.get(&pid).is_some_and(|s| s.alive);
+        let traced = self.engine.targets().states.get(&pid).is_some_and(|s| s.alive);
         if !traced {
             self.consider(pid, "exec");
             return Ok(());
@@ -208,8 +208,8 @@ impl Agent {
 
     /// Stops tracing `pid` (it no longer matches the selection).
     fn drop_target(&mut self, pid: u32) -> Result<(), AgentError> {
-        crate::families::process::remove_target(&mut self.engine.cx.ebpf, pid)?;
-        if let Some(st) = self.engine.cx.targets.states.get_mut(&pid) {
+        crate::families::process::remove_target(&mut self.engine.kernel().ebpf, pid)?;
+        if let Some(st) = self.engine.targets().states.get_mut(&pid) {
             st.alive = false;
         }
         if let Some(i) = self.info.get_mut(&pid) {
@@ -240,7 +240,7 @@ impl Agent {
     fn refresh_alive(&mut self) {
         for (pid, i) in self.info.iter_mut() {
             if i.alive {
-                i.alive = self.engine.cx.targets.states.get(pid).is_some_and(|s| s.alive);
+                i.alive = self.engine.targets().states.get(pid).is_some_and(|s| s.alive);
             }
         }
         // Dead targets are forgotten once a window has covered their end.
@@ -307,7 +307,7 @@ impl Agent {
             self.engine.forget(&forget);
         }
         self.dead_pending =
-            self.engine.cx.targets.states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
+            self.engine.targets().states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
         self.info.retain(|_, i| i.alive);
         self.prev = Some(cur);
         // A cut allocates two cumulative snapshots, the window and its
@@ -358,7 +358,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     record.command.clear();
     record.quiet = true;
     let mut engine = Engine::open(record, argv, btf, families::list())?;
-    let mut execs = ExecWatch::attach(&mut engine.cx)?;
+    let mut execs = ExecWatch::attach(engine.kernel())?;
     let exec_fd = run::register(execs.ring.as_fd()).map_err(|e| AgentError::Record(RecordError::Signals(e)))?;
 
     let shared: SharedState = Arc::new(Mutex::new(Shared {
@@ -412,7 +412,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                for pid in execs.drain(&mut agent.engine.cx.sink) {
+                for pid in execs.drain(agent.engine.sink()) {
                     agent.on_exec(pid)?;
                 }
                 agent.engine.dispatch()?;
@@ -441,7 +441,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     let last = agent.engine.close_for_exit().await?;
     agent.emit_window(last)?;
     shutdown.finished();
-    execs.detach(&mut agent.engine.cx);
+    execs.detach(agent.engine.kernel());
     say(quiet, "stopped; the last window is written");
     Ok(())
 }

@@ -6,7 +6,7 @@ use aya::maps::HashMap as BpfHashMap;
 use tracer_common::cpu_samples::SampleKey;
 
 use crate::{
-    engine::{Part, programs::Links, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
+    engine::{Part, programs::Links, Collector, Cx, Handle, FamilyTable, ProgramKind, ProgramSpec},
     os::probe::{self, ProbeError},
     recording::{Recording, StackKind, StackRecord},
 };
@@ -31,6 +31,10 @@ impl CpuSampleCollector {
 }
 
 impl Collector for CpuSampleCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Targets, Handle::Stacks]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Stacks]
     }
@@ -39,20 +43,20 @@ impl Collector for CpuSampleCollector {
         "cpu_samples"
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         if self.frequency > 0 {
             for spec in TABLE.programs {
-                self.links.attach(cx, spec)?;
+                self.links.attach_sampling(&mut cx.kernel, spec, self.frequency)?;
             }
         }
         Ok(())
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         rec.sample_hz = self.frequency;
         let pids = cx.targets.all_pids();
         let samples: Vec<(SampleKey, u64)> = {
-            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CPU_SAMPLES)?;
+            let map: BpfHashMap<_, SampleKey, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CPU_SAMPLES)?;
             map.iter().filter_map(Result::ok).filter(|(k, _)| pids.contains(&k.pid)).collect()
         };
         for (k, n) in samples {
@@ -70,7 +74,7 @@ impl Collector for CpuSampleCollector {
         Ok(())
     }
 
-    fn detach(&mut self, cx: &mut Context) {
-        self.links.detach(&mut cx.ebpf);
+    fn detach(&mut self, cx: &mut Cx<'_>) {
+        self.links.detach(&mut cx.kernel.ebpf);
     }
 }

@@ -18,7 +18,7 @@ use super::{
     replay::{RawSite, Replay},
 };
 use crate::{
-    engine::{Context, Topic},
+    engine::{Cx, Topic},
     os::probe::{self, ProbeError},
     recording::{
         cuda::{api_name, kind_name, CallClass, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
@@ -29,29 +29,29 @@ use crate::{
 impl CudaCollector {
     /// The report so far: reads the kernel aggregates, resolves sites,
     /// runs the detector over a copy of the replayed events.
-    pub(super) fn report(&mut self, cx: &mut Context) -> Result<CudaReport, ProbeError> {
-        let (start, end) = (cx.window_start, cx.now_or_end());
+    pub(super) fn report(&mut self, cx: &mut Cx<'_>) -> Result<CudaReport, ProbeError> {
+        let (start, end) = (cx.window.start, cx.window.now_or_end());
         let window_ns = end.saturating_sub(start);
         let mut report = CudaReport { window_ns, ..Default::default() };
         report.driver_probes_off = self.gate.records(end);
         if self.attached.is_empty() {
             return Ok(report);
         }
-        self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+        self.name_kernels(&mut cx.kernel.ebpf, &mut cx.stacks.symbolizer)?;
         // The aggregates first, then the events: every call counted has
         // had its event submitted, so a call without one was lost (while
         // recording, calls that return in between are only in the events).
         let stats: Vec<(CudaKey, CudaStats)> = {
-            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_STATS)?;
+            let map: BpfHashMap<_, CudaKey, CudaStats> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_STATS)?;
             map.iter().filter_map(Result::ok).chain(self.retired_stats.iter().map(|(k, v)| (*k, *v))).collect()
         };
-        report.events_lost = probe::counter(&mut cx.ebpf, counters::CUDA_EVENTS_LOST)?;
-        report.calls_lost = probe::counter(&mut cx.ebpf, counters::CUDA_LOST)?;
+        report.events_lost = probe::counter(&mut cx.kernel.ebpf, counters::CUDA_EVENTS_LOST)?;
+        report.calls_lost = probe::counter(&mut cx.kernel.ebpf, counters::CUDA_LOST)?;
         // Allocations still live count as leaks; the replay goes on after a snapshot.
         let mut replay = self.events.as_ref().map(|e| e.with(|r| r.clone())).unwrap_or_default();
         replay.close(start + window_ns / 2);
         let launches: Vec<(LaunchKey, u64)> = {
-            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
+            let map: BpfHashMap<_, LaunchKey, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_LAUNCHES)?;
             map.iter().filter_map(Result::ok).chain(self.retired_launches.iter().map(|(k, v)| (*k, *v))).collect()
         };
         let mut sites = SiteCache { sites: HashMap::new() };
@@ -75,7 +75,7 @@ impl CudaCollector {
     }
 
     /// Launches by (pid, kernel, site, API), counted (or estimated, when sliced).
-    fn launches(&mut self, launches: &[(LaunchKey, u64)], sites: &mut SiteCache, cx: &mut Context, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
+    fn launches(&mut self, launches: &[(LaunchKey, u64)], sites: &mut SiteCache, cx: &mut Cx<'_>, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
         let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
         for (k, n) in launches {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
@@ -136,7 +136,7 @@ impl CudaCollector {
 
 /// Calls by (pid, API, kind, site), with their return codes and host
 /// memory from the events, and the calls whose event was lost.
-fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Context) -> Result<Vec<CudaCall>, ProbeError> {
+fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<CudaCall>, ProbeError> {
     let mut sums: BTreeMap<(u32, u32, u32, Site), CudaStats> = BTreeMap::new();
     let mut raw_of_call: HashMap<(u32, u32, u32, Site), BTreeSet<RawSite>> = HashMap::new();
     for (k, v) in stats {
@@ -193,9 +193,9 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
 
 /// What the detector looks at, per resolved site: the events' replay,
 /// raised to the kernel's exact aggregates where events were lost.
-fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Context) -> Result<Vec<SiteSummary>, ProbeError> {
+fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<SiteSummary>, ProbeError> {
     let mut summaries: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
-    let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Context| -> Result<(u32, Site), ProbeError> {
+    let summary = |raw: RawSite, sites: &mut SiteCache, cx: &mut Cx<'_>| -> Result<(u32, Site), ProbeError> {
         Ok((raw.pid, sites.resolve(raw, cx)?))
     };
     for ((raw, kind), obs) in &replay.copies {
@@ -279,7 +279,7 @@ pub(super) struct SiteCache {
 }
 
 impl SiteCache {
-    pub(super) fn resolve(&mut self, raw: RawSite, cx: &mut Context) -> Result<Site, ProbeError> {
+    pub(super) fn resolve(&mut self, raw: RawSite, cx: &mut Cx<'_>) -> Result<Site, ProbeError> {
         if let Some(s) = self.sites.get(&raw) {
             return Ok(s.clone());
         }

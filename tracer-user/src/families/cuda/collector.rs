@@ -8,7 +8,7 @@
 //! found when the kernel reports the target's new executable mapping
 //! ([`TargetEvent::Mapped`], delivered at once: the session wakes on the
 //! process follower's ring buffer), then its maps are scanned again; without
-//! those events (`Context::mappings_followed` false), every 100 ms. Each poll replays the per-call
+//! those events (`TargetSet::mappings_followed` false), every 100 ms. Each poll replays the per-call
 //! events ([`replay`](super::replay); a thread of their own drains them
 //! every 10 ms, [`drain`](super::drain)) and, every 4 s, moves the entries of
 //! threads that exited out of the kernel maps.
@@ -38,7 +38,7 @@ use super::{
     search::{self, TargetFacts},
 };
 use crate::{
-    engine::{Part, Collector, Context, TargetEvent, Topic},
+    engine::{Part, Collector, Cx, Handle, TargetEvent, Topic},
     os::probe::{self, ProbeError},
     os::clock,
     os::procfs::{self, open_in_root},
@@ -49,7 +49,7 @@ use crate::{
 /// Notes what could not be probed in `pid` (`what`: the library, or the
 /// CUDA driver's per-process probes); a process that exited meanwhile
 /// (every attach then fails with ESRCH) gets one line, not one per function.
-fn note_attach_errors(cx: &mut Context, pid: u32, what: &str, errors: Vec<String>) {
+fn note_attach_errors(cx: &mut Cx<'_>, pid: u32, what: &str, errors: Vec<String>) {
     if errors.is_empty() {
         return;
     }
@@ -152,14 +152,14 @@ fn hash_text(s: &str) -> u64 {
 
 /// Writes the code ranges of `pid`'s probed runtime ([0]) and driver ([1])
 /// to `CUDA_TEXT` (a driver launch returning into the runtime's is nested).
-fn publish_text(cx: &mut Context, pid: u32, text: &[Option<(u64, u64)>; 2]) -> Result<(), ProbeError> {
+fn publish_text(cx: &mut Cx<'_>, pid: u32, text: &[Option<(u64, u64)>; 2]) -> Result<(), ProbeError> {
     let flat = [
         text[0].map_or(0, |r| r.0),
         text[0].map_or(0, |r| r.1),
         text[1].map_or(0, |r| r.0),
         text[1].map_or(0, |r| r.1),
     ];
-    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_TEXT)?;
+    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_TEXT)?;
     if let Err(e) = map.insert(pid, flat, 0) {
         cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
     }
@@ -194,7 +194,7 @@ impl CudaCollector {
     /// Probes, before the target loads one, every CUDA library it could
     /// load ([`search::candidates`]), unless this (root, facts) was
     /// searched already.
-    fn search(&mut self, cx: &mut Context, pid: u32, facts: TargetFacts) -> Result<(), ProbeError> {
+    fn search(&mut self, cx: &mut Cx<'_>, pid: u32, facts: TargetFacts) -> Result<(), ProbeError> {
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         let Ok(root_meta) = std::fs::metadata(&root) else { return Ok(()) };
         let key = {
@@ -223,7 +223,7 @@ impl CudaCollector {
     /// before it could be probed; the note says so).
     fn probe_found(
         &mut self,
-        cx: &mut Context,
+        cx: &mut Cx<'_>,
         pid: u32,
         root: &Path,
         found: &search::Found,
@@ -275,7 +275,7 @@ impl CudaCollector {
     /// `mapped_at`: the kernel's time of the executable mapping that made
     /// this scan, if one did (the note of a library probed now says how
     /// long after it was mapped).
-    fn scan(&mut self, cx: &mut Context, pid: u32, mapped_at: Option<u64>) -> Result<(), ProbeError> {
+    fn scan(&mut self, cx: &mut Cx<'_>, pid: u32, mapped_at: Option<u64>) -> Result<(), ProbeError> {
         let st = self.procs.entry(pid).or_insert_with(|| ProcState { alive: true, ..Default::default() });
         if !st.alive {
             st.alive = true;
@@ -353,7 +353,7 @@ impl CudaCollector {
     /// returns its identity when probed (now or before).
     fn examine(
         &mut self,
-        cx: &mut Context,
+        cx: &mut Cx<'_>,
         pid: u32,
         cand: &discovery::Candidate,
         mapped_at: Option<u64>,
@@ -424,7 +424,7 @@ impl CudaCollector {
     #[allow(clippy::too_many_arguments)]
     fn attach_file_for(
         &mut self,
-        cx: &mut Context,
+        cx: &mut Cx<'_>,
         pid: u32,
         identity: (u64, u64),
         file: &std::fs::File,
@@ -445,16 +445,16 @@ impl CudaCollector {
     /// Attaches the probes of one file (the programs are loaded).
     fn attach_file(
         &mut self,
-        cx: &mut Context,
+        cx: &mut Cx<'_>,
         path: &Path,
         symbols: &[(u32, u64)],
     ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
         let Some(probes) = self.probes.as_mut() else { return Ok((Vec::new(), Vec::new())) };
-        let Some(slicer) = self.slicer.as_ref() else { return probes.attach_file(&mut cx.ebpf, path, symbols) };
+        let Some(slicer) = self.slicer.as_ref() else { return probes.attach_file(&mut cx.kernel.ebpf, path, symbols) };
         // `--max-overhead`: the launch functions are the slicer's.
         type Symbols = Vec<(u32, u64)>;
         let (launches, rest): (Symbols, Symbols) = symbols.iter().partition(|(id, _)| api::is_launch(*id));
-        let (mut done, mut errors) = probes.attach_file(&mut cx.ebpf, path, &rest)?;
+        let (mut done, mut errors) = probes.attach_file(&mut cx.kernel.ebpf, path, &rest)?;
         if !launches.is_empty() {
             let shown = path.display().to_string();
             let added = std::fs::File::open(path)
@@ -470,7 +470,7 @@ impl CudaCollector {
     }
 
     /// `--max-overhead`: starts the slicer of the launch probes (multi-uprobe links only).
-    fn start_slicer(&mut self, cx: &mut Context, budget: f64) {
+    fn start_slicer(&mut self, cx: &mut Cx<'_>, budget: f64) {
         let Some(probes) = self.probes.as_ref() else { return };
         let progs: Result<Vec<OwnedFd>, String> = ["cuda_launch", "cuda_launch_ex"]
             .iter()
@@ -483,7 +483,7 @@ impl CudaCollector {
             })
             .collect();
         let started = progs.and_then(|p| {
-            LaunchSlicer::start(budget, cx.calibration.uprobe_ns, p, &cx.map_fds).map_err(|e| e.to_string())
+            LaunchSlicer::start(budget, cx.calibration.uprobe_ns, p, &cx.kernel.map_fds).map_err(|e| e.to_string())
         });
         match started {
             Ok(s) => self.slicer = Some(s),
@@ -491,11 +491,12 @@ impl CudaCollector {
         }
     }
 
-    fn ensure_loaded(&mut self, cx: &mut Context) -> Result<bool, ProbeError> {
+    fn ensure_loaded(&mut self, cx: &mut Cx<'_>) -> Result<bool, ProbeError> {
         if let Some(ok) = self.loaded {
             return Ok(ok);
         }
-        match programs::CudaProbes::load(&mut cx.ebpf, &cx.btf.btf, &cx.map_fds) {
+        let kernel = &mut *cx.kernel;
+        match programs::CudaProbes::load(&mut kernel.ebpf, &kernel.btf.btf, &kernel.map_fds) {
             Ok((probes, note)) => {
                 if let Some(n) = note {
                     cx.sink.note_on(Topic::Gpu, n);
@@ -512,7 +513,7 @@ impl CudaCollector {
             }
         }
         if self.events.is_none() {
-            let map = cx.ebpf.take_map(tracer_common::maps::CUDA_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_EVENTS))?;
+            let map = cx.kernel.ebpf.take_map(tracer_common::maps::CUDA_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_EVENTS))?;
             let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_EVENTS, e))?;
             self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
             if let (Some(ev), Some(limit)) = (&self.events, self.opts.timeline_limit) {
@@ -608,6 +609,10 @@ impl CudaCollector {
 }
 
 impl Collector for CudaCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Targets, Handle::Stacks, Handle::Calibration]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Cuda, Part::Timeline]
     }
@@ -615,7 +620,7 @@ impl Collector for CudaCollector {
     /// Drops what is kept per process: its state, its kernels' names, the
     /// aggregates of its exited threads, its driver probes (their links
     /// closed) and its place in the probed files' users.
-    fn forget(&mut self, _cx: &mut Context, pids: &HashSet<u32>) {
+    fn forget(&mut self, _cx: &mut Cx<'_>, pids: &HashSet<u32>) {
         self.procs.retain(|pid, _| !pids.contains(pid));
         self.kernel_names.retain(|(pid, _), _| !pids.contains(pid));
         self.retired_stats.retain(|k, _| !pids.contains(&k.pid));
@@ -635,11 +640,11 @@ impl Collector for CudaCollector {
     /// and their release after a SIGKILL was seen to take seconds under
     /// load); a launched command's libraries are searched before it is
     /// released, so that load does not race with it.
-    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         Ok(())
     }
 
-    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         match ev {
             // A launched command, held before its exec, is scanned at its
             // exec; what it will load is searched now, from what it will
@@ -667,9 +672,9 @@ impl Collector for CudaCollector {
     /// Replays the events, names kernels, retires threads; without the
     /// kernel's mapping events, re-scans the known targets whose maps
     /// changed (libraries loaded with dlopen).
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.polls += 1;
-        if !cx.mappings_followed && !self.detached {
+        if !cx.targets.mappings_followed && !self.detached {
             let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
             for pid in pids {
                 self.scan(cx, pid, None)?;
@@ -680,10 +685,10 @@ impl Collector for CudaCollector {
             self.gate.poll(probes, cx)?;
         }
         if self.polls.is_multiple_of(NAME_KERNELS_EVERY_POLLS) {
-            self.name_kernels(&mut cx.ebpf, &mut cx.stacks.symbolizer)?;
+            self.name_kernels(&mut cx.kernel.ebpf, &mut cx.stacks.symbolizer)?;
         }
         if self.polls.is_multiple_of(RETIRE_EVERY_POLLS) {
-            self.retire_dead_threads(&mut cx.ebpf)?;
+            self.retire_dead_threads(&mut cx.kernel.ebpf)?;
         }
         Ok(())
     }
@@ -694,7 +699,7 @@ impl Collector for CudaCollector {
     /// moment is in neither. The probes are released from several threads
     /// at once (progress on stderr past a second, unless `-q`); this
     /// returns when all are gone.
-    fn detach(&mut self, cx: &mut Context) {
+    fn detach(&mut self, cx: &mut Cx<'_>) {
         if std::mem::replace(&mut self.detached, true) {
             return;
         }
@@ -703,17 +708,17 @@ impl Collector for CudaCollector {
         if let Some(slicer) = self.slicer.as_mut() {
             probes.adopt(slicer.finish());
         }
-        let (_, errors) = probes.release(&mut cx.ebpf, self.opts.quiet);
+        let (_, errors) = probes.release(&mut cx.kernel.ebpf, self.opts.quiet);
         for e in errors {
             cx.sink.note_on(Topic::Gpu, e);
         }
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         if let Some(ev) = self.events.as_ref() {
-            ev.report(&mut cx.sink);
+            ev.report(cx.sink);
         }
-        if self.used(&mut cx.ebpf)? {
+        if self.used(&mut cx.kernel.ebpf)? {
             rec.cuda = Some(self.report(cx)?);
             if self.opts.timeline_limit.is_some() {
                 self.timeline_calls(cx, rec)?;

@@ -39,7 +39,7 @@ use tracer_common::cuda::api;
 use super::{programs::CudaProbes, slicer::LaunchSlicer};
 use crate::{
     os::clock,
-    engine::{Context, Topic},
+    engine::{Cx, Topic},
     os::probe::{self, ProbeError},
     os::procfs,
     recording::cuda::DriverProbesOff,
@@ -178,14 +178,14 @@ impl DriverGate {
     /// Takes probes off, re-checks and puts them back, from the kernel's
     /// counts; forgets processes that exited. Closing a link waits for the
     /// kernel (tens of ms): that happens on a thread of its own.
-    pub fn poll(&mut self, probes: &CudaProbes, cx: &mut Context) -> Result<(), ProbeError> {
+    pub fn poll(&mut self, probes: &CudaProbes, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         if self.procs.is_empty() {
             return Ok(());
         }
         let now = clock::monotonic_ns();
         let route: HashMap<u64, [u64; 2]> = {
             let map: BpfHashMap<_, u64, [u64; 2]> =
-                probe::hash_map(&mut cx.ebpf, tracer_common::maps::CUDA_DRV_ROUTE)?;
+                probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_DRV_ROUTE)?;
             map.iter().filter_map(Result::ok).collect()
         };
         let mut closing: Vec<OwnedFd> = Vec::new();
@@ -204,7 +204,7 @@ impl DriverGate {
                     .copied()
                     .unwrap_or([0, 0]);
                 let name = api::NAMES[id as usize];
-                let window_s = |t: u64| t.saturating_sub(cx.window_start) as f64 / 1e9;
+                let window_s = |t: u64| t.saturating_sub(cx.window.start) as f64 / 1e9;
                 if let Some(since) = st.off_since {
                     // Off: probed again for a re-check when it is time.
                     if now.saturating_sub(since) < RECHECK_EVERY_NS {

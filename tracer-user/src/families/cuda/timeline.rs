@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::{collector::CudaCollector, replay::RawSite, assemble::SiteCache};
 use crate::{
-    engine::Context,
+    engine::Cx,
     os::probe::ProbeError,
     recording::{
         cuda::{api_name, kind_name},
@@ -17,9 +17,9 @@ use crate::{
 
 impl CudaCollector {
     /// Adds the calls kept so far to `rec.timeline` (created if missing).
-    pub(super) fn timeline_calls(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    pub(super) fn timeline_calls(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         let Some((events, dropped)) = self.events.as_ref().and_then(|e| e.timeline()) else { return Ok(()) };
-        let start = cx.window_start;
+        let start = cx.window.start;
         let mut sites = SiteCache { sites: HashMap::new() };
         let tl = rec.timeline.get_or_insert_with(Default::default);
         tl.dropped += dropped;

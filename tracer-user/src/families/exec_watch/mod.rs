@@ -7,7 +7,7 @@ use aya::maps::RingBuf;
 use tracer_common::process::{ProcEvent, KIND_EXEC};
 
 use crate::{
-    engine::{programs::Links, ring::Records, Context, FamilyTable, ProgramKind, ProgramSpec, Sink},
+    engine::{programs::Links, ring::Records, FamilyTable, Kernel, ProgramKind, ProgramSpec, Sink},
     os::probe::ProbeError,
 };
 
@@ -22,10 +22,10 @@ pub struct ExecWatch {
 }
 
 impl ExecWatch {
-    pub fn attach(cx: &mut Context) -> Result<ExecWatch, ProbeError> {
+    pub fn attach(kernel: &mut Kernel) -> Result<ExecWatch, ProbeError> {
         let mut links = Links::default();
-        links.attach(cx, &AGENT_EXEC)?;
-        let map = cx.ebpf.take_map(tracer_common::maps::AGENT_EXECS).ok_or(ProbeError::MissingMap(tracer_common::maps::AGENT_EXECS))?;
+        links.attach(kernel, &AGENT_EXEC)?;
+        let map = kernel.ebpf.take_map(tracer_common::maps::AGENT_EXECS).ok_or(ProbeError::MissingMap(tracer_common::maps::AGENT_EXECS))?;
         let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::AGENT_EXECS, e))?;
         Ok(ExecWatch { ring: Records::new(ring, "exec_watch_short_records"), links })
     }
@@ -43,7 +43,7 @@ impl ExecWatch {
         out
     }
 
-    pub fn detach(&mut self, cx: &mut Context) {
-        self.links.detach(&mut cx.ebpf);
+    pub fn detach(&mut self, kernel: &mut Kernel) {
+        self.links.detach(&mut kernel.ebpf);
     }
 }

@@ -27,7 +27,7 @@ use nvml_wrapper::{
 
 use crate::{
     os::clock,
-    engine::{Part, Collector, Context, FamilyTable, Sink, Topic},
+    engine::{Part, Collector, Cx, Handle, FamilyTable, Sink, Topic},
     os::probe::ProbeError,
     recording::{
         cuda::{CudaReport, GpuSample},
@@ -136,6 +136,10 @@ impl NvmlCollector {
 pub static TABLE: FamilyTable = FamilyTable { family: "nvml", programs: &[], globals: &[] };
 
 impl Collector for NvmlCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Window]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Cuda]
     }
@@ -150,15 +154,15 @@ impl Collector for NvmlCollector {
     }
 
     /// Starts the sampler thread (loading NVML can take seconds).
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        self.sampler = Some(Sampler::start(SamplerOptions::new(self.hz, cx.window_start)));
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        self.sampler = Some(Sampler::start(SamplerOptions::new(self.hz, cx.window.start)));
         Ok(())
     }
 
     /// The samples arrive when the sampler stops: at the window end only.
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        if let (Some(end), Some(sampler)) = (cx.window_end, self.sampler.take()) {
-            sampler.finish(end).merge_into(rec, &mut cx.sink, end.saturating_sub(cx.window_start));
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
+        if let (Some(end), Some(sampler)) = (cx.window.end, self.sampler.take()) {
+            sampler.finish(end).merge_into(rec, cx.sink, end.saturating_sub(cx.window.start));
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use aya::programs::{
 
 use crate::{
     os::trap_timing::{fastest, target_location, time_getppid, time_target},
-    engine::{programs::Links, Context, FamilyTable},
+    engine::{programs::Links, Cx, FamilyTable},
     os::probe::{self, ProbeError},
     recording::overhead::Calibration,
 };
@@ -31,7 +31,7 @@ const SYSCALLS: u32 = 1000;
 const ROUNDS: usize = 9;
 
 /// The calibration; each part that fails is left at 0 with a note.
-pub fn calibrate(cx: &mut Context, table: &'static FamilyTable, notes: &mut Vec<String>) -> Calibration {
+pub fn calibrate(cx: &mut Cx<'_>, table: &'static FamilyTable, notes: &mut Vec<String>) -> Calibration {
     let started = Instant::now();
     let mut c = Calibration::default();
     match uprobes(cx, table) {
@@ -46,13 +46,14 @@ pub fn calibrate(cx: &mut Context, table: &'static FamilyTable, notes: &mut Vec<
     c
 }
 
-fn uprobes(cx: &mut Context, table: &'static FamilyTable) -> Result<(f64, f64), String> {
+fn uprobes(cx: &mut Cx<'_>, table: &'static FamilyTable) -> Result<(f64, f64), String> {
     let (path, offset) = target_location()?;
     let pid = NonZeroU32::new(std::process::id()).ok_or("pid 0")?;
     let mut attach = |name: &'static str| -> Result<(), String> {
         let spec = table.program(name).ok_or_else(|| format!("{name}: not in the table"))?;
-        spec.load(&mut cx.ebpf, &cx.btf.btf).map_err(|e| e.to_string())?;
-        let prog = probe::program::<UProbe>(&mut cx.ebpf, name).map_err(|e: ProbeError| e.to_string())?;
+        let kernel = &mut *cx.kernel;
+        spec.load(&mut kernel.ebpf, &kernel.btf.btf).map_err(|e| e.to_string())?;
+        let prog = probe::program::<UProbe>(&mut cx.kernel.ebpf, name).map_err(|e: ProbeError| e.to_string())?;
         let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
         // The link stays with the program; unloading it detaches it.
         prog.attach(point, &path, UProbeScope::OneProcess(pid)).map(drop).map_err(|e| format!("{name}: {e}"))
@@ -75,27 +76,27 @@ fn uprobes(cx: &mut Context, table: &'static FamilyTable) -> Result<(f64, f64), 
 
 /// Unloads programs (which detaches them), so that nothing of the
 /// calibration stays attached.
-fn unload(cx: &mut Context, names: &[&'static str]) {
+fn unload(cx: &mut Cx<'_>, names: &[&'static str]) {
     for name in names {
-        if let Ok(p) = probe::program::<UProbe>(&mut cx.ebpf, name) {
+        if let Ok(p) = probe::program::<UProbe>(&mut cx.kernel.ebpf, name) {
             let _ = p.unload();
         }
     }
 }
 
-fn tracepoints(cx: &mut Context, table: &'static FamilyTable) -> Result<f64, String> {
+fn tracepoints(cx: &mut Cx<'_>, table: &'static FamilyTable) -> Result<f64, String> {
     let plain = || time_getppid(SYSCALLS);
     let before: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
     let mut links = Links::default();
     for name in ["overhead_calib_enter", "overhead_calib_exit"] {
         let spec = table.program(name).ok_or_else(|| format!("{name}: not in the table"))?;
-        if let Err(e) = links.attach(cx, spec) {
-            links.detach(&mut cx.ebpf);
+        if let Err(e) = links.attach(&mut cx.kernel, spec) {
+            links.detach(&mut cx.kernel.ebpf);
             return Err(e.to_string());
         }
     }
     let probed: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
-    links.detach(&mut cx.ebpf);
+    links.detach(&mut cx.kernel.ebpf);
     let after: Vec<f64> = (0..ROUNDS).map(|_| plain()).collect();
     let base = fastest(before.into_iter().chain(after).collect());
     Ok((fastest(probed) - base).max(0.0))

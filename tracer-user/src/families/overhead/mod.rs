@@ -24,7 +24,7 @@ use std::{
 
 use crate::os::bpf_stats as stats;
 use crate::{
-    engine::{Part, Collector, Context, FamilyTable, ProgramKind, ProgramSpec},
+    engine::{Part, Collector, Cx, Handle, FamilyTable, ProgramKind, ProgramSpec},
     os::probe::ProbeError,
     recording::{
         overhead::{Calibration, FamilyOverhead, ProgramRuns, TargetOverhead, TracerOverhead, TracerSelf, OVERHEAD_VERSION},
@@ -100,11 +100,15 @@ impl Shared {
 pub struct OverheadStart(Arc<Mutex<Shared>>);
 
 impl Collector for OverheadStart {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Calibration]
+    }
+
     fn name(&self) -> &'static str {
         "overhead calibration"
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match stats::enable() {
             Ok(fd) => s.stats = Some(fd),
@@ -112,24 +116,24 @@ impl Collector for OverheadStart {
         }
         let mut notes = Vec::new();
         s.calibration = calibrate::calibrate(cx, &TABLE, &mut notes);
-        cx.calibration = s.calibration.clone();
+        *cx.calibration = s.calibration.clone();
         s.notes.extend(notes);
         // The calibration is not part of the window: nothing is attached
         // yet, and the window opens now (its length stays what `--duration`
         // asked for).
         let now = crate::os::clock::monotonic_ns();
-        set_window_start(&mut cx.ebpf, now)?;
-        cx.window_start = now;
-        cx.started_unix_ms = crate::os::clock::unix_ms();
+        set_window_start(&mut cx.kernel.ebpf, now)?;
+        cx.window.start = now;
+        cx.window.started_unix_ms = crate::os::clock::unix_ms();
         Ok(())
     }
 
-    fn snapshot(&mut self, _cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, _cx: &mut Cx<'_>, _rec: &mut Recording) -> Result<(), ProbeError> {
         Ok(())
     }
 
     /// First to detach: the other families' programs are still loaded.
-    fn detach(&mut self, _cx: &mut Context) {
+    fn detach(&mut self, _cx: &mut Cx<'_>) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).refresh();
     }
 }
@@ -138,6 +142,10 @@ impl Collector for OverheadStart {
 pub struct OverheadReport(Arc<Mutex<Shared>>);
 
 impl Collector for OverheadReport {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Targets]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Overhead]
     }
@@ -151,7 +159,7 @@ impl Collector for OverheadReport {
         "overhead"
     }
 
-    fn attach(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         Ok(())
     }
 
@@ -161,12 +169,12 @@ impl Collector for OverheadReport {
 
     /// Programs loaded and released during the window (per library) are
     /// counted as they go.
-    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).refresh();
         Ok(())
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
         s.refresh();
         let runs: BTreeMap<u32, stats::Runs> = s.seen.iter().map(|(id, (_, r))| (*id, *r)).collect();

@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     engine::{
-        programs::Links, ring::Records, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
+        programs::Links, ring::Records, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
         TargetState,
     },
     os::probe::{self, ProbeError},
@@ -92,8 +92,8 @@ impl ProcessCollector {
     /// Adds targets the kernel followed but whose events we missed, marks the
     /// dead, and removes them from the kernel set (so a reused pid is not
     /// traced).
-    fn sweep(cx: &mut Context) -> Result<(), ProbeError> {
-        for pid in kernel_targets(&mut cx.ebpf)? {
+    fn sweep(cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        for pid in kernel_targets(&mut cx.kernel.ebpf)? {
             cx.targets.entry(pid, Origin::Followed);
         }
         let mut dead = Vec::new();
@@ -104,13 +104,17 @@ impl ProcessCollector {
             }
         }
         for pid in dead {
-            remove_target(&mut cx.ebpf, pid)?;
+            remove_target(&mut cx.kernel.ebpf, pid)?;
         }
         Ok(())
     }
 }
 
 impl Collector for ProcessCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Targets, Handle::Stacks]
+    }
+
     fn name(&self) -> &'static str {
         "process"
     }
@@ -120,25 +124,25 @@ impl Collector for ProcessCollector {
         true
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
-            if spec.name == NEWTASK.name && cx.tracefs.is_none() {
+            if spec.name == NEWTASK.name && cx.kernel.tracefs.is_none() {
                 cx.sink.note("tracefs unavailable: forked children are not followed");
                 continue;
             }
-            self.links.attach(cx, spec)?;
+            self.links.attach(&mut cx.kernel, spec)?;
         }
         // The syscall family's `sys_exit` reports executable mappings here.
-        cx.mappings_followed = true;
-        let map = cx.ebpf.take_map(tracer_common::maps::PROC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::PROC_EVENTS))?;
+        cx.targets.mappings_followed = true;
+        let map = cx.kernel.ebpf.take_map(tracer_common::maps::PROC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::PROC_EVENTS))?;
         self.events = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::PROC_EVENTS, e))?, "process_short_records"));
         Ok(())
     }
 
-    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         match ev {
             TargetEvent::Appeared { pid, origin: Origin::Launched } => {
-                add_target(&mut cx.ebpf, *pid, target_flags::LAUNCHED)?;
+                add_target(&mut cx.kernel.ebpf, *pid, target_flags::LAUNCHED)?;
                 if let Some(st) = cx.targets.launched_state() {
                     cx.targets.insert(st);
                 }
@@ -147,7 +151,7 @@ impl Collector for ProcessCollector {
                 // `Followed`: picked up at its exec by the agent's selection
                 // (born inside the window: no call of it was in flight at attach).
                 let flags = if *origin == Origin::Followed { target_flags::FOLLOWED } else { target_flags::EXPLICIT };
-                add_target(&mut cx.ebpf, *pid, flags)?;
+                add_target(&mut cx.kernel.ebpf, *pid, flags)?;
                 cx.targets.insert(TargetState::observe(*pid, *origin));
                 cx.stacks.symbolizer.observe_process(*pid);
             }
@@ -190,16 +194,16 @@ impl Collector for ProcessCollector {
         self.events.as_ref().map(|rb| rb.as_fd())
     }
 
-    fn wake(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn wake(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         for ev in self.drain() {
-            cx.emit(ev);
+            cx.targets.emit(ev);
         }
         Ok(())
     }
 
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         for ev in self.drain() {
-            cx.emit(ev);
+            cx.targets.emit(ev);
         }
         let now = Instant::now();
         let symbolizer = &mut cx.stacks.symbolizer;
@@ -223,22 +227,22 @@ impl Collector for ProcessCollector {
 
     /// The launched command's exit status is reaped by `poll` (the session
     /// polls once more before the final snapshot).
-    fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, _rec: &mut Recording) -> Result<(), ProbeError> {
         for (i, name) in counters::NAMES.iter().enumerate() {
             let idx = i as u32;
             if counters::is_loss(idx) {
-                let n = probe::counter(&mut cx.ebpf, idx)?;
+                let n = probe::counter(&mut cx.kernel.ebpf, idx)?;
                 cx.sink.set_lost(*name, n);
             }
         }
         if let Some(rb) = self.events.as_ref() {
-            rb.report(&mut cx.sink);
+            rb.report(cx.sink);
         }
         Ok(())
     }
 
-    fn detach(&mut self, cx: &mut Context) {
-        self.links.detach(&mut cx.ebpf);
+    fn detach(&mut self, cx: &mut Cx<'_>) {
+        self.links.detach(&mut cx.kernel.ebpf);
     }
 }
 

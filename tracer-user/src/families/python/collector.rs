@@ -19,7 +19,7 @@ use tracer_common::{
 
 use super::resolve::PyFrames;
 use crate::{
-    engine::{Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
+    engine::{Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
     os::probe::{self, ProbeError},
     os::procfs,
     families::python::{Interpreter, PythonError, STILL_TRACED},
@@ -115,7 +115,7 @@ impl Default for PythonCollector {
 
 impl PythonCollector {
     /// Looks for CPython in `pid` (once per process; again after exec).
-    fn examine(&mut self, cx: &mut Context, pid: u32, force: bool) -> Result<(), ProbeError> {
+    fn examine(&mut self, cx: &mut Cx<'_>, pid: u32, force: bool) -> Result<(), ProbeError> {
         if force {
             self.examined.remove(&pid);
             self.pending.remove(&pid);
@@ -127,7 +127,7 @@ impl PythonCollector {
         self.try_attach(cx, pid)
     }
 
-    fn try_attach(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
+    fn try_attach(&mut self, cx: &mut Cx<'_>, pid: u32) -> Result<(), ProbeError> {
         let retry = |this: &mut Self, err: Option<PythonError>| {
             let now = Instant::now();
             let p = this.pending.entry(pid).or_insert(Pending { since: now, last_try: now, last_error: None, python_like: false });
@@ -166,7 +166,7 @@ impl PythonCollector {
     }
 
     /// Examines again the processes whose CPython may still be starting.
-    fn retry_pending(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn retry_pending(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         let now = Instant::now();
         let pids: Vec<u32> = self.pending.iter().filter(|(_, p)| p.due(now)).map(|(pid, _)| *pid).collect();
         for pid in pids {
@@ -194,15 +194,15 @@ impl PythonCollector {
         Ok(())
     }
 
-    fn publish(&mut self, cx: &mut Context, pid: u32, interp: Interpreter) -> Result<(), ProbeError> {
+    fn publish(&mut self, cx: &mut Cx<'_>, pid: u32, interp: Interpreter) -> Result<(), ProbeError> {
         let layout = interp.layout();
         if let Some(note) = interp.layout_note() {
             cx.sink.note(format!("pid {pid}: {note}"));
         }
-        let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_LAYOUT)?;
+        let mut map: BpfHashMap<_, u32, PyLayout> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_LAYOUT)?;
         map.insert(pid, layout, 0).map_err(|e| ProbeError::map(tracer_common::maps::PY_LAYOUT, e))?;
         if let Some((start, end)) = interp.gil_range() {
-            let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::GIL_RANGE)?;
+            let mut gil: BpfHashMap<_, u32, GilRange> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::GIL_RANGE)?;
             gil.insert(pid, GilRange { start, end }, 0).map_err(|e| ProbeError::map(tracer_common::maps::GIL_RANGE, e))?;
         } else {
             cx.sink.note(format!("pid {pid}: GIL state not located; GIL waits are counted as lock time"));
@@ -214,7 +214,7 @@ impl PythonCollector {
     }
 
     /// Re-reads the thread list of `pid` and updates the kernel's tid -> tstate map.
-    fn refresh(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
+    fn refresh(&mut self, cx: &mut Cx<'_>, pid: u32) -> Result<(), ProbeError> {
         let Some(interp) = frames(cx).and_then(|py| py.get(pid)) else { return Ok(()) };
         let states = interp.thread_states();
         // A thread list (or frame chain) that loops or runs on: one note
@@ -223,7 +223,7 @@ impl PythonCollector {
             cx.sink.note(note);
         }
         let Ok(states) = states else { return Ok(()) };
-        let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_TSTATE)?;
+        let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE)?;
         let old = self.published.remove(&pid).unwrap_or_default();
         let new: Vec<u32> = states.iter().map(|(tid, _)| *tid).collect();
         for tid in old.iter().filter(|t| !new.contains(t)) {
@@ -238,12 +238,12 @@ impl PythonCollector {
 
     /// A process exited: its threads leave the kernel map; the interpreter
     /// (and its cache of resolved code objects) stays for late stacks.
-    fn exited(&mut self, cx: &mut Context, pid: u32) -> Result<(), ProbeError> {
+    fn exited(&mut self, cx: &mut Cx<'_>, pid: u32) -> Result<(), ProbeError> {
         if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
-            py.resolve_new(&mut cx.ebpf)?;
+            py.resolve_new(&mut cx.kernel.ebpf)?;
         }
         if let Some(tids) = self.published.remove(&pid) {
-            let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::PY_TSTATE)?;
+            let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE)?;
             for tid in tids {
                 let _ = map.remove(&tid);
             }
@@ -256,18 +256,18 @@ impl PythonCollector {
 /// processes: their layout and GIL range (4096 entries each: the 4097th
 /// Python process of a long agent could not be published) and their
 /// captured stacks (resolved already, and forgotten with the process).
-fn forget_kernel_entries(cx: &mut Context, pids: &std::collections::HashSet<u32>) {
-    if let Ok(mut map) = probe::hash_map::<u32, PyLayout>(&mut cx.ebpf, tracer_common::maps::PY_LAYOUT) {
+fn forget_kernel_entries(cx: &mut Cx<'_>, pids: &std::collections::HashSet<u32>) {
+    if let Ok(mut map) = probe::hash_map::<u32, PyLayout>(&mut cx.kernel.ebpf, tracer_common::maps::PY_LAYOUT) {
         for pid in pids {
             let _ = map.remove(pid);
         }
     }
-    if let Ok(mut map) = probe::hash_map::<u32, GilRange>(&mut cx.ebpf, tracer_common::maps::GIL_RANGE) {
+    if let Ok(mut map) = probe::hash_map::<u32, GilRange>(&mut cx.kernel.ebpf, tracer_common::maps::GIL_RANGE) {
         for pid in pids {
             let _ = map.remove(pid);
         }
     }
-    if let Ok(mut map) = probe::hash_map::<u64, tracer_common::python::PyStack>(&mut cx.ebpf, tracer_common::maps::PY_STACKS) {
+    if let Ok(mut map) = probe::hash_map::<u64, tracer_common::python::PyStack>(&mut cx.kernel.ebpf, tracer_common::maps::PY_STACKS) {
         let gone: Vec<u64> = map.iter().filter_map(Result::ok).filter(|(_, s)| pids.contains(&s.pid)).map(|(id, _)| id).collect();
         for id in gone {
             let _ = map.remove(&id);
@@ -276,16 +276,20 @@ fn forget_kernel_entries(cx: &mut Context, pids: &std::collections::HashSet<u32>
 }
 
 /// The Python frame resolver registered at attach.
-fn frames(cx: &mut Context) -> Option<&mut PyFrames> {
+fn frames<'c>(cx: &'c mut Cx<'_>) -> Option<&'c mut PyFrames> {
     cx.stacks.python_mut::<PyFrames>()
 }
 
 impl Collector for PythonCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Stacks]
+    }
+
     fn name(&self) -> &'static str {
         "python"
     }
 
-    fn forget(&mut self, cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+    fn forget(&mut self, cx: &mut Cx<'_>, pids: &std::collections::HashSet<u32>) {
         self.examined.retain(|pid, _| !pids.contains(pid));
         self.pending.retain(|pid, _| !pids.contains(pid));
         self.published.retain(|pid, _| !pids.contains(pid));
@@ -294,12 +298,12 @@ impl Collector for PythonCollector {
 
     /// Registers the Python frame resolver with the stack resolver every
     /// family uses.
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         cx.stacks.set_python(Box::new(PyFrames::default()));
         Ok(())
     }
 
-    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         match ev {
             // A launched command is examined at its exec.
             TargetEvent::Appeared { origin: Origin::Launched, .. } => Ok(()),
@@ -319,7 +323,7 @@ impl Collector for PythonCollector {
     /// kernel map (new threads are found by the kernel itself on their
     /// first event; this keeps the map right where it cannot, e.g. more
     /// threads than it walks).
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.retry_pending(cx)?;
         if self.last_refresh.elapsed() + EAGER_RETRY / 2 >= REFRESH {
             self.last_refresh = Instant::now();
@@ -330,17 +334,17 @@ impl Collector for PythonCollector {
         if self.last_resolve.elapsed() >= RESOLVE {
             self.last_resolve = Instant::now();
             if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
-            py.resolve_new(&mut cx.ebpf)?;
+            py.resolve_new(&mut cx.kernel.ebpf)?;
         }
         }
         Ok(())
     }
 
-    fn snapshot(&mut self, cx: &mut Context, _rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, _rec: &mut Recording) -> Result<(), ProbeError> {
         if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
-            py.resolve_new(&mut cx.ebpf)?;
+            py.resolve_new(&mut cx.kernel.ebpf)?;
         }
-        if cx.window_end.is_some() {
+        if cx.window.end.is_some() {
             // Processes still pending at the end of the window: alive, or
             // gone with their structures misread (as in `retry_pending`).
             for (pid, p) in self.pending.drain() {
@@ -357,14 +361,14 @@ impl Collector for PythonCollector {
         }
         // A stack cut at the depth limit is kept (its leaf frames are
         // there): reported, not counted as lost.
-        let full = probe::counter(&mut cx.ebpf, counters::PY_CODES_FULL)?;
+        let full = probe::counter(&mut cx.kernel.ebpf, counters::PY_CODES_FULL)?;
         if full > 0 {
             let text = format!(
                 "{full} Python code objects could not be copied in the kernel (python_code_copies_map_full): their frames resolve only while their process lives"
             );
             cx.sink.state_note("python_code_copies_map_full", text);
         }
-        let n = probe::counter(&mut cx.ebpf, counters::PY_STACKS_TRUNCATED)?;
+        let n = probe::counter(&mut cx.kernel.ebpf, counters::PY_STACKS_TRUNCATED)?;
         if n > 0 {
             let text = format!("{n} Python stacks were deeper than {PY_MAX_DEPTH} frames and were cut at their root end");
             cx.sink.state_note("python_stacks_truncated", text);

@@ -25,7 +25,7 @@ use tracer_common::{
 pub use crate::engine::SchedOptions;
 use crate::{
     engine::{Part, 
-        programs::Links, Collector, Context, ExitedThreads, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
+        programs::Links, Collector, Cx, Handle, ExitedThreads, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec,
         TargetEvent,
     },
     os::probe::{self, ProbeError},
@@ -232,16 +232,16 @@ fn take_exited(ebpf: &mut Ebpf) -> Result<Vec<ThreadState>, ProbeError> {
 impl SchedCollector {
     /// Moves exited threads out of the kernel maps (keeps them small) and
     /// applies the policy: a row of their own, or summed per process.
-    fn drain(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn drain(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         // Exited threads end at their exit; only the window's end clips
         // them (never "now": a thread may exit while the maps are read).
-        let end = cx.window_end.unwrap_or(u64::MAX);
+        let end = cx.window.end.unwrap_or(u64::MAX);
         let mut folded_now = HashSet::new();
-        for t in take_exited(&mut cx.ebpf)? {
-            folded_now.extend(self.retire(&mut cx.exited, t, end));
+        for t in take_exited(&mut cx.kernel.ebpf)? {
+            folded_now.extend(self.retire(&mut cx.targets.exited, t, end));
         }
         if !folded_now.is_empty() {
-            self.fold_stacks(&mut cx.ebpf, &folded_now)?;
+            self.fold_stacks(&mut cx.kernel.ebpf, &folded_now)?;
         }
         Ok(())
     }
@@ -371,9 +371,9 @@ impl SchedCollector {
 pub const EXITED_THREADS_COMM: &str = "(exited threads)";
 
 /// Off-CPU stacks: the kernel's aggregates plus the intervals still open.
-fn offcpu_stacks(cx: &mut Context, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
+fn offcpu_stacks(cx: &mut Cx<'_>, target_pids: &[u32], mut offcpu: HashMap<OffCpuKey, u64>) -> Result<Vec<StackRecord>, ProbeError> {
     {
-        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.ebpf, tracer_common::maps::OFFCPU_STACKS)?;
+        let map: BpfHashMap<_, OffCpuKey, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::OFFCPU_STACKS)?;
         for (k, ns) in map.iter().filter_map(Result::ok) {
             *offcpu.entry(k).or_default() += ns;
         }
@@ -413,6 +413,10 @@ fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, V
 }
 
 impl Collector for SchedCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Targets, Handle::Stacks]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Threads, Part::Stacks]
     }
@@ -426,9 +430,9 @@ impl Collector for SchedCollector {
         "sched"
     }
 
-    fn forget(&mut self, cx: &mut Context, pids: &std::collections::HashSet<u32>) {
+    fn forget(&mut self, cx: &mut Cx<'_>, pids: &std::collections::HashSet<u32>) {
         // Their run-queue histograms leave the kernel map (it would fill).
-        if let Ok(mut hist) = probe::hash_map::<RunqKey, u64>(&mut cx.ebpf, tracer_common::maps::RUNQ_HIST) {
+        if let Ok(mut hist) = probe::hash_map::<RunqKey, u64>(&mut cx.kernel.ebpf, tracer_common::maps::RUNQ_HIST) {
             let gone: Vec<RunqKey> = hist.keys().filter_map(Result::ok).filter(|k| pids.contains(&k.pid)).collect();
             for k in gone {
                 let _ = hist.remove(&k);
@@ -441,9 +445,9 @@ impl Collector for SchedCollector {
     }
 
     /// Fills the classification table and attaches the scheduler programs.
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         {
-            let map = cx.ebpf.map_mut(tracer_common::maps::REASON_OF_NR).ok_or(ProbeError::MissingMap(tracer_common::maps::REASON_OF_NR))?;
+            let map = cx.kernel.ebpf.map_mut(tracer_common::maps::REASON_OF_NR).ok_or(ProbeError::MissingMap(tracer_common::maps::REASON_OF_NR))?;
             let mut table: Array<&mut MapData, u32> = Array::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::REASON_OF_NR, e))?;
             for nr in 0..REASON_TABLE_SIZE {
                 let r = classify(std::env::consts::ARCH, nr);
@@ -453,14 +457,14 @@ impl Collector for SchedCollector {
             }
         }
         for spec in TABLE.programs {
-            self.links.attach(cx, spec)?;
+            self.links.attach(&mut cx.kernel, spec)?;
         }
         Ok(())
     }
 
-    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         if let TargetEvent::Appeared { pid, origin: Origin::Attached } = ev {
-            seed_process(&mut cx.ebpf, *pid, cx.window_start)?;
+            seed_process(&mut cx.kernel.ebpf, *pid, cx.window.start)?;
         }
         Ok(())
     }
@@ -469,15 +473,15 @@ impl Collector for SchedCollector {
         DRAIN_EVERY
     }
 
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.drain(cx)
     }
 
     /// Needs `rec.syscalls` (the syscall collector's snapshot runs first).
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         let pids = cx.targets.all_pids();
-        let end = cx.now_or_end();
-        let (threads, open) = self.threads(&mut cx.ebpf, end, &pids, &rec.syscalls)?;
+        let end = cx.window.now_or_end();
+        let (threads, open) = self.threads(&mut cx.kernel.ebpf, end, &pids, &rec.syscalls)?;
         rec.threads = threads;
         if cx.counts_only {
             return Ok(());
@@ -501,12 +505,12 @@ impl Collector for SchedCollector {
                 frames: cx.frames(k.pid, k.user_stack, k.kernel_stack, k.py_stack)?,
             });
         }
-        rec.runqueue_hist = runqueue_hist(&mut cx.ebpf, &pids)?;
+        rec.runqueue_hist = runqueue_hist(&mut cx.kernel.ebpf, &pids)?;
         Ok(())
     }
 
-    fn detach(&mut self, cx: &mut Context) {
-        self.links.detach(&mut cx.ebpf);
+    fn detach(&mut self, cx: &mut Cx<'_>) {
+        self.links.detach(&mut cx.kernel.ebpf);
     }
 }
 

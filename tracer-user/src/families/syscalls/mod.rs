@@ -20,7 +20,7 @@ use tracer_common::{
 mod slots;
 
 use crate::{
-    engine::{Part, programs::Links, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
+    engine::{Part, programs::Links, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent},
     os::probe::ProbeError,
     os::procfs,
     recording::{Origin, Recording, StackKind, StackRecord, ThreadSyscall},
@@ -92,7 +92,7 @@ pub struct SyscallCollector {
     /// Latest snapshot of live threads.
     live: HashMap<Key, Acc>,
     /// Rows of threads that exited, by (pid, tid), waiting for the verdict
-    /// of `cx.exited` (with the drains waited so far).
+    /// of `cx.targets.exited` (with the drains waited so far).
     pending: HashMap<(u32, u32), (BTreeMap<u32, Acc>, u32)>,
     /// Exited threads that keep rows of their own, by verdict id:
     /// (pid, tid, rows by syscall number). A boxed slice, not a map: a
@@ -156,10 +156,10 @@ impl SyscallCollector {
     }
 
     /// Copies the kernel aggregates; threads that exited are moved out of
-    /// the kernel maps, then kept or folded as `cx.exited` decides.
+    /// the kernel maps, then kept or folded as `cx.targets.exited` decides.
     /// `retire_dead`: ask /proc which threads exited (not after the window).
-    fn drain(&mut self, cx: &mut Context, retire_dead: bool) -> Result<(), ProbeError> {
-        let ebpf = &mut cx.ebpf;
+    fn drain(&mut self, cx: &mut Cx<'_>, retire_dead: bool) -> Result<(), ProbeError> {
+        let ebpf = &mut cx.kernel.ebpf;
         let mut alive_cache: HashMap<(u32, u32), bool> = HashMap::new();
         let mut alive = |pid: u32, tid: u32| {
             !retire_dead || *alive_cache.entry((pid, tid)).or_insert_with(|| procfs::thread_alive(pid, tid))
@@ -239,15 +239,15 @@ impl SyscallCollector {
             // by syscall time.
             for (pid, tid) in newly_dead {
                 let weight = self.pending.get(&(pid, tid)).map(|(rows, _)| rows.values().map(|a| a.stats.total_ns).fold(0, u64::saturating_add));
-                cx.exited.exited(pid, tid, weight.unwrap_or(0));
+                cx.targets.exited.exited(pid, tid, weight.unwrap_or(0));
             }
         }
         self.apply_verdicts(cx)
     }
 
-    /// Keeps or folds the rows of the threads `cx.exited` decided about.
-    fn apply_verdicts(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
-        let verdicts = cx.exited.take_verdicts();
+    /// Keeps or folds the rows of the threads `cx.targets.exited` decided about.
+    fn apply_verdicts(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        let verdicts = cx.targets.exited.take_verdicts();
         if verdicts.is_empty() {
             self.age_pending(cx);
             return Ok(());
@@ -287,10 +287,10 @@ impl SyscallCollector {
             }
         }
         if !taken_live.is_empty() {
-            forget_kernel_rows(&mut cx.ebpf, &taken_live)?;
+            forget_kernel_rows(&mut cx.kernel.ebpf, &taken_live)?;
         }
         if !summed.is_empty() {
-            let mut slow: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
+            let mut slow: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
             let taken: Vec<(SlowKey, SlowStats)> =
                 slow.iter().filter_map(Result::ok).filter(|(k, _)| summed.contains(&(k.pid, k.tid))).collect();
             for (k, v) in taken {
@@ -306,7 +306,7 @@ impl SyscallCollector {
 
     /// Rows that waited too long for a verdict are folded: the scheduler
     /// programs missed that thread's exit.
-    fn age_pending(&mut self, cx: &mut Context) {
+    fn age_pending(&mut self, cx: &mut Cx<'_>) {
         let mut stale = Vec::new();
         for (&(pid, tid), (_, waited)) in self.pending.iter_mut() {
             *waited += 1;
@@ -317,7 +317,7 @@ impl SyscallCollector {
         for (pid, tid) in stale {
             if let Some((rows, _)) = self.pending.remove(&(pid, tid)) {
                 fold_into(&mut self.folded, pid, &rows);
-                cx.exited.folded_unseen(pid);
+                cx.targets.exited.folded_unseen(pid);
             }
         }
     }
@@ -328,7 +328,7 @@ impl SyscallCollector {
     /// threads blocked in one syscall for the whole window (from
     /// /proc/PID/task/TID/syscall). Exited threads folded together are the
     /// rows of tid 0.
-    fn table(&self, cx: &mut Context, window: (u64, u64)) -> Result<Vec<ThreadSyscall>, ProbeError> {
+    fn table(&self, cx: &mut Cx<'_>, window: (u64, u64)) -> Result<Vec<ThreadSyscall>, ProbeError> {
         let (start_ns, end_ns) = window;
         let (live_pids, attached_pids) = (cx.targets.live_pids(), cx.targets.attached_pids());
         let mut all: HashMap<Key, Acc> = self.live.clone();
@@ -343,12 +343,12 @@ impl SyscallCollector {
         let mut active: HashSet<u32> = all.keys().map(|&(_, tid, _)| tid).collect();
         let mut in_flight: Vec<SyscallStart> = Vec::new();
         {
-            let starts: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SYSCALL_START)?;
+            let starts: BpfHashMap<_, u32, SyscallStart> = crate::os::probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::SYSCALL_START)?;
             in_flight.extend(starts.iter().filter_map(Result::ok).map(|(_, s)| s));
         }
         // A thread that owns a slot keeps its calls there: its entry in
         // SYSCALL_START, if any, is an older one (before the claim).
-        let slotted = slots::entries(&mut cx.ebpf)?;
+        let slotted = slots::entries(&mut cx.kernel.ebpf)?;
         let owners: HashSet<u32> = slotted.iter().map(|s| s.tid).collect();
         in_flight.retain(|s| !owners.contains(&s.tid));
         in_flight.extend(slotted);
@@ -387,7 +387,7 @@ impl SyscallCollector {
                 max_ns: a.stats.max_ns,
                 hist_log2_ns: a.stats.hist.to_vec(),
                 in_flight: a.in_flight,
-                aggregated_threads: if tid == 0 { cx.exited.folded(pid) } else { 0 },
+                aggregated_threads: if tid == 0 { cx.targets.exited.folded(pid) } else { 0 },
             })
             .collect();
         out.sort_by_key(|t| (t.pid, t.tid, t.nr));
@@ -404,6 +404,10 @@ impl SyscallCollector {
 }
 
 impl Collector for SyscallCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Targets, Handle::Stacks]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Syscalls, Part::Stacks]
     }
@@ -412,7 +416,7 @@ impl Collector for SyscallCollector {
         "syscalls"
     }
 
-    fn forget(&mut self, _cx: &mut Context, pids: &HashSet<u32>) {
+    fn forget(&mut self, _cx: &mut Cx<'_>, pids: &HashSet<u32>) {
         self.live.retain(|k, _| !pids.contains(&k.0));
         self.pending.retain(|k, _| !pids.contains(&k.0));
         self.kept.retain(|_, v| !pids.contains(&v.0));
@@ -421,14 +425,14 @@ impl Collector for SyscallCollector {
         self.initial_threads.retain(|k| !pids.contains(&k.0));
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         for spec in TABLE.programs {
-            self.links.attach(cx, spec)?;
+            self.links.attach(&mut cx.kernel, spec)?;
         }
         Ok(())
     }
 
-    fn target(&mut self, _cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, _cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         if let TargetEvent::Appeared { pid, origin: Origin::Attached } = ev {
             self.initial_threads.extend(procfs::thread_ids(*pid).into_iter().map(|tid| (*pid, tid)));
         }
@@ -439,18 +443,18 @@ impl Collector for SyscallCollector {
         DRAIN_EVERY
     }
 
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.drain(cx, true)
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
-        self.drain(cx, cx.window_end.is_none())?;
-        let window = (cx.window_start, cx.now_or_end());
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
+        self.drain(cx, cx.window.end.is_none())?;
+        let window = (cx.window.start, cx.window.now_or_end());
         let syscalls = self.table(cx, window)?;
-        if let Some(note) = cx.exited.note() {
+        if let Some(note) = cx.targets.exited.note() {
             cx.sink.state_note("exited_threads", note);
         }
-        let unseen = crate::os::probe::counter(&mut cx.ebpf, tracer_common::counters::SYSCALL_ENTER_UNSEEN)?;
+        let unseen = crate::os::probe::counter(&mut cx.kernel.ebpf, tracer_common::counters::SYSCALL_ENTER_UNSEEN)?;
         if unseen > 0 {
             cx.sink.state_note(
                 "syscall_enter_unseen",
@@ -471,8 +475,8 @@ impl Collector for SyscallCollector {
         Ok(())
     }
 
-    fn detach(&mut self, cx: &mut Context) {
-        self.links.detach(&mut cx.ebpf);
+    fn detach(&mut self, cx: &mut Cx<'_>) {
+        self.links.detach(&mut cx.kernel.ebpf);
     }
 
     fn status(&self) -> Option<String> {
@@ -482,9 +486,9 @@ impl Collector for SyscallCollector {
 
 /// Syscalls slower than `--slow-syscall`, by thread, syscall and stack.
 /// `folded`: those of summed exited threads (tid 0), out of the kernel map.
-fn slow_syscall_stacks(cx: &mut Context, target_pids: &[u32], folded: &HashMap<SlowKey, SlowStats>) -> Result<Vec<StackRecord>, ProbeError> {
+fn slow_syscall_stacks(cx: &mut Cx<'_>, target_pids: &[u32], folded: &HashMap<SlowKey, SlowStats>) -> Result<Vec<StackRecord>, ProbeError> {
     let mut rows: Vec<(SlowKey, SlowStats)> = {
-        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
+        let map: BpfHashMap<_, SlowKey, SlowStats> = crate::os::probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::SLOW_SYSCALLS)?;
         map.iter().filter_map(Result::ok).collect()
     };
     rows.extend(folded.iter().map(|(k, v)| (*k, *v)));

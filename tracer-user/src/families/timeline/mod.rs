@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     os::clock,
-    engine::{Bounded, Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, TargetEvent, ring::Records},
+    engine::{Bounded, Part, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, TargetEvent, ring::Records},
     os::probe::ProbeError,
     recording::{
         timeline::{LifecycleEvent, LifecycleKind, SampleEvent, StateInterval, SyscallEvent, ThreadState},
@@ -67,7 +67,7 @@ impl TimelineCollector {
         ring.drain(|ev| self.events.push(ev));
     }
 
-    fn stack(&mut self, cx: &mut Context, pid: u32, user: i32, kernel: i32, py: u64) -> Result<Option<u32>, ProbeError> {
+    fn stack(&mut self, cx: &mut Cx<'_>, pid: u32, user: i32, kernel: i32, py: u64) -> Result<Option<u32>, ProbeError> {
         if user == NO_STACK && kernel == NO_STACK && py == 0 {
             return Ok(None);
         }
@@ -82,8 +82,8 @@ impl TimelineCollector {
         Ok(Some(i))
     }
 
-    fn kernel_lost(cx: &mut Context) -> u64 {
-        let Some(map) = cx.ebpf.map(tracer_common::maps::TIMELINE_LOST) else { return 0 };
+    fn kernel_lost(cx: &mut Cx<'_>) -> u64 {
+        let Some(map) = cx.kernel.ebpf.map(tracer_common::maps::TIMELINE_LOST) else { return 0 };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
@@ -96,6 +96,10 @@ impl TimelineCollector {
 }
 
 impl Collector for TimelineCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window, Handle::Stacks]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Timeline]
     }
@@ -109,16 +113,16 @@ impl Collector for TimelineCollector {
         "timeline"
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         let Some(limit) = self.limit else { return Ok(()) };
         self.events = Bounded::new(limit);
-        let map = cx.ebpf.take_map(tracer_common::maps::TIMELINE_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::TIMELINE_EVENTS))?;
+        let map = cx.kernel.ebpf.take_map(tracer_common::maps::TIMELINE_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::TIMELINE_EVENTS))?;
         self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::TIMELINE_EVENTS, e))?, "timeline_short_records"));
         Ok(())
     }
 
-    fn target(&mut self, cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
-        let ts_ns = clock::monotonic_ns().saturating_sub(cx.window_start);
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
+        let ts_ns = clock::monotonic_ns().saturating_sub(cx.window.start);
         let (kind, pid, comm) = match ev {
             TargetEvent::Forked { pid, comm, .. } => (LifecycleKind::ProcessStart, *pid, Some(comm.clone())),
             TargetEvent::Execed { pid, comm } => (LifecycleKind::Exec, *pid, Some(comm.clone())),
@@ -137,19 +141,19 @@ impl Collector for TimelineCollector {
         DRAIN_EVERY
     }
 
-    fn poll(&mut self, _cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.drain();
         Ok(())
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         let Some(limit) = self.limit else { return Ok(()) };
         self.drain();
-        let start = cx.window_start;
+        let start = cx.window.start;
         let rel = |t: u64| t.saturating_sub(start);
         let in_kernel = Self::kernel_lost(cx);
         if let Some(ring) = self.ring.as_ref() {
-            ring.report(&mut cx.sink);
+            ring.report(cx.sink);
         }
         let mut tl = rec.timeline.take().unwrap_or_default();
         tl.window_start_mono_ns = start;

@@ -33,7 +33,7 @@ use aya::{
 use tracer_common::asyncio::{SelectorEvent, SELECTOR_SYSCALLS};
 
 use crate::{
-    engine::{Part, Collector, Context, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent, ring::Records},
+    engine::{Part, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, ProgramKind, ProgramSpec, TargetEvent, ring::Records},
     os::probe::{self, ProbeError},
     recording::{
         asyncio::{AsyncFinding, AsyncLine, AsyncioReport, AwaitKind, EventLoop, LineTime, StepActivity},
@@ -297,8 +297,8 @@ impl AsyncioCollector {
         Some(AsyncioReport { blocked_threshold_ns: self.threshold_ns, sample_hz: SAMPLE_HZ, loops, findings })
     }
 
-    fn kernel_lost(cx: &Context) -> u64 {
-        let Some(map) = cx.ebpf.map(tracer_common::maps::ASYNC_LOST) else { return 0 };
+    fn kernel_lost(cx: &Cx<'_>) -> u64 {
+        let Some(map) = cx.kernel.ebpf.map(tracer_common::maps::ASYNC_LOST) else { return 0 };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
@@ -334,6 +334,10 @@ impl AsyncioCollector {
 }
 
 impl Collector for AsyncioCollector {
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Window]
+    }
+
     fn provides(&self) -> &'static [Part] {
         &[Part::Asyncio]
     }
@@ -342,14 +346,15 @@ impl Collector for AsyncioCollector {
         "asyncio"
     }
 
-    fn attach(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.arch = std::env::consts::ARCH.to_owned();
-        if cx.tracefs.is_none() {
+        if cx.kernel.tracefs.is_none() {
             cx.sink.note("tracefs unavailable: asyncio loops get no busy/idle split nor blocked-loop findings");
         } else {
             for spec in [&ENTER, &EXIT] {
-                spec.load(&mut cx.ebpf, &cx.btf.btf)?;
-                let prog = probe::program::<TracePoint>(&mut cx.ebpf, spec.name)?;
+                let kernel = &mut *cx.kernel;
+                spec.load(&mut kernel.ebpf, &kernel.btf.btf)?;
+                let prog = probe::program::<TracePoint>(&mut cx.kernel.ebpf, spec.name)?;
                 let dir = if spec.name == ENTER.name { "enter" } else { "exit" };
                 for sc in SELECTOR_SYSCALLS {
                     // epoll_pwait2 is missing before Linux 5.11: not fatal.
@@ -358,7 +363,7 @@ impl Collector for AsyncioCollector {
                     }
                 }
             }
-            let map = cx.ebpf.take_map(tracer_common::maps::ASYNC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::ASYNC_EVENTS))?;
+            let map = cx.kernel.ebpf.take_map(tracer_common::maps::ASYNC_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::ASYNC_EVENTS))?;
             self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::ASYNC_EVENTS, e))?, "asyncio_short_records"));
         }
         match Sampler::start(SAMPLE_HZ) {
@@ -368,7 +373,7 @@ impl Collector for AsyncioCollector {
         Ok(())
     }
 
-    fn target(&mut self, _cx: &mut Context, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, _cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         let Some(s) = self.sampler.as_ref() else { return Ok(()) };
         match ev {
             TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } => s.add(*pid),
@@ -383,7 +388,7 @@ impl Collector for AsyncioCollector {
         Duration::from_millis(25)
     }
 
-    fn poll(&mut self, cx: &mut Context) -> Result<(), ProbeError> {
+    fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.take_ticks();
         for note in self.walk_notes.drain(..) {
             cx.sink.note(note);
@@ -393,27 +398,27 @@ impl Collector for AsyncioCollector {
         Ok(())
     }
 
-    fn snapshot(&mut self, cx: &mut Context, rec: &mut Recording) -> Result<(), ProbeError> {
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
         self.take_ticks();
         for note in self.walk_notes.drain(..) {
             cx.sink.note(note);
         }
         self.drain();
-        self.resolve(cx.now_or_end(), cx.window_end.is_some());
+        self.resolve(cx.window.now_or_end(), cx.window.end.is_some());
         cx.sink.set_lost("asyncio_events_lost", Self::kernel_lost(cx));
         if let Some(ring) = self.ring.as_ref() {
-            ring.report(&mut cx.sink);
+            ring.report(cx.sink);
         }
         rec.asyncio = self.report();
         Ok(())
     }
 
-    fn detach(&mut self, cx: &mut Context) {
+    fn detach(&mut self, cx: &mut Cx<'_>) {
         if let Some(s) = self.sampler.as_mut() {
             s.finish();
         }
         for (name, l) in self.links.drain(..) {
-            if let Ok(p) = probe::program::<TracePoint>(&mut cx.ebpf, name) {
+            if let Ok(p) = probe::program::<TracePoint>(&mut cx.kernel.ebpf, name) {
                 let _ = p.detach(l);
             }
         }
