@@ -170,6 +170,19 @@ impl Engine {
         self.close_with(false).await
     }
 
+    /// [`close_for_exit`](Self::close_for_exit) with a [counts](Self::counts)
+    /// snapshot: no stack resolved, for a last window that must be written
+    /// sooner than a full snapshot takes.
+    pub async fn close_counts_for_exit(&mut self) -> Result<Recording, RecordError> {
+        session::end_window(&mut self.cx, &mut self.collectors, false)?;
+        dispatch(&mut self.cx, &mut self.collectors)?;
+        let rec = session::counts_snapshot(&mut self.cx, &mut self.collectors)?;
+        if let Some(log) = self.cx.ebpf_log.take() {
+            log.finish().await;
+        }
+        Ok(rec)
+    }
+
     async fn close_with(&mut self, detach: bool) -> Result<Recording, RecordError> {
         session::end_window(&mut self.cx, &mut self.collectors, detach)?;
         dispatch(&mut self.cx, &mut self.collectors)?;

@@ -146,7 +146,16 @@ struct Agent {
     /// The counts of refused target files when the last window was cut
     /// (`os::procfs::refused`: process-wide, since the agent started).
     refused_at_cut: [u64; 4],
+    /// How long the last window's cut took (snapshot, difference, write).
+    last_cut: Duration,
+    /// A note for the next window only.
+    last_note: Option<String>,
 }
+
+/// A last window (on a signal) is a full snapshot when the previous cut
+/// took at most this long, else counts only: it must be written within
+/// [`shutdown::GRACE`].
+const LAST_CUT_FULL_WITHIN: Duration = Duration::from_millis(700);
 
 impl Agent {
     /// Selects `pid` if it matches and is not traced yet.
@@ -273,6 +282,7 @@ impl Agent {
         // The refusals of this window, not those since the agent started.
         win.notes.retain(|n| !n.starts_with(refused::NOTE_PREFIX));
         win.notes.extend(refused::note_since(self.refused_at_cut));
+        win.notes.extend(self.last_note.take());
         self.refused_at_cut = refused::counts();
         win.notes.push(format!(
             "agent window {} (every {:.0}s); counts are this window's, from the difference of two cumulative snapshots",
@@ -317,6 +327,24 @@ impl Agent {
         // SAFETY: malloc_trim only releases free heap memory.
         unsafe { libc::malloc_trim(0) };
         Ok(())
+    }
+}
+
+impl Agent {
+    /// The last window: up to the signal, written before the probes are
+    /// released (by the exit: see `shutdown`). When the last cut took too
+    /// long to fit in the grace a signal leaves, it holds the counts only.
+    async fn last_window(&mut self) -> Result<(), AgentError> {
+        let counts_only = self.last_cut > LAST_CUT_FULL_WITHIN;
+        let last = if counts_only { self.engine.close_counts_for_exit().await? } else { self.engine.close_for_exit().await? };
+        if counts_only {
+            self.last_note = Some(format!(
+                "the last window (cut by a signal) holds counts only, no stacks: the previous cut took {:.1}s, longer than the {:.1}s a signal leaves",
+                self.last_cut.as_secs_f64(),
+                shutdown::GRACE.as_secs_f64()
+            ));
+        }
+        self.emit_window(last)
     }
 }
 
@@ -384,6 +412,8 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         metrics: Metrics::new(),
         dead_pending: std::collections::HashSet::new(),
         refused_at_cut: [0; 4],
+        last_cut: Duration::ZERO,
+        last_note: None,
     };
     agent.scan();
     agent.engine.dispatch()?;
@@ -426,8 +456,10 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
                 agent.refresh_alive();
             }
             _ = window_tick.tick() => {
+                let began = std::time::Instant::now();
                 let cur = agent.engine.snapshot()?;
                 agent.emit_window(cur)?;
+                agent.last_cut = began.elapsed();
                 publish.reset();
             }
             _ = publish.tick() => {
@@ -436,10 +468,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
             }
         }
     }
-    // The last window: up to the signal, written before the probes are
-    // released (by the exit: see `shutdown`).
-    let last = agent.engine.close_for_exit().await?;
-    agent.emit_window(last)?;
+    agent.last_window().await?;
     shutdown.finished();
     execs.detach(agent.engine.kernel());
     say(quiet, "stopped; the last window is written");

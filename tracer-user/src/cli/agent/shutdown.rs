@@ -3,7 +3,9 @@
 //! the agent ([`install`] runs before any other thread starts, and threads
 //! inherit the mask) and taken by a thread of their own (`sigwait`), which
 //! asks the loop to stop ([`Shutdown::stop`]: the loop closes the current
-//! window, writes it and calls [`Shutdown::finished`]). If the loop has
+//! window, writes it and calls [`Shutdown::finished`]; the probes are
+//! released after, by the exit; a last window whose previous cut took
+//! longer than the grace allows holds the counts only). If the loop has
 //! not finished [`GRACE`] after the signal (it is stalled inside a turn),
 //! the thread ends the process anyway: a line on stderr and exit code
 //! [`EXIT_NO_LAST_WINDOW`].
