@@ -157,7 +157,7 @@ impl Engine {
     /// Closes the window (every program detached, the last events taken)
     /// and returns the final recording.
     pub async fn close(&mut self) -> Result<Recording, RecordError> {
-        self.close_with(true).await
+        self.close_with(true, false).await
     }
 
     /// The last window of a process about to exit (the agent, on a
@@ -167,26 +167,24 @@ impl Engine {
     /// signal leaves, and the process's exit releases them all (nothing is
     /// pinned); so do the collectors when they are dropped.
     pub async fn close_for_exit(&mut self) -> Result<Recording, RecordError> {
-        self.close_with(false).await
+        self.close_with(false, false).await
     }
 
     /// [`close_for_exit`](Self::close_for_exit) with a [counts](Self::counts)
     /// snapshot: no stack resolved, for a last window that must be written
     /// sooner than a full snapshot takes.
     pub async fn close_counts_for_exit(&mut self) -> Result<Recording, RecordError> {
-        session::end_window(&mut self.cx, &mut self.collectors, false)?;
-        dispatch(&mut self.cx, &mut self.collectors)?;
-        let rec = session::counts_snapshot(&mut self.cx, &mut self.collectors)?;
-        if let Some(log) = self.cx.ebpf_log.take() {
-            log.finish().await;
-        }
-        Ok(rec)
+        self.close_with(false, true).await
     }
 
-    async fn close_with(&mut self, detach: bool) -> Result<Recording, RecordError> {
+    async fn close_with(&mut self, detach: bool, counts_only: bool) -> Result<Recording, RecordError> {
         session::end_window(&mut self.cx, &mut self.collectors, detach)?;
         dispatch(&mut self.cx, &mut self.collectors)?;
-        let rec = session::snapshot(&mut self.cx, &mut self.collectors)?;
+        let rec = if counts_only {
+            session::counts_snapshot(&mut self.cx, &mut self.collectors)?
+        } else {
+            session::snapshot(&mut self.cx, &mut self.collectors)?
+        };
         if let Some(log) = self.cx.ebpf_log.take() {
             log.finish().await;
         }

@@ -59,7 +59,7 @@ mod tests {
         std::fs::write(&f, "abc\n").unwrap();
         for mode in [0o644, 0o640, 0o604, 0o660] {
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
-            let e = read("TLS key file", &f, 100).err().expect("refused").to_string();
+            let e = read("TLS key file", &f, 100).expect_err("refused").to_string();
             assert!(e.contains(&format!("mode {mode:04o}")) && e.contains("TLS key file") && e.contains("chmod 600"), "{e}");
         }
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -69,9 +69,9 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&f, &link).unwrap();
         assert_eq!(read("TLS key file", &link, 100).unwrap(), b"abc\n");
-        let e = read("TLS key file", &f, 3).err().expect("too big").to_string();
+        let e = read("TLS key file", &f, 3).expect_err("too big").to_string();
         assert!(e.contains("at most 3 bytes"), "{e}");
-        let e = read("TLS key file", &dir, 100).err().expect("a directory").to_string();
+        let e = read("TLS key file", &dir, 100).expect_err("a directory").to_string();
         assert!(e.contains("not a regular file"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
