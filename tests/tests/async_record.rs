@@ -245,9 +245,22 @@ fn two_loops_in_two_threads_stay_apart() {
             }
         }
         let found = findings_of(&rep, "blocked_event_loop");
-        let ok = found.len() == 1 && u(&found[0]["tid"]) == b && u(&found[0]["line"]) == m["block_b"] && u(&found[0]["count"]) == 3;
+        let at_sleep: Vec<&Value> = found.iter().filter(|f| u(&f["line"]) == m["block_b"]).collect();
+        let ok = at_sleep.len() == 1 && u(&at_sleep[0]["tid"]) == b && u(&at_sleep[0]["count"]) == 3;
         if !ok {
             return Err(format!("expected one blocked-loop finding on loop b ({b}) at line {} x3, got {found:?}", m["block_b"]));
+        }
+        // Besides the sleeps: a loop's thread that waited for the GIL the
+        // other thread held (a futex wait inside its own work; on 2 busy
+        // cores a hand-off can outlast the 20 ms threshold) is a real block
+        // too. Allowed, but only on that loop's own lines, and never a sleep
+        // (which only loop b makes, at block_b).
+        for f in found.iter().filter(|f| u(&f["line"]) != m["block_b"]) {
+            let tid = u(&f["tid"]);
+            let own = if tid == a { [m["work_a"], m["await_a"]] } else if tid == b { [m["work_b"], m["await_b"]] } else { [0, 0] };
+            if !own.contains(&u(&f["line"])) || f["syscall"].as_str() == Some("clock_nanosleep") {
+                return Err(format!("a blocked-loop finding out of its loop's code or a sleep elsewhere: {f} (loops a {a}, b {b})"));
+            }
         }
         Ok(format!("loop a {} iterations, loop b {} iterations", la["iterations"], lb["iterations"]))
     });
