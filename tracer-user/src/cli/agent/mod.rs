@@ -148,8 +148,6 @@ struct Agent {
     refused_at_cut: [u64; 4],
     /// How long the last window's cut took (snapshot, difference, write).
     last_cut: Duration,
-    /// A note for the next window only.
-    last_note: Option<String>,
 }
 
 /// A last window (on a signal) is a full snapshot when the previous cut
@@ -282,7 +280,6 @@ impl Agent {
         // The refusals of this window, not those since the agent started.
         win.notes.retain(|n| !n.starts_with(refused::NOTE_PREFIX));
         win.notes.extend(refused::note_since(self.refused_at_cut));
-        win.notes.extend(self.last_note.take());
         self.refused_at_cut = refused::counts();
         win.notes.push(format!(
             "agent window {} (every {:.0}s); counts are this window's, from the difference of two cumulative snapshots",
@@ -336,9 +333,9 @@ impl Agent {
     /// long to fit in the grace a signal leaves, it holds the counts only.
     async fn last_window(&mut self) -> Result<(), AgentError> {
         let counts_only = self.last_cut > LAST_CUT_FULL_WITHIN;
-        let last = if counts_only { self.engine.close_counts_for_exit().await? } else { self.engine.close_for_exit().await? };
+        let mut last = if counts_only { self.engine.close_counts_for_exit().await? } else { self.engine.close_for_exit().await? };
         if counts_only {
-            self.last_note = Some(format!(
+            last.notes.push(format!(
                 "the last window (cut by a signal) holds counts only, no stacks: the previous cut took {:.1}s, longer than the {:.1}s a signal leaves",
                 self.last_cut.as_secs_f64(),
                 shutdown::GRACE.as_secs_f64()
@@ -413,7 +410,6 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         dead_pending: std::collections::HashSet::new(),
         refused_at_cut: [0; 4],
         last_cut: Duration::ZERO,
-        last_note: None,
     };
     agent.scan();
     agent.engine.dispatch()?;
