@@ -429,3 +429,41 @@ fn sigterm_ends_an_agent_whose_target_churns_executable_mappings() {
         other => panic!("exit {other:?} after SIGTERM: {stderr:?}"),
     }
 }
+
+/// `/report/latest` is kept compressed: served as it is to a client that
+/// accepts gzip (with `Content-Encoding: gzip`), inflated for one that
+/// does not; both are the JSON report.
+#[test]
+fn the_latest_report_is_gzip_for_those_who_accept_it() {
+    const TEST: &str = "the_latest_report_is_gzip_for_those_who_accept_it";
+    require!(TEST, Root, Binary);
+    let agent = start_agent(&[]);
+    let addr = agent.addr.clone();
+    poll(Duration::from_secs(30), || (health_counter(&addr, "windows_written") >= 1).then_some(()))
+        .expect("a window within 30 s");
+    let t = Duration::from_secs(10);
+    let json = |body: &[u8], how: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("{how}: not JSON ({e})"));
+        assert!(v["schema_version"].is_u64() && v["targets"].is_array(), "{how}: not the report: {v}");
+        v
+    };
+    let (status, head, body, _) = get(&addr, "/report/latest", "Accept-Encoding: gzip, deflate\r\n", t).expect("answer");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("Content-Encoding: gzip"), "{head}");
+    let length: usize = head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).and_then(|v| v.trim().parse().ok()).expect("a length");
+    assert_eq!(length, body.len(), "Content-Length is the compressed size");
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(body.as_slice()), &mut plain).expect("a gzip body");
+    json(&plain, "inflated");
+    for refusing in ["", "Accept-Encoding: identity\r\n", "Accept-Encoding: gzip;q=0\r\n"] {
+        let (status, head, body, _) = get(&addr, "/report/latest", refusing, t).expect("answer");
+        assert_eq!(status, 200, "{refusing:?}: {head}");
+        assert!(!head.contains("Content-Encoding"), "{refusing:?}: {head}");
+        json(&body, refusing);
+    }
+    // HEAD: the same head, no body.
+    let (raw, _) = exchange(&addr, format!("HEAD /report/latest HTTP/1.1\r\nHost: {addr}\r\nAccept-Encoding: gzip\r\n\r\n").as_bytes(), t).expect("answer");
+    let (status, head, body) = parse(&raw);
+    assert_eq!((status, body.len()), (200, 0), "{head}");
+    assert!(head.contains("Content-Encoding: gzip"), "{head}");
+}

@@ -174,6 +174,87 @@ pub fn printable_json(json: String) -> String {
     out
 }
 
+/// [`printable_json`] as a writer: JSON streamed through it comes out
+/// escaped the same way, without the whole text in memory (the agent's
+/// `/report/latest` of a busy window is tens of MB). A character split
+/// across two writes is held until its last byte arrives.
+pub struct PrintableJsonWriter<W: std::io::Write> {
+    inner: W,
+    /// The start of a UTF-8 sequence whose end has not been written yet.
+    pending: Vec<u8>,
+}
+
+impl<W: std::io::Write> PrintableJsonWriter<W> {
+    pub fn new(inner: W) -> Self {
+        PrintableJsonWriter { inner, pending: Vec::new() }
+    }
+
+    /// The inner writer, after what was held back is written as it is.
+    pub fn into_inner(mut self) -> std::io::Result<W> {
+        let rest = std::mem::take(&mut self.pending);
+        self.inner.write_all(&rest)?;
+        Ok(self.inner)
+    }
+
+    fn put(&mut self, text: &str) -> std::io::Result<()> {
+        if !text.chars().any(needs_escape) {
+            return self.inner.write_all(text.as_bytes());
+        }
+        let mut run = 0;
+        for (i, c) in text.char_indices() {
+            if needs_escape(c) && !matches!(c, '\n' | '\r' | '\t') {
+                self.inner.write_all(&text.as_bytes()[run..i])?;
+                write!(self.inner, "\\u{:04x}", c as u32)?;
+                run = i + c.len_utf8();
+            }
+        }
+        self.inner.write_all(&text.as_bytes()[run..])
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for PrintableJsonWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let joined;
+        let bytes: &[u8] = if self.pending.is_empty() {
+            buf
+        } else {
+            joined = [std::mem::take(&mut self.pending).as_slice(), buf].concat();
+            &joined
+        };
+        let mut at = 0;
+        while at < bytes.len() {
+            match std::str::from_utf8(&bytes[at..]) {
+                Ok(text) => {
+                    self.put(text)?;
+                    at = bytes.len();
+                }
+                Err(e) => {
+                    let valid = at + e.valid_up_to();
+                    // The first `valid_up_to` bytes are UTF-8 by definition.
+                    self.put(std::str::from_utf8(&bytes[at..valid]).unwrap_or_default())?;
+                    match e.error_len() {
+                        // Not UTF-8 (never from serde_json): passed on as is.
+                        Some(n) => {
+                            self.inner.write_all(&bytes[valid..valid + n])?;
+                            at = valid + n;
+                        }
+                        // A character cut at the end of this write.
+                        None => {
+                            self.pending.extend_from_slice(&bytes[valid..]);
+                            at = bytes.len();
+                        }
+                    }
+                }
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// A part of a whole, as a share for display.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Share {
@@ -239,6 +320,28 @@ pub fn histogram_rows(out: &mut String, hist: &[u64]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_json_writer_escapes_like_printable_json_across_any_split() {
+        use std::io::Write as _;
+        let json = "{\"a\": \"x\u{202e}y\u{7f}z\u{85}\u{e9}\",\n  \"b\": \"\u{2069}\"}\n".to_owned();
+        let want = printable_json(json.clone());
+        assert_ne!(want, json, "the sample must need escapes");
+        let bytes = json.as_bytes();
+        // Every split point, also inside a multi-byte character.
+        for cut in 0..=bytes.len() {
+            let mut w = PrintableJsonWriter::new(Vec::new());
+            w.write_all(&bytes[..cut]).unwrap();
+            w.write_all(&bytes[cut..]).unwrap();
+            assert_eq!(String::from_utf8(w.into_inner().unwrap()).unwrap(), want, "split at {cut}");
+        }
+        // One byte at a time.
+        let mut w = PrintableJsonWriter::new(Vec::new());
+        for b in bytes {
+            w.write_all(std::slice::from_ref(b)).unwrap();
+        }
+        assert_eq!(String::from_utf8(w.into_inner().unwrap()).unwrap(), want);
+    }
+
     use super::*;
 
     #[test]

@@ -81,6 +81,27 @@ struct JsonReport<'a> {
 }
 
 pub fn render(rec: &Recording) -> String {
+    let mut out = Vec::new();
+    if let Err(e) = render_to(rec, &mut out) {
+        return format!("{{\"error\": \"{e}\"}}\n");
+    }
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// [`render`], gzip-compressed as it is written: what the agent keeps for
+/// `/report/latest` (a busy window's report is tens of MB as text, a
+/// tenth of that compressed, and never whole in memory).
+pub fn render_gzip(rec: &Recording) -> std::io::Result<Vec<u8>> {
+    use flate2::{write::GzEncoder, Compression};
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    render_to(rec, &mut gz)?;
+    gz.finish()
+}
+
+/// The report of `rec` as pretty JSON into `w`, with what a terminal would
+/// act on \u-escaped ([`super::fmt::printable_json`]).
+pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()> {
+    use std::io::Write as _;
     let rows: Vec<SyscallRow> = syscall_rows(rec).into_values().flatten().collect();
     let report = JsonReport {
         schema_version: SCHEMA_VERSION,
@@ -128,10 +149,11 @@ pub fn render(rec: &Recording) -> String {
         tracer_overhead: rec.tracer_overhead.as_ref(),
         asyncio: rec.asyncio.as_ref().map(super::findings::async_worded),
     };
-    let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-    s.push('\n');
-    // The same strings, with what a terminal would act on \u-escaped.
-    super::fmt::printable_json(s)
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, super::fmt::PrintableJsonWriter::new(w));
+    serde_json::to_writer_pretty(&mut out, &report)?;
+    out.write_all(b"\n")?;
+    out.into_inner().map_err(|e| e.into_error())?.into_inner()?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -74,7 +74,9 @@ pub struct Shared {
     /// `/metrics` requests served (the series of exited targets wait for two).
     pub metrics_scrapes: u64,
     pub targets_json: String,
-    pub latest_report: Option<String>,
+    /// The last window's JSON report, gzip-compressed
+    /// (`report::json::render_gzip`); shared by the requests that serve it.
+    pub latest_report: Option<Arc<Vec<u8>>>,
     pub windows_written: u64,
 }
 
@@ -245,12 +247,56 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 struct Response {
     status: u16,
     ctype: &'static str,
-    body: String,
+    body: Body,
     extra: &'static str,
 }
 
+enum Body {
+    Text(String),
+    /// Bytes the published state holds (the compressed report), not copied.
+    Shared(Arc<Vec<u8>>),
+}
+
+impl Body {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Body::Text(s) => s.as_bytes(),
+            Body::Shared(b) => b,
+        }
+    }
+}
+
 fn text(status: u16, body: impl Into<String>) -> Response {
-    Response { status, ctype: "text/plain; charset=utf-8", body: body.into(), extra: "" }
+    Response { status, ctype: "text/plain; charset=utf-8", body: Body::Text(body.into()), extra: "" }
+}
+
+/// Whether the request head names gzip among its `Accept-Encoding`s
+/// (a `q=0` is a refusal).
+fn accepts_gzip(head: &str) -> bool {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| name.trim().eq_ignore_ascii_case("accept-encoding"))
+        .flat_map(|(_, v)| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| p.trim().replace(' ', "").trim_start_matches("q=").parse::<f64>().is_ok_and(|q| q == 0.0));
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+/// The compressed report as the client takes it: as is with
+/// `Content-Encoding: gzip`, else inflated for this request.
+fn report_response(gz: Arc<Vec<u8>>, gzip_ok: bool) -> Response {
+    const JSON: &str = "application/json";
+    if gzip_ok {
+        return Response { status: 200, ctype: JSON, body: Body::Shared(gz), extra: "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" };
+    }
+    let mut out = Vec::new();
+    match std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut out) {
+        Ok(_) => Response { status: 200, ctype: JSON, body: Body::Shared(Arc::new(out)), extra: "Vary: Accept-Encoding\r\n" },
+        Err(e) => text(500, format!("the stored report could not be inflated: {e}\n")),
+    }
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ctx: &Ctx) -> io::Result<()> {
@@ -295,7 +341,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ctx: &Ctx) -
             }
         }
     }
-    let r = route(path, ctx).await;
+    let r = route(path, accepts_gzip(&head), ctx).await;
     respond(&mut stream, is_head, r).await
 }
 
@@ -321,7 +367,7 @@ async fn lock_within(state: &SharedState, wait: Duration) -> Option<MutexGuard<'
     }
 }
 
-async fn route(path: &str, ctx: &Ctx) -> Response {
+async fn route(path: &str, gzip_ok: bool, ctx: &Ctx) -> Response {
     if path == "/healthz" {
         return healthz(ctx).await;
     }
@@ -330,13 +376,13 @@ async fn route(path: &str, ctx: &Ctx) -> Response {
         "/metrics" => {
             let Some(mut s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
             s.metrics_scrapes += 1;
-            let body = s.metrics_text.clone();
+            let body = Body::Text(s.metrics_text.clone());
             drop(s);
             Response { status: 200, ctype: OPENMETRICS, body, extra: "" }
         }
         "/targets" => {
             let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
-            let body = s.targets_json.clone();
+            let body = Body::Text(s.targets_json.clone());
             drop(s);
             Response { status: 200, ctype: "application/json", body, extra: "" }
         }
@@ -345,7 +391,7 @@ async fn route(path: &str, ctx: &Ctx) -> Response {
             let latest = s.latest_report.clone();
             drop(s);
             match latest {
-                Some(body) => Response { status: 200, ctype: "application/json", body, extra: "" },
+                Some(gz) => report_response(gz, gzip_ok),
                 None => text(404, "no window has closed yet\n"),
             }
         }
@@ -391,6 +437,7 @@ async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, head_only: bool, r: Resp
         401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        500 => "Internal Server Error",
         431 => "Request Header Fields Too Large",
         _ => "Service Unavailable",
     };
@@ -398,20 +445,32 @@ async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, head_only: bool, r: Resp
         "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
         r.status,
         r.ctype,
-        r.body.len(),
+        r.body.bytes().len(),
         r.extra
     );
-    let mut out = head.into_bytes();
+    stream.write_all(head.as_bytes()).await?;
     if !head_only {
-        out.extend_from_slice(r.body.as_bytes());
+        stream.write_all(r.body.bytes()).await?;
     }
-    stream.write_all(&out).await?;
     stream.shutdown().await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzip_is_accepted_when_named_without_q_zero() {
+        let head = |v: &str| format!("GET / HTTP/1.1\r\nHost: x\r\n{v}\r\n");
+        assert!(accepts_gzip(&head("Accept-Encoding: gzip")));
+        assert!(accepts_gzip(&head("accept-encoding: deflate, GZIP;q=0.5")));
+        assert!(accepts_gzip(&head("Accept-Encoding: *")));
+        assert!(!accepts_gzip(&head("Accept-Encoding: gzip;q=0")));
+        assert!(!accepts_gzip(&head("Accept-Encoding: gzip; q=0.0, identity")));
+        assert!(!accepts_gzip(&head("Accept-Encoding: identity")));
+        assert!(!accepts_gzip(&head("X-Gzip: gzip")));
+        assert!(!accepts_gzip("GET / HTTP/1.1\r\n\r\n"));
+    }
 
     #[test]
     fn head_ends_at_the_first_empty_line_crlf_or_bare_lf() {

@@ -135,7 +135,8 @@ struct Agent {
     opts: AgentOptions,
     engine: Engine,
     info: BTreeMap<u32, TargetInfo>,
-    prev: Option<Recording>,
+    /// The last cut's cumulative snapshot, as the next window needs it.
+    prev: Option<windows::Baseline>,
     seq: u64,
     shared: SharedState,
     /// The counters `/metrics` serves, rendered into `shared` at each publish.
@@ -273,7 +274,7 @@ impl Agent {
     /// Writes the window that ends with the cumulative snapshot `cur`.
     fn emit_window(&mut self, cur: Recording) -> Result<(), AgentError> {
         self.refresh_alive();
-        let mut win = windows::delta(&cur, self.prev.as_ref());
+        let (mut win, next) = windows::delta(cur, self.prev.as_ref());
         if !self.opts.show_args {
             redact::recording(&mut win);
         }
@@ -288,20 +289,30 @@ impl Agent {
         ));
         self.seq += 1;
         let written = self.opts.retention.write(&win, self.seq);
+        let latest = match report::json::render_gzip(&win) {
+            Ok(gz) => Some(Arc::new(gz)),
+            Err(e) => {
+                say(false, &format!("window {}: no JSON report for /report/latest: {e}", self.seq));
+                None
+            }
+        };
         let covered = covered_targets(&win, self.info.keys().copied());
         let scrapes = {
             let mut s = match self.shared.lock() {
                 Ok(s) => s,
                 Err(p) => p.into_inner(),
             };
-            s.latest_report = Some(report::json::render(&win));
+            // Without a new one the previous window's report stays.
+            if let Some(gz) = latest {
+                s.latest_report = Some(gz);
+            }
             if written.is_ok() {
                 s.windows_written += 1;
             }
             s.metrics_scrapes
         };
         self.metrics.window_cut(&self.info, scrapes);
-        self.publish(&cur);
+        self.publish(&next.rec);
         match written {
             Ok(p) => say(self.opts.quiet, &format!("window {} written to {} ({covered} targets)", self.seq, p.display())),
             // A failed write (a full disk) does not stop the agent.
@@ -316,7 +327,7 @@ impl Agent {
         self.dead_pending =
             self.engine.targets().states.iter().filter(|(_, s)| !s.alive).map(|(pid, _)| *pid).collect();
         self.info.retain(|_, i| i.alive);
-        self.prev = Some(cur);
+        self.prev = Some(next);
         // A cut allocates two cumulative snapshots, the window and its
         // renderings at once; what is freed after goes back to the system
         // (glibc keeps freed memory otherwise: the RSS would stay at the

@@ -23,21 +23,60 @@ use crate::recording::{
     Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes,
 };
 
-/// The window between two cumulative snapshots (`prev` None: the first
-/// window, which is `cur` itself).
-pub fn delta(cur: &Recording, prev: Option<&Recording>) -> Recording {
-    let Some(prev) = prev else { return cur.clone() };
+/// What the next window's difference needs of a cumulative snapshot: the
+/// snapshot without its stacks, and each stack's counts by its identity
+/// (a 128-bit hash of what tells stacks apart). Holding the frames of every
+/// stack twice (the last snapshot's and the new one's) was most of the
+/// agent's memory under many targets.
+#[derive(Debug)]
+pub struct Baseline {
+    /// The cumulative snapshot, stacks taken out.
+    pub rec: Recording,
+    stacks: HashMap<StackId, (u64, u64)>,
+}
+
+/// A stack's identity: kind, reason, thread, syscall and frames, hashed.
+type StackId = u128;
+
+fn stack_id(s: &StackRecord) -> StackId {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut h);
+        (s.kind, s.reason, s.pid, s.tid, &s.syscall, &s.frames).hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(0)) << 64) | u128::from(half(1))
+}
+
+/// The window between the baseline `prev` and the cumulative snapshot
+/// `cur` (`prev` None: the first window, which is `cur` itself), and the
+/// baseline for the next window. `cur`'s stacks move into the window: the
+/// frames are never copied.
+pub fn delta(mut cur: Recording, prev: Option<&Baseline>) -> (Recording, Baseline) {
+    let stacks = std::mem::take(&mut cur.stacks);
+    let ids: Vec<StackId> = stacks.iter().map(stack_id).collect();
+    let next = Baseline {
+        stacks: ids.iter().zip(&stacks).map(|(id, s)| (*id, (s.samples, s.weight_ns))).collect(),
+        rec: cur,
+    };
+    let Some(prev) = prev else {
+        let mut out = next.rec.clone();
+        out.stacks = stacks;
+        return (out, next);
+    };
+    let (cur, prev_rec) = (&next.rec, &prev.rec);
     let mut out = cur.clone();
-    out.started_unix_ms = cur.started_unix_ms + prev.duration_ns / 1_000_000;
-    out.duration_ns = cur.duration_ns.saturating_sub(prev.duration_ns);
-    out.syscalls = syscalls_delta(&cur.syscalls, &prev.syscalls);
-    out.threads = threads_delta(&cur.threads, &prev.threads);
-    out.stacks = stacks_delta(&cur.stacks, &prev.stacks);
+    out.started_unix_ms = cur.started_unix_ms + prev_rec.duration_ns / 1_000_000;
+    out.duration_ns = cur.duration_ns.saturating_sub(prev_rec.duration_ns);
+    out.syscalls = syscalls_delta(&cur.syscalls, &prev_rec.syscalls);
+    out.threads = threads_delta(&cur.threads, &prev_rec.threads);
+    out.stacks = stacks_delta(stacks, &ids, &prev.stacks);
     out.runqueue_hist = cur
         .runqueue_hist
         .iter()
         .map(|(pid, h)| {
-            let p = prev.runqueue_hist.get(pid);
+            let p = prev_rec.runqueue_hist.get(pid);
             let d = h.iter().enumerate().map(|(i, v)| v.saturating_sub(p.and_then(|p| p.get(i)).copied().unwrap_or(0))).collect();
             (*pid, d)
         })
@@ -45,16 +84,16 @@ pub fn delta(cur: &Recording, prev: Option<&Recording>) -> Recording {
     out.lost = cur
         .lost
         .iter()
-        .map(|(k, v)| (k.clone(), v.saturating_sub(prev.lost.get(k).copied().unwrap_or(0))))
+        .map(|(k, v)| (k.clone(), v.saturating_sub(prev_rec.lost.get(k).copied().unwrap_or(0))))
         .filter(|(_, v)| *v > 0)
         .collect();
-    out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev.cuda.as_ref(), prev.duration_ns));
+    out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev_rec.cuda.as_ref(), prev_rec.duration_ns));
     // The targets active in this window, and those that appeared in it.
     let active: std::collections::HashSet<u32> =
         out.syscalls.iter().map(|s| s.pid).chain(out.threads.iter().map(|t| t.pid)).collect();
-    let before: std::collections::HashSet<u32> = prev.targets.iter().map(|t| t.pid).collect();
+    let before: std::collections::HashSet<u32> = prev_rec.targets.iter().map(|t| t.pid).collect();
     out.targets.retain(|t| active.contains(&t.pid) || !before.contains(&t.pid));
-    out
+    (out, next)
 }
 
 /// Signed per-row differences. A row gone since (folded into its group's
@@ -218,19 +257,16 @@ fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> 
     )
 }
 
-fn stack_key(s: &StackRecord) -> String {
-    serde_json::to_string(&(&s.kind, &s.reason, s.pid, s.tid, &s.syscall, &s.frames)).unwrap_or_default()
-}
-
-fn stacks_delta(cur: &[StackRecord], prev: &[StackRecord]) -> Vec<StackRecord> {
-    let prev_by: HashMap<String, (u64, u64)> = prev.iter().map(|s| (stack_key(s), (s.samples, s.weight_ns))).collect();
-    cur.iter()
-        .filter_map(|s| {
-            let (ps, pw) = prev_by.get(&stack_key(s)).copied().unwrap_or((0, 0));
-            let mut d = s.clone();
-            d.samples = s.samples.saturating_sub(ps);
-            d.weight_ns = s.weight_ns.saturating_sub(pw);
-            (d.samples > 0 || d.weight_ns > 0).then_some(d)
+/// Each stack less its counts in the baseline (`ids[i]` is `cur[i]`'s
+/// identity); stacks with nothing left are dropped.
+fn stacks_delta(cur: Vec<StackRecord>, ids: &[StackId], prev: &HashMap<StackId, (u64, u64)>) -> Vec<StackRecord> {
+    cur.into_iter()
+        .zip(ids)
+        .filter_map(|(mut s, id)| {
+            let (ps, pw) = prev.get(id).copied().unwrap_or((0, 0));
+            s.samples = s.samples.saturating_sub(ps);
+            s.weight_ns = s.weight_ns.saturating_sub(pw);
+            (s.samples > 0 || s.weight_ns > 0).then_some(s)
         })
         .collect()
 }
