@@ -442,6 +442,41 @@ mod tests {
         }
     }
 
+    fn stack(tid: u32, leaf: &str, samples: u64, weight_ns: u64) -> StackRecord {
+        use crate::recording::{Frame, FrameKind, StackKind};
+        let f = |name: &str| Frame { function: name.into(), file: Some("w.py".into()), line: Some(3), kind: FrameKind::Python, module: None };
+        StackRecord { kind: StackKind::Cpu, reason: None, pid: 10, tid, samples, weight_ns, syscall: None, frames: vec![f(leaf), f("main")] }
+    }
+
+    #[test]
+    fn stacks_are_differenced_by_identity_and_windows_add_up() {
+        let snap = |stacks: Vec<StackRecord>, duration_ns| {
+            let mut r = crate::recording::tests::sample();
+            r.stacks = stacks;
+            r.duration_ns = duration_ns;
+            r
+        };
+        let (w1, base) = delta(snap(vec![stack(10, "a", 3, 0), stack(10, "b", 2, 0)], 1_000), None);
+        assert_eq!(w1.stacks.len(), 2, "the first window is the snapshot");
+        assert!(base.rec.stacks.is_empty(), "the baseline keeps no frames");
+        // a grew by 2, b did not move, the same frames on another thread
+        // are another stack, c is new.
+        let cur = vec![stack(10, "a", 5, 0), stack(10, "b", 2, 0), stack(11, "a", 1, 0), stack(10, "c", 0, 7)];
+        let (w2, base) = delta(snap(cur, 3_000), Some(&base));
+        let got: Vec<(u32, &str, u64, u64)> =
+            w2.stacks.iter().map(|s| (s.tid, s.frames[0].function.as_str(), s.samples, s.weight_ns)).collect();
+        assert_eq!(got, [(10, "a", 2, 0), (11, "a", 1, 0), (10, "c", 0, 7)]);
+        assert_eq!(w2.duration_ns, 2_000);
+        // The next window starts from the second snapshot, not the first.
+        let (w3, _) = delta(snap(vec![stack(10, "a", 6, 0), stack(10, "c", 0, 7)], 4_000), Some(&base));
+        let got: Vec<(&str, u64)> = w3.stacks.iter().map(|s| (s.frames[0].function.as_str(), s.samples)).collect();
+        assert_eq!(got, [("a", 1)]);
+        // A different line is a different stack.
+        let mut moved = stack(10, "a", 5, 0);
+        moved.frames[0].line = Some(4);
+        assert_ne!(stack_id(&moved), stack_id(&stack(10, "a", 5, 0)));
+    }
+
     #[test]
     fn windows_add_up_when_rows_fold_into_the_summed_row() {
         // Window 1: threads 11 and 12 with own rows. Window 2: thread 12
