@@ -18,7 +18,7 @@ use aya::{
 
 use super::{Kernel, RecordOptions};
 use crate::{
-    os::btf_offsets::KernelBtf,
+    os::btf_offsets::{KernelBtf, LazyBtf},
     os::probe::{self, ProbeError},
     system::ArchConstants,
 };
@@ -189,9 +189,15 @@ pub enum Link {
 impl ProgramSpec {
     /// Loads the program into the kernel (the verifier runs here).
     pub fn load(&self, ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProbeError> {
+        self.load_lazy(ebpf, || btf)
+    }
+
+    /// [`load`](Self::load), with aya's BTF parse made (by `btf`) only for
+    /// a `tp_btf` program.
+    fn load_lazy<'b>(&self, ebpf: &mut Ebpf, btf: impl FnOnce() -> &'b Btf) -> Result<(), ProbeError> {
         let name = self.name;
         let r = match self.kind {
-            ProgramKind::BtfTracePoint { tracepoint } => probe::program::<BtfTracePoint>(ebpf, name)?.load(tracepoint, btf),
+            ProgramKind::BtfTracePoint { tracepoint } => probe::program::<BtfTracePoint>(ebpf, name)?.load(tracepoint, btf()),
             ProgramKind::TracePoint { .. } => probe::program::<TracePoint>(ebpf, name)?.load(),
             ProgramKind::CpuClock => probe::program::<PerfEvent>(ebpf, name)?.load(),
             ProgramKind::UProbe => probe::program::<UProbe>(ebpf, name)?.load(),
@@ -212,7 +218,8 @@ impl ProgramSpec {
     }
 
     fn attach_at(&self, kernel: &mut Kernel, hz: Option<u64>) -> Result<Link, ProbeError> {
-        self.load(&mut kernel.ebpf, &kernel.btf.btf)?;
+        let lazy: &LazyBtf = &kernel.btf.btf;
+        self.load_lazy(&mut kernel.ebpf, || lazy)?;
         let name = self.name;
         let err = |e| ProbeError::attach(name, e);
         Ok(match self.kind {

@@ -100,7 +100,11 @@ impl Engine {
                 c.poll(&mut self.cx.view(c.uses()))?;
             }
         }
-        self.dispatch()
+        let r = self.dispatch();
+        // Programs are loaded at start and when a library appears (CUDA):
+        // aya's BTF parse is made again then, not held for good.
+        self.cx.kernel.btf.release();
+        r
     }
 
     /// What every collector has so far, as a recording (the window goes on).

@@ -164,6 +164,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         http,
     };
     let argv: Vec<String> = std::env::args().collect();
+    agent::tune_malloc();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     if let Err(e) = rt.block_on(agent::run(opts, argv)) {
         bail!("{e} (hint: {})", e.hint());

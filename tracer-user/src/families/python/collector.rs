@@ -99,6 +99,12 @@ pub struct PythonCollector {
     published: HashMap<u32, Vec<u32>>,
     last_refresh: Instant,
     last_resolve: Instant,
+    /// Processes gone (no thread left) since the last snapshot began.
+    gone: Vec<u32>,
+    /// Processes gone before the last snapshot began: every event of
+    /// theirs was drained and every stack resolved by it, so their
+    /// interpreters are retired at the next poll.
+    to_retire: Vec<u32>,
 }
 
 impl Default for PythonCollector {
@@ -109,6 +115,8 @@ impl Default for PythonCollector {
             published: HashMap::new(),
             last_refresh: Instant::now(),
             last_resolve: Instant::now(),
+            gone: Vec::new(),
+            to_retire: Vec::new(),
         }
     }
 }
@@ -116,6 +124,9 @@ impl Default for PythonCollector {
 impl PythonCollector {
     /// Looks for CPython in `pid` (once per process; again after exec).
     fn examine(&mut self, cx: &mut Cx<'_>, pid: u32, force: bool) -> Result<(), ProbeError> {
+        // A pid used again (or exec'd) is a new interpreter: not retired.
+        self.gone.retain(|p| *p != pid);
+        self.to_retire.retain(|p| *p != pid);
         if force {
             self.examined.remove(&pid);
             self.pending.remove(&pid);
@@ -236,11 +247,17 @@ impl PythonCollector {
         Ok(())
     }
 
-    /// A process exited: its threads leave the kernel map; the interpreter
-    /// (and its cache of resolved code objects) stays for late stacks.
+    /// A process's main thread exited: its threads leave the kernel map,
+    /// and its stacks are resolved. When no thread of it is left, its
+    /// interpreter (with its cache of code objects) is retired after the
+    /// next snapshot (see `to_retire`); a process whose other threads go on
+    /// keeps it.
     fn exited(&mut self, cx: &mut Cx<'_>, pid: u32) -> Result<(), ProbeError> {
         if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
             py.resolve_new(&mut cx.kernel.ebpf)?;
+            if !crate::os::procfs::is_alive(pid) {
+                self.gone.push(pid);
+            }
         }
         if let Some(tids) = self.published.remove(&pid) {
             let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE)?;
@@ -290,6 +307,8 @@ impl Collector for PythonCollector {
     }
 
     fn forget(&mut self, cx: &mut Cx<'_>, pids: &std::collections::HashSet<u32>) {
+        self.gone.retain(|pid| !pids.contains(pid));
+        self.to_retire.retain(|pid| !pids.contains(pid));
         self.examined.retain(|pid, _| !pids.contains(pid));
         self.pending.retain(|pid, _| !pids.contains(pid));
         self.published.retain(|pid, _| !pids.contains(pid));
@@ -324,6 +343,13 @@ impl Collector for PythonCollector {
     /// first event; this keeps the map right where it cannot, e.g. more
     /// threads than it walks).
     fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        if !self.to_retire.is_empty() {
+            if let Some(py) = frames(cx) {
+                for pid in self.to_retire.drain(..) {
+                    py.retire(pid);
+                }
+            }
+        }
         self.retry_pending(cx)?;
         if self.last_refresh.elapsed() + EAGER_RETRY / 2 >= REFRESH {
             self.last_refresh = Instant::now();
@@ -341,6 +367,7 @@ impl Collector for PythonCollector {
     }
 
     fn snapshot(&mut self, cx: &mut Cx<'_>, _rec: &mut Recording) -> Result<(), ProbeError> {
+        self.to_retire.append(&mut self.gone);
         if let Some(py) = cx.stacks.python_mut::<PyFrames>() {
             py.resolve_new(&mut cx.kernel.ebpf)?;
         }

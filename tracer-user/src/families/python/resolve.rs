@@ -23,13 +23,35 @@ pub struct PyFrames {
     /// Stacks resolved while their process was alive, by id, with their
     /// process (forgotten with it).
     resolved: HashMap<u64, (u32, Vec<Frame>)>,
+    /// What is kept of the interpreters of processes that exited, once
+    /// their stacks are resolved ([`retire`](Self::retire)).
+    retired: HashMap<u32, Retired>,
+}
+
+/// An exited process's interpreter as the recording still shows it.
+struct Retired {
+    version: (u32, u32, u32),
+    problems: Vec<String>,
 }
 
 impl PyFrames {
     /// Drops the interpreters of these processes (see `Symbolizer::forget`).
     pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
         self.interpreters.retain(|pid, _| !pids.contains(pid));
+        self.retired.retain(|pid, _| !pids.contains(pid));
         self.resolved.retain(|_, (pid, _)| !pids.contains(pid));
+    }
+
+    /// Drops the interpreter of `pid`, which is gone, keeping its version
+    /// and problems: its code objects (the biggest part of a target's cost
+    /// to the agent, ~100 KB for a small script) serve nothing once every
+    /// stack it captured is resolved, which the caller makes sure of (a
+    /// snapshot that began after its end). Without this, a process's
+    /// interpreter stays until it is forgotten: two windows under churn.
+    pub fn retire(&mut self, pid: u32) {
+        if let Some(i) = self.interpreters.remove(&pid) {
+            self.retired.insert(pid, Retired { version: i.version(), problems: i.resolution_problems() });
+        }
     }
 
     pub fn add(&mut self, pid: u32, interp: Interpreter) {
@@ -66,6 +88,7 @@ impl PyFrames {
         self.interpreters
             .iter()
             .map(|(pid, i)| (*pid, i.resolution_problems()))
+            .chain(self.retired.iter().map(|(pid, r)| (*pid, r.problems.clone())))
             .filter(|(_, p)| !p.is_empty())
             .collect()
     }
@@ -106,13 +129,9 @@ impl PyFrames {
 
     /// `pid -> "3.12.1"` for every interpreter found.
     pub fn versions(&self) -> BTreeMap<u32, String> {
-        self.interpreters
-            .iter()
-            .map(|(pid, i)| {
-                let (a, b, c) = i.version();
-                (*pid, format!("{a}.{b}.{c}"))
-            })
-            .collect()
+        let live = self.interpreters.iter().map(|(pid, i)| (*pid, i.version()));
+        let gone = self.retired.iter().map(|(pid, r)| (*pid, r.version));
+        live.chain(gone).map(|(pid, (a, b, c))| (pid, format!("{a}.{b}.{c}"))).collect()
     }
 
     /// Reads all captured stacks out of the kernel.
