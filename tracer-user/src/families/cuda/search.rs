@@ -462,6 +462,29 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// Every variable the search reads is kept of a target's environment:
+    /// the `debug_assert` in `TargetFacts::env` does not run in release
+    /// builds, so the source is read here.
+    #[test]
+    fn every_variable_the_search_reads_is_in_searched_vars() {
+        let src = include_str!("search.rs");
+        let code = &src[..src.find("#[cfg(test)]").unwrap_or(src.len())];
+        let mut read = Vec::new();
+        for call in [".env(\"", ".env_list(\""] {
+            for (at, _) in code.match_indices(call) {
+                let rest = &code[at + call.len()..];
+                read.push(&rest[..rest.find('"').unwrap_or(0)]);
+            }
+        }
+        assert!(read.len() >= 6, "the scan found too few reads: {read:?}");
+        for name in &read {
+            assert!(SEARCHED_VARS.contains(name), "{name} is read by the search but not in SEARCHED_VARS");
+        }
+        for name in SEARCHED_VARS {
+            assert!(read.contains(name), "{name} is in SEARCHED_VARS but never read: drop it");
+        }
+    }
+
     /// A fake filesystem: directory -> entries.
     fn fake(tree: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
         tree.iter().map(|(d, e)| (d.to_string(), e.iter().map(|s| s.to_string()).collect())).collect()
