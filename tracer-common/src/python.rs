@@ -5,6 +5,11 @@
 
 /// Frames walked per stack (deeper stacks are truncated and counted).
 pub const PY_MAX_DEPTH: usize = 64;
+/// `PyStack::truncated`: cut at `PY_MAX_DEPTH` frames with frames left.
+pub const STACK_TRUNCATED: u32 = 1;
+/// `PyStack::truncated`: the frame chain loops; the walk stopped where it
+/// found the loop (the loop's frames may appear twice).
+pub const STACK_LOOPED: u32 = 2;
 /// "Absent" in a `PyLayout` field.
 pub const ABSENT: u32 = u32::MAX;
 
@@ -73,7 +78,9 @@ pub struct PyStack {
     /// The process the stack was taken in (stacks are per process).
     pub pid: u32,
     pub len: u32,
-    /// 1 when the walk stopped at `PY_MAX_DEPTH` with frames left.
+    /// [`STACK_TRUNCATED`] when the walk stopped at `PY_MAX_DEPTH` with
+    /// frames left, [`STACK_LOOPED`] when the frame chain came back to a
+    /// frame it had passed (a corrupted or hostile interpreter), else 0.
     pub truncated: u32,
     pub _pad: u32,
     pub frames: [PyFrameRec; PY_MAX_DEPTH],

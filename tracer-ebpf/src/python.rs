@@ -23,7 +23,8 @@ use tracer_common::{
     counters,
     python::{
         GilRange, PyCodeKey, PyCodeRaw, CODE_BYTES, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
-        CODE_TAG_MASK, FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS,
+        CODE_TAG_MASK, FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS, STACK_LOOPED,
+        STACK_TRUNCATED,
     },
 };
 
@@ -130,9 +131,21 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
     // FNV-1a over the pid and the (code, instr) pairs.
     let mut hash: u64 = (0xcbf2_9ce4_8422_2325 ^ pid as u64).wrapping_mul(0x0000_0100_0000_01b3);
     let mut len: u32 = 0;
+    // Brent's cycle detection: `mark` is the frame at step 0, 1, 2, 4, 8,
+    // ...; meeting it again means the chain loops (a loop of up to ~30
+    // frames is found within the depth limit), one compare per frame.
+    let mut mark: u64 = 0;
+    let mut looped = false;
     for i in 0..PY_MAX_DEPTH {
         if frame == 0 {
             break;
+        }
+        if frame == mark {
+            looped = true;
+            break;
+        }
+        if i & i.wrapping_sub(1) == 0 {
+            mark = frame;
         }
         // 3.14+: a `_PyStackRef`, tagged in its low bits (objects are 8-byte
         // aligned, so the mask changes nothing for older versions).
@@ -160,10 +173,14 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
     }
     scratch.pid = pid;
     scratch.len = len;
-    scratch.truncated = (frame != 0) as u32;
-    if frame != 0 {
+    scratch.truncated = if looped {
+        STACK_LOOPED
+    } else if frame != 0 {
         count_drop(counters::PY_STACKS_TRUNCATED);
-    }
+        STACK_TRUNCATED
+    } else {
+        0
+    };
     if hash == 0 {
         hash = 1;
     }

@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::{maps::HashMap as BpfHashMap, Ebpf};
-use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK};
+use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK, STACK_LOOPED};
 
 use crate::{
     engine::stacks::PythonFrames,
@@ -26,6 +26,9 @@ pub struct PyFrames {
     /// What is kept of the interpreters of processes that exited, once
     /// their stacks are resolved ([`retire`](Self::retire)).
     retired: HashMap<u32, Retired>,
+    /// Per process, the stacks whose frame chain looped (the kernel's walk
+    /// found the loop and stopped there).
+    looped: BTreeMap<u32, u64>,
 }
 
 /// An exited process's interpreter as the recording still shows it.
@@ -39,6 +42,7 @@ impl PyFrames {
     pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
         self.interpreters.retain(|pid, _| !pids.contains(pid));
         self.retired.retain(|pid, _| !pids.contains(pid));
+        self.looped.retain(|pid, _| !pids.contains(pid));
         self.resolved.retain(|_, (pid, _)| !pids.contains(pid));
     }
 
@@ -85,12 +89,19 @@ impl PyFrames {
     /// Per process, what could not be resolved fully (see
     /// `Interpreter::resolution_problems`).
     pub fn problems(&self) -> BTreeMap<u32, Vec<String>> {
-        self.interpreters
+        let mut out: BTreeMap<u32, Vec<String>> = self
+            .interpreters
             .iter()
             .map(|(pid, i)| (*pid, i.resolution_problems()))
             .chain(self.retired.iter().map(|(pid, r)| (*pid, r.problems.clone())))
-            .filter(|(_, p)| !p.is_empty())
-            .collect()
+            .collect();
+        for (pid, n) in &self.looped {
+            out.entry(*pid).or_default().push(format!(
+                "its Python frame chain loops (a corrupted or hostile interpreter): {n} stack(s) end where the walk found the loop"
+            ));
+        }
+        out.retain(|_, p| !p.is_empty());
+        out
     }
 
     /// Resolves the stacks captured since the last call, from the kernel's
@@ -113,6 +124,9 @@ impl PyFrames {
     }
 
     fn resolve(&mut self, stack: &PyStack) -> Vec<Frame> {
+        if stack.truncated == STACK_LOOPED {
+            *self.looped.entry(stack.pid).or_default() += 1;
+        }
         let Some(interp) = self.interpreters.get_mut(&stack.pid) else { return Vec::new() };
         let n = (stack.len as usize).min(stack.frames.len());
         let old_lasti = interp.layout().version <= 310;
