@@ -112,16 +112,50 @@ impl Symbolizer {
     /// others stay open.
     pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
         self.processes.retain(|pid, _| !pids.contains(pid));
+        self.compact(COMPACT_MIN);
+    }
+
+    /// Drops the files no observed process maps any more, once there are
+    /// at least `min` of them and they are half of those held: their
+    /// descriptors, their frames in the cache, and blazesym's parses (the
+    /// inner symbolizer is made anew: it knows files by their
+    /// `/proc/self/fd/N` path, and a number closed here is given to the
+    /// next file opened). Without this an agent on a node where
+    /// containers come and go would hold every library it ever saw.
+    fn compact(&mut self, min: usize) {
+        let mut live = vec![false; self.objects.len()];
+        for m in self.processes.values().flatten() {
+            if let Some(i) = m.object {
+                live[i] = true;
+            }
+        }
+        let dead = live.iter().filter(|l| !**l).count();
+        if dead == 0 || dead < min || dead * 2 < self.objects.len() {
+            return;
+        }
+        let mut remap = vec![None; self.objects.len()];
+        let mut kept = Vec::with_capacity(self.objects.len() - dead);
+        for (i, o) in std::mem::take(&mut self.objects).into_iter().enumerate() {
+            if live[i] {
+                remap[i] = Some(kept.len());
+                kept.push(o);
+            } else if o._file.is_some() {
+                self.fd_budget += 1;
+            }
+        }
+        self.objects = kept;
+        for m in self.processes.values_mut().flatten() {
+            m.object = m.object.and_then(|i| remap[i]);
+        }
+        self.by_identity = std::mem::take(&mut self.by_identity).into_iter().filter_map(|(k, i)| Some((k, remap[i]?))).collect();
+        self.by_maps_id = std::mem::take(&mut self.by_maps_id).into_iter().filter_map(|(k, i)| Some((k, remap[i]?))).collect();
+        self.user_cache =
+            std::mem::take(&mut self.user_cache).into_iter().filter_map(|((i, off), f)| Some(((remap[i]?, off), f))).collect();
+        self.inner = inner_symbolizer();
     }
 
     pub fn new() -> Self {
-        let inner = blazesym::symbolize::Symbolizer::builder()
-            .enable_demangling(true)
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            // Files are held open: their content cannot change under us.
-            .enable_auto_reload(false)
-            .build();
+        let inner = inner_symbolizer();
         let kernel = Kernel {
             kallsyms: MaybeDefault::Some(PathBuf::from("/proc/kallsyms")),
             vmlinux: MaybeDefault::None,
@@ -299,6 +333,20 @@ impl Symbolizer {
     }
 }
 
+/// Files no process maps any more are dropped when there are this many
+/// (and they are half of those held).
+const COMPACT_MIN: usize = 32;
+
+fn inner_symbolizer() -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        .enable_demangling(true)
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        // Files are held open: their content cannot change under us.
+        .enable_auto_reload(false)
+        .build()
+}
+
 /// How many object files may be held open: the soft `RLIMIT_NOFILE` less a
 /// reserve, at least 64. (The limit is not raised: children the tracer
 /// launches would inherit it.)
@@ -451,6 +499,33 @@ mod tests {
         (s.use_map_files, s.fd_budget) = (false, 0);
         s.observe_process(pid);
         assert!(s.objects.is_empty());
+    }
+
+    #[test]
+    fn files_no_process_maps_are_dropped_with_their_descriptors() {
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        let budget = s.fd_budget;
+        assert!(s.observe_process(pid));
+        let b = rusty_probe_target_fn as *const () as u64;
+        let before = s.user_frames(pid, &[b]);
+        assert!(before.iter().any(|f| f.function.contains("rusty_probe_target_fn")), "{before:?}");
+        let held = s.objects.len();
+        assert!(held > 0 && s.fd_budget == budget - held as u64);
+        // Still mapped by an observed process: nothing goes.
+        s.compact(0);
+        assert_eq!(s.objects.len(), held);
+        // Forgotten (below the minimum, the files stay) ...
+        s.forget(&[pid].into_iter().collect());
+        assert_eq!(s.objects.len(), if held < COMPACT_MIN { held } else { 0 });
+        // ... and dropped: descriptors back, cache and indices empty.
+        s.compact(0);
+        assert!(s.objects.is_empty() && s.by_identity.is_empty() && s.by_maps_id.is_empty() && s.user_cache.is_empty());
+        assert_eq!(s.fd_budget, budget);
+        // Observed again: the same frames (no stale parse behind a reused
+        // descriptor number).
+        let again = s.user_frames(pid, &[b]);
+        assert_eq!(again, before);
     }
 
     #[test]
