@@ -16,7 +16,7 @@
  *   - H2D / D2H from pageable memory: 3 GB/s, and the call blocks until the
  *     stream is idle and the copy is done (as the real driver's staging does).
  *   - D2D: 500 GB/s, asynchronous. H2H: 10 GB/s, blocking.
- *   - cuLaunchKernel[Ex]: each kernel keeps its stream busy for 100 us (longer than issuing it
+ *   - cuLaunchKernel[Ex], cuLaunchCooperativeKernel: each kernel keeps its stream busy for 100 us (longer than issuing it
  *     takes under a tracer's uprobes, so that work queues up as on a GPU).
  *   - The synchronous copies: the async form on stream 0, then a sync.
  *   - cuStreamSynchronize sleeps until the stream is idle;
@@ -215,17 +215,26 @@ CUresult cuEventSynchronize(CUevent e) {
     return cuCtxSynchronize();
 }
 
-/* Launches. The runtime stand-in passes its kernel's host stub as `f`. */
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shmem, CUstream s, void **params, void **extra) {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+/* Launches. The runtime stand-in passes its kernel's host stub as `f`.
+ * The _ptsz forms call internal functions, never tail-call the exported
+ * ones (that would enter them with their caller's return address, as a
+ * direct call does); cuLaunchKernelEx enters the exported cuLaunchKernel
+ * (a driver launch made from inside the driver). */
+static __attribute__((noinline)) CUresult launch(CUfunction f, CUstream s) {
     if (!f) return CUDA_ERROR_INVALID_VALUE;
     enqueue(s, LAUNCH_NS);
     return CUDA_SUCCESS;
 }
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, CUstream s, void **params, void **extra) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    return launch(f, s);
+}
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shmem, CUstream s, void **params, void **extra) {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    CUresult rc = launch(f, s);
+    return rc;
 }
 typedef struct {
     unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -233,13 +242,31 @@ typedef struct {
     void *attrs;
     unsigned numAttrs;
 } CUlaunchConfig;
-CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+static __attribute__((noinline)) CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params,
+                                                    void **extra) {
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
-                          c->sharedMemBytes, c->hStream, params, extra);
+    CUresult rc = cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                                 c->sharedMemBytes, c->hStream, params, extra);
+    return rc;
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    CUresult rc = launch_ex(c, f, params, extra);
+    return rc;
 }
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    return cuLaunchKernelEx(c, f, params, extra);
+    CUresult rc = launch_ex(c, f, params, extra);
+    return rc;
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned shmem, CUstream s, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    return launch(f, s);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    CUresult rc = launch(f, s);
+    return rc;
 }
 
 /* Memory. */

@@ -8,6 +8,14 @@ stubs come from $FAKE_KERNELS (tests/cudasim/kernels.c).
 Usage: cuda_patterns.py MODE, MODE one of
   patterns  every pattern the detector knows, plus each probed API once or more
   sim       timing: pinned vs pageable copies, leaks (meant for cudasim)
+  forms     every launch form, runtime ($CUDART: the stand-in, over
+            $CUDA_DRIVER) and driver: $FORMS_EXC_N (default 10000)
+            cudaLaunchKernelExC, $FORMS_N (default 1500) of each other
+            runtime form, then ($FORMS_PAUSE_S later, default 1) direct
+            driver launches of each form, then runtime and driver ExC
+            launches back to back (each to be counted once)
+  forms_real  the runtime launch forms only, a few of each ($CUDART: the
+            real libcudart, whose calls fail without a driver)
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
@@ -352,6 +360,98 @@ def driver():
     drv.cuMemFree_v2(dev.value)  # @drv_free
 
 
+class cudaLaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("gridDim", dim3), ("blockDim", dim3), ("dynamicSmemBytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
+    ]
+
+
+RT_FORMS = [
+    "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernel_ptsz",
+]
+DRV_FORMS = [
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
+]
+
+
+def runtime_forms(rt, vec, n_exc, n):
+    """Each runtime launch form; each enters the driver inside (the stand-in)."""
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    exc = rt.cudaLaunchKernelExC
+    for _ in range(n_exc):
+        exc(ctypes.byref(cfg), vec, None)  # @form_rt_exc
+    for _ in range(n):
+        rt.cudaLaunchKernelExC_ptsz(ctypes.byref(cfg), vec, None)  # @form_rt_exc_ptsz
+        rt.cudaLaunchCooperativeKernel(vec, grid, block, None, zero, None)  # @form_rt_coop
+        rt.cudaLaunchCooperativeKernel_ptsz(vec, grid, block, None, zero, None)  # @form_rt_coop_ptsz
+
+
+def forms():
+    """Every launch form, counted once: runtime forms first (hot enough for
+    the driver gate), then direct driver launches of each form."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    for name in ("cuLaunchKernel", "cuLaunchKernel_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    for name in ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
+    for name in ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.POINTER(CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_void_p]
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_FORMS)
+    wait_for_probes(drv, DRV_FORMS)
+    n_exc = int(os.environ.get("FORMS_EXC_N", "10000"))
+    n = int(os.environ.get("FORMS_N", "1500"))
+    t0 = time.monotonic()
+    runtime_forms(rt, vec, n_exc, n)
+    print(f"runtime {n_exc} {n} {time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
+    # The driver gate reads its counts every poll: time to act on them.
+    time.sleep(float(os.environ.get("FORMS_PAUSE_S", "1.0")))
+    dcfg = CUlaunchConfig(1, 1, 1, 32, 1, 1, 0, None, None, 0)
+    for _ in range(40):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @form_drv
+    for _ in range(35):
+        drv.cuLaunchKernel_ptsz(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @form_drv_ptsz
+    for _ in range(30):
+        drv.cuLaunchKernelEx(ctypes.byref(dcfg), vec, None, None)  # @form_drv_ex
+    for _ in range(20):
+        drv.cuLaunchKernelEx_ptsz(ctypes.byref(dcfg), vec, None, None)  # @form_drv_ex_ptsz
+    for _ in range(25):
+        drv.cuLaunchCooperativeKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None)  # @form_drv_coop
+    for _ in range(15):
+        drv.cuLaunchCooperativeKernel_ptsz(vec, 1, 1, 1, 32, 1, 1, 0, None, None)  # @form_drv_coop_ptsz
+    # Runtime and driver ExC launches back to back from one Python frame.
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    for _ in range(8):
+        rt.cudaLaunchKernelExC(ctypes.byref(cfg), vec, None)  # @form_mixed_rt
+        drv.cuLaunchKernelEx(ctypes.byref(dcfg), vec, None, None)  # @form_mixed_drv
+
+
+def forms_real():
+    """The runtime launch forms on the real libcudart (each fails without a
+    driver, but is entered)."""
+    rt = load()
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_FORMS)
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    for _ in range(30):
+        rt.cudaLaunchKernelExC(ctypes.byref(cfg), vec, None)  # @real_exc
+    for _ in range(20):
+        rt.cudaLaunchKernelExC_ptsz(ctypes.byref(cfg), vec, None)  # @real_exc_ptsz
+    for _ in range(15):
+        rt.cudaLaunchCooperativeKernel(vec, grid, block, None, zero, None)  # @real_coop
+    for _ in range(10):
+        rt.cudaLaunchCooperativeKernel_ptsz(vec, grid, block, None, zero, None)  # @real_coop_ptsz
+
+
 def handshake(name):
     """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
     (the test reads the kernel's counters in between)."""
@@ -428,7 +528,10 @@ def late():
     small_batches(lib, 50)
 
 
-{"patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot}[MODE]()
+{
+    "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
+    "forms": forms, "forms_real": forms_real,
+}[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.
 time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

@@ -36,48 +36,54 @@ pub mod api {
     pub const MALLOC_ASYNC_PTSZ: u32 = 24;
     pub const FREE_ASYNC: u32 = 25;
     pub const FREE_ASYNC_PTSZ: u32 = 26;
+    pub const LAUNCH_EX_C: u32 = 27;
+    pub const LAUNCH_EX_C_PTSZ: u32 = 28;
+    pub const LAUNCH_COOP: u32 = 29;
+    pub const LAUNCH_COOP_PTSZ: u32 = 30;
     // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
     // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 27;
-    pub const CU_MEMCPY_ASYNC: u32 = 28;
-    pub const CU_MEMCPY_HTOD: u32 = 29;
-    pub const CU_MEMCPY_DTOH: u32 = 30;
-    pub const CU_MEMCPY_DTOD: u32 = 31;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 32;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 33;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 34;
-    pub const CU_MEMCPY_PTDS: u32 = 35;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 36;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 37;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 38;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 39;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 40;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 41;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 42;
-    pub const CU_MEMCPY_PEER: u32 = 43;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 44;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 45;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 46;
-    pub const CU_STREAM_SYNC: u32 = 47;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 48;
-    pub const CU_CTX_SYNC: u32 = 49;
-    pub const CU_EVENT_SYNC: u32 = 50;
-    pub const CU_LAUNCH: u32 = 51;
-    pub const CU_LAUNCH_PTSZ: u32 = 52;
-    pub const CU_LAUNCH_EX: u32 = 53;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 54;
-    pub const CU_MEM_ALLOC: u32 = 55;
-    pub const CU_MEM_FREE: u32 = 56;
-    pub const CU_MEM_HOST_ALLOC: u32 = 57;
-    pub const CU_MEM_ALLOC_HOST: u32 = 58;
-    pub const CU_MEM_HOST_REGISTER: u32 = 59;
-    pub const CU_MEM_FREE_HOST: u32 = 60;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 61;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 62;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 63;
-    pub const CU_MEM_FREE_ASYNC: u32 = 64;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 65;
-    pub const COUNT: u32 = 66;
+    pub const CU_MEMCPY: u32 = 31;
+    pub const CU_MEMCPY_ASYNC: u32 = 32;
+    pub const CU_MEMCPY_HTOD: u32 = 33;
+    pub const CU_MEMCPY_DTOH: u32 = 34;
+    pub const CU_MEMCPY_DTOD: u32 = 35;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 36;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 37;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 38;
+    pub const CU_MEMCPY_PTDS: u32 = 39;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 40;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 41;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 42;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 43;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 44;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 45;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 46;
+    pub const CU_MEMCPY_PEER: u32 = 47;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 48;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 49;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 50;
+    pub const CU_STREAM_SYNC: u32 = 51;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 52;
+    pub const CU_CTX_SYNC: u32 = 53;
+    pub const CU_EVENT_SYNC: u32 = 54;
+    pub const CU_LAUNCH: u32 = 55;
+    pub const CU_LAUNCH_PTSZ: u32 = 56;
+    pub const CU_LAUNCH_EX: u32 = 57;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 58;
+    pub const CU_MEM_ALLOC: u32 = 59;
+    pub const CU_MEM_FREE: u32 = 60;
+    pub const CU_MEM_HOST_ALLOC: u32 = 61;
+    pub const CU_MEM_ALLOC_HOST: u32 = 62;
+    pub const CU_MEM_HOST_REGISTER: u32 = 63;
+    pub const CU_MEM_FREE_HOST: u32 = 64;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 65;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 66;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 67;
+    pub const CU_MEM_FREE_ASYNC: u32 = 68;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 69;
+    pub const CU_LAUNCH_COOP: u32 = 70;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 71;
+    pub const COUNT: u32 = 72;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -110,6 +116,10 @@ pub mod api {
         "cudaMallocAsync_ptsz",
         "cudaFreeAsync",
         "cudaFreeAsync_ptsz",
+        "cudaLaunchKernelExC",
+        "cudaLaunchKernelExC_ptsz",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernel_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -149,6 +159,8 @@ pub mod api {
         "cuMemAllocAsync_ptsz",
         "cuMemFreeAsync",
         "cuMemFreeAsync_ptsz",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernel_ptsz",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -170,8 +182,10 @@ pub mod api {
             CU_STREAM_SYNC_PTSZ => STREAM_SYNC_PTSZ,
             CU_CTX_SYNC => DEVICE_SYNC,
             CU_EVENT_SYNC => EVENT_SYNC,
-            CU_LAUNCH | CU_LAUNCH_EX => LAUNCH,
-            CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ => LAUNCH_PTSZ,
+            // Every launch form is a launch (entry only, counted once: the
+            // kernel's `nested_launch`).
+            CU_LAUNCH | CU_LAUNCH_EX | CU_LAUNCH_COOP | LAUNCH_EX_C | LAUNCH_COOP => LAUNCH,
+            CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ | CU_LAUNCH_COOP_PTSZ | LAUNCH_EX_C_PTSZ | LAUNCH_COOP_PTSZ => LAUNCH_PTSZ,
             CU_MEM_ALLOC | CU_MEM_ALLOC_ASYNC | CU_MEM_ALLOC_ASYNC_PTSZ => MALLOC,
             CU_MEM_FREE | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ => FREE,
             // The stream-ordered allocator: allocations and frees all the same.
@@ -466,8 +480,16 @@ mod tests {
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY), KIND_DEFAULT);
         for id in 0..api::FIRST_DRIVER {
             let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id);
-            assert_eq!(api::canonical(id) == id, !stream_ordered, "{}", api::NAMES[id as usize]);
+            let launch_form = api::is_launch(id) && id != api::LAUNCH && id != api::LAUNCH_PTSZ;
+            assert_eq!(api::canonical(id) == id, !stream_ordered && !launch_form, "{}", api::NAMES[id as usize]);
         }
+        for id in [api::LAUNCH_EX_C, api::LAUNCH_COOP, api::CU_LAUNCH_COOP] {
+            assert_eq!(api::canonical(id), api::LAUNCH, "{}", api::NAMES[id as usize]);
+        }
+        for id in [api::LAUNCH_EX_C_PTSZ, api::LAUNCH_COOP_PTSZ, api::CU_LAUNCH_COOP_PTSZ] {
+            assert_eq!(api::canonical(id), api::LAUNCH_PTSZ, "{}", api::NAMES[id as usize]);
+        }
+        assert!(api::is_driver(api::CU_LAUNCH_COOP_PTSZ) && !api::is_driver(api::LAUNCH_COOP_PTSZ));
         assert!(api::returns_pointer(api::MALLOC_ASYNC_PTSZ) && api::releases_pointer(api::CU_MEM_FREE_ASYNC));
     }
 }

@@ -10,9 +10,11 @@
 //! - `cuda_drv_copy_enter`: driver copies `cuMemcpy*(dst, src, bytes[, stream])`
 //! - `cuda_peer_copy_enter`: `cudaMemcpyPeer*` / `cuMemcpyPeer*(dst, dst
 //!   device or context, src, src device or context, bytes[, stream])`
-//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)` and `cuLaunchKernel*(f,
-//!   ...)`; `cuda_launch_ex`: `cuLaunchKernelEx*(config, f, ...)`; entry
-//!   only, counted here
+//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)`,
+//!   `cudaLaunchCooperativeKernel*(func, ...)`, `cuLaunchKernel*(f, ...)`,
+//!   `cuLaunchCooperativeKernel*(f, ...)`; `cuda_launch_ex`:
+//!   `cuLaunchKernelEx*(config, f, ...)`, `cudaLaunchKernelExC*(config,
+//!   func, args)`; entry only, counted here
 //! - `cuda_return`: the uretprobe of everything but launches.
 //!
 //! Driver calls made from inside a runtime call (libcudart calls libcuda)
@@ -456,9 +458,9 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `cuLaunchKernelEx(config, f, params, extra)`: the kernel is the second
-/// argument (a program of its own: the verifier rejects an argument
-/// register chosen at run time).
+/// `cuLaunchKernelEx(config, f, params, extra)`, `cudaLaunchKernelExC(config,
+/// func, args)`: the kernel is the second argument (a program of its own:
+/// the verifier rejects an argument register chosen at run time).
 #[uprobe]
 pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
     let func: u64 = ctx.arg(1).unwrap_or(0);

@@ -69,7 +69,9 @@ fn entry_program(id: u32) -> &'static str {
     if api::is_driver(id) && api::is_copy(id) {
         return "cuda_drv_copy_enter";
     }
-    if id == api::CU_LAUNCH_EX || id == api::CU_LAUNCH_EX_PTSZ {
+    // `cuLaunchKernelEx(config, f, ...)`, `cudaLaunchKernelExC(config,
+    // func, args)`: the kernel is the second argument.
+    if matches!(id, api::CU_LAUNCH_EX | api::CU_LAUNCH_EX_PTSZ | api::LAUNCH_EX_C | api::LAUNCH_EX_C_PTSZ) {
         return "cuda_launch_ex";
     }
     match api::canonical(id) {
