@@ -116,8 +116,10 @@ static double enqueue(CUstream s, double ns) {
     return end;
 }
 
+static int capture_launch(CUstream s);
 static CUresult copy(void *dst, const void *src, size_t n, int kind, CUstream s, int blocking) {
     if (kind < HtoH || kind > Default) return CUDA_ERROR_INVALID_VALUE;
+    if (!blocking && capture_launch(s)) return CUDA_SUCCESS; /* captured, not run */
     if (kind == Default) {
         int dst_dev = (uintptr_t)dst >= DEVICE_BASE, src_dev = (uintptr_t)src >= DEVICE_BASE;
         kind = dst_dev ? (src_dev ? DtoD : HtoD) : (src_dev ? DtoH : HtoH);
@@ -220,8 +222,23 @@ CUresult cuEventSynchronize(CUevent e) {
  * ones (that would enter them with their caller's return address, as a
  * direct call does); cuLaunchKernelEx enters the exported cuLaunchKernel
  * (a driver launch made from inside the driver). */
+/* Stream capture: a capturing stream records its launches and copies
+ * into the graph instead of running them. */
+static int capturing[STREAMS];
+static unsigned captured[STREAMS];
+static int capture_launch(CUstream s) {
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    if (capturing[slot(s)]) {
+        captured[slot(s)]++;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
 static __attribute__((noinline)) CUresult launch(CUfunction f, CUstream s) {
     if (!f) return CUDA_ERROR_INVALID_VALUE;
+    if (capture_launch(s)) return CUDA_SUCCESS;
     enqueue(s, LAUNCH_NS);
     return CUDA_SUCCESS;
 }
@@ -321,3 +338,74 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
     return CUDA_SUCCESS;
 }
 CUresult cuMemHostUnregister(void *p) { return remove_pinned(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* Graphs: a graph is its kernel count; launching it queues that many
+ * kernels' time on the stream. */
+typedef struct { unsigned kernels; } Graph;
+enum { CUDA_ERROR_ILLEGAL_STATE = 401, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901 };
+static CUresult begin_capture(CUstream s) {
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    if (capturing[slot(s)]) rc = CUDA_ERROR_ILLEGAL_STATE;
+    capturing[slot(s)] = 1;
+    captured[slot(s)] = 0;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult end_capture(CUstream s, void **graph) {
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int was = capturing[slot(s)];
+    unsigned n = captured[slot(s)];
+    capturing[slot(s)] = 0;
+    pthread_mutex_unlock(&mu);
+    if (!was) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    Graph *g = malloc(sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->kernels = n;
+    *graph = g;
+    return CUDA_SUCCESS;
+}
+static CUresult instantiate(void **exec, void *graph) {
+    if (!exec || !graph) return CUDA_ERROR_INVALID_VALUE;
+    Graph *e = malloc(sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    *e = *(Graph *)graph;
+    *exec = e;
+    return CUDA_SUCCESS;
+}
+static __attribute__((noinline)) CUresult graph_launch(void *exec, CUstream s) {
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    enqueue(s, LAUNCH_NS * ((Graph *)exec)->kernels);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    return begin_capture(s);
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+    (void)mode;
+    return begin_capture(s);
+}
+CUresult cuStreamEndCapture(CUstream s, void **graph) { return end_capture(s, graph); }
+CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) { return end_capture(s, graph); }
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    (void)flags;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphInstantiateWithParams(void **exec, void *graph, void *params) {
+    (void)params;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphInstantiateWithParams_ptsz(void **exec, void *graph, void *params) {
+    (void)params;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphLaunch(void *exec, CUstream s) {
+    CUresult rc = graph_launch(exec, s);
+    return rc;
+}
+CUresult cuGraphLaunch_ptsz(void *exec, CUstream s) {
+    CUresult rc = graph_launch(exec, s);
+    return rc;
+}

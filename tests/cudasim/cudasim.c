@@ -55,6 +55,14 @@ typedef struct {
 } CUlaunchConfig;
 int cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
 int cuLaunchKernelEx_ptsz(const CUlaunchConfig *, void *, void **, void **);
+int cuStreamBeginCapture_v2(void *, int);
+int cuStreamEndCapture(void *, void **);
+int cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+int cuGraphInstantiateWithParams(void **, void *, void *);
+int cuGraphLaunch(void *, void *);
+/* Keeps a forwarding call a call: a tail call of an exported driver
+ * function would enter it with this function's caller's return address. */
+#define NO_TAIL __attribute__((noinline, optimize("no-optimize-sibling-calls")))
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemAllocAsync(CUdeviceptr *, size_t, void *);
@@ -212,3 +220,30 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return cuMemHostAlloc(p, n, 0);
 cudaError_t cudaFreeHost(void *p) { return cuMemFreeHost(p); }
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned flags) { return cuMemHostRegister_v2(p, n, flags); }
 cudaError_t cudaHostUnregister(void *p) { return cuMemHostUnregister(p); }
+
+/* Graphs: capture, instantiation and launch forward to the driver, whose
+ * stand-in records the launches made on a capturing stream. */
+typedef void *cudaGraph_t;
+typedef void *cudaGraphExec_t;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) { return cuStreamEndCapture(s, g); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g) { return cuStreamEndCapture(s, g); }
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(e, g, flags);
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(e, g, flags);
+}
+cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *e, cudaGraph_t g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *e, cudaGraph_t g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+static NO_TAIL cudaError_t graph_launch(cudaGraphExec_t e, cudaStream_t s) {
+    if (!e) return cudaErrorInvalidValue;
+    return cuGraphLaunch(e, s);
+}
+NO_TAIL cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }
+NO_TAIL cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }

@@ -16,6 +16,11 @@ Usage: cuda_patterns.py MODE, MODE one of
             launches back to back (each to be counted once)
   forms_real  the runtime launch forms only, a few of each ($CUDART: the
             real libcudart, whose calls fail without a driver)
+  graphs    CUDA graphs ($CUDART: the stand-in, over $CUDA_DRIVER): a
+            capture (10 launches, 2 copies) replayed 50 + 7 times, a driver
+            capture (3 launches) replayed 20 times, then a capture in a loop
+            (20 captures of 4 launches, each launched once)
+  graphs_real  graph calls on the real libcudart (each fails without a driver)
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
@@ -452,6 +457,83 @@ def forms_real():
         rt.cudaLaunchCooperativeKernel_ptsz(vec, grid, block, None, zero, None)  # @real_coop_ptsz
 
 
+RT_GRAPH = [
+    "cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz", "cudaStreamEndCapture", "cudaStreamEndCapture_ptsz",
+    "cudaGraphInstantiate", "cudaGraphInstantiateWithFlags", "cudaGraphLaunch", "cudaGraphLaunch_ptsz",
+]
+DRV_GRAPH = ["cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch"]
+
+
+def graph_types(rt, drv=None):
+    for lib in (rt, drv) if drv else (rt,):
+        for name in ("cudaGraphInstantiate", "cudaGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags"):
+            if hasattr(lib, name):
+                getattr(lib, name).argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
+
+
+def graphs():
+    """Capture once and replay; a driver capture; a capture in the loop."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    graph_types(rt, drv)
+    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_GRAPH + ["cudaLaunchKernel", "cudaMemcpyAsync"])
+    wait_for_probes(drv, DRV_GRAPH)
+    stream, dstream = ctypes.c_void_p(0x6A0), ctypes.c_void_p(0x6B0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    buf = ctypes.create_string_buffer(4096)
+    for _ in range(5):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @graph_warmup
+    rt.cudaStreamBeginCapture(stream, 0)  # @graph_begin
+    for _ in range(10):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @graph_captured_launch
+    for _ in range(2):
+        rt.cudaMemcpyAsync(DEV, buf, size(4096), HtoD, stream)  # @graph_captured_copy
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @graph_end
+    rt.cudaGraphInstantiate(ctypes.byref(exe), graph, 0)  # @graph_instantiate
+    for _ in range(50):
+        rt.cudaGraphLaunch(exe, stream)  # @graph_replay
+    rt.cudaStreamSynchronize(stream)  # @graph_sync
+    drv.cuStreamBeginCapture_v2(dstream, 0)  # @drv_graph_begin
+    for _ in range(3):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, dstream, None, None)  # @drv_graph_captured
+    dgraph, dexe = ctypes.c_void_p(), ctypes.c_void_p()
+    drv.cuStreamEndCapture(dstream, ctypes.byref(dgraph))  # @drv_graph_end
+    drv.cuGraphInstantiateWithFlags(ctypes.byref(dexe), dgraph, 0)  # @drv_graph_instantiate
+    for _ in range(20):
+        drv.cuGraphLaunch(dexe, dstream)  # @drv_graph_replay
+    for _ in range(7):
+        rt.cudaGraphLaunch_ptsz(exe, stream)  # @graph_replay_ptsz
+    for _ in range(20):
+        rt.cudaStreamBeginCapture_ptsz(stream, 0)  # @recap_begin
+        for _ in range(4):
+            rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @recap_launch
+        g, e = ctypes.c_void_p(), ctypes.c_void_p()
+        rt.cudaStreamEndCapture_ptsz(stream, ctypes.byref(g))  # @recap_end
+        rt.cudaGraphInstantiateWithFlags(ctypes.byref(e), g, 0)  # @recap_instantiate
+        rt.cudaGraphLaunch(e, stream)  # @recap_replay
+    rt.cudaStreamSynchronize(stream)  # @recap_sync
+
+
+def graphs_real():
+    """Graph calls on the real libcudart: each fails (no driver) but is entered."""
+    rt = load()
+    graph_types(rt)
+    wait_for_probes(rt, RT_GRAPH)
+    stream = ctypes.c_void_p(0x6A0)
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    for _ in range(3):
+        rt.cudaStreamBeginCapture(stream, 0)  # @real_graph_begin
+        rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @real_graph_end
+    for _ in range(2):
+        rt.cudaGraphInstantiate(ctypes.byref(exe), graph, 0)  # @real_graph_instantiate
+    for _ in range(5):
+        rt.cudaGraphLaunch(exe, stream)  # @real_graph_launch
+
+
 def handshake(name):
     """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
     (the test reads the kernel's counters in between)."""
@@ -530,7 +612,7 @@ def late():
 
 {
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
-    "forms": forms, "forms_real": forms_real,
+    "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -23,8 +23,8 @@
 //!
 //! Rarely used functions (allocations, frees, peer copies) never reach
 //! [`HOT_NESTED`]: their direct calls stay exact. Launch functions
-//! (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`, their
-//! `_ptsz` forms) are never taken off: a process that launches through its
+//! (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+//! `cuGraphLaunch`, their `_ptsz` forms) are never taken off: a process that launches through its
 //! runtime for a long while often starts launching directly later (Triton
 //! kernels compiled after a warm-up, cuBLAS, CuPy), and those launches
 //! would go uncounted until a re-check. Launches have no return probe, so
@@ -261,7 +261,7 @@ impl DriverGate {
                 }
                 // Launch functions never come off (module doc).
                 if st.record.is_none()
-                    && !api::is_launch(id)
+                    && !api::entry_only(id)
                     && direct == 0
                     && nested >= HOT_NESTED
                     && !st.links.is_empty()

@@ -49,6 +49,7 @@ pub static TABLE: FamilyTable = FamilyTable {
         uprobe("cuda_generic_enter"),
         uprobe("cuda_launch"),
         uprobe("cuda_launch_ex"),
+        uprobe("cuda_graph_enter"),
         uprobe("cuda_return"),
     ],
     globals: &[
@@ -77,12 +78,15 @@ fn entry_program(id: u32) -> &'static str {
     match api::canonical(id) {
         api::MEMCPY | api::MEMCPY_PTDS | api::MEMCPY_ASYNC | api::MEMCPY_ASYNC_PTSZ => "cuda_copy_enter",
         api::MEMCPY2D | api::MEMCPY2D_PTDS | api::MEMCPY2D_ASYNC | api::MEMCPY2D_ASYNC_PTSZ => "cuda_copy2d_enter",
-        api::LAUNCH | api::LAUNCH_PTSZ => "cuda_launch",
+        // `cudaGraphLaunch(exec, stream)`: the executable graph first.
+        api::LAUNCH | api::LAUNCH_PTSZ | api::GRAPH_LAUNCH | api::GRAPH_LAUNCH_PTSZ => "cuda_launch",
+        a if api::is_graph_setup(a) => "cuda_graph_enter",
         _ => "cuda_generic_enter",
     }
 }
 
-/// The program that takes the returns of every function but launches.
+/// The program that takes the returns of every function but launches (of
+/// kernels and graphs).
 const RETURN_PROGRAM: &str = "cuda_return";
 
 /// The CUDA uprobes of one recording: how they are attached, and every
@@ -185,7 +189,7 @@ impl CudaProbes {
             return Err("probing one process needs multi-uprobe links".to_owned());
         };
         let mut order = Vec::with_capacity(2);
-        if !api::is_launch(id) {
+        if !api::entry_only(id) {
             order.push((RETURN_PROGRAM, true));
         }
         order.push((entry_program(id), false));
@@ -286,7 +290,7 @@ fn attach_multi(
     path: &Path,
     symbols: &[(u32, u64)],
 ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
-    let returns = symbols.iter().copied().filter(|&(id, _)| !api::is_launch(id)).collect();
+    let returns = symbols.iter().copied().filter(|&(id, _)| !api::entry_only(id)).collect();
     let mut groups = vec![Group { program: RETURN_PROGRAM, ret: true, members: returns }];
     for &(id, offset) in symbols {
         let program = entry_program(id);
@@ -336,7 +340,7 @@ fn attach_perf(
     for &(id, offset) in symbols {
         let name = api::NAMES[id as usize];
         let mut progs = Vec::with_capacity(2);
-        if !api::is_launch(id) {
+        if !api::entry_only(id) {
             progs.push(RETURN_PROGRAM);
         }
         progs.push(entry_program(id));
