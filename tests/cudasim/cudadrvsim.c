@@ -195,6 +195,7 @@ CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, void *dc, CUdeviceptr src, void
 }
 
 /* Synchronization. */
+static CUresult ctx_synchronize(void);
 CUresult cuStreamSynchronize(CUstream s) {
     pthread_mutex_lock(&mu);
     double t = busy_until[slot(s)];
@@ -203,7 +204,8 @@ CUresult cuStreamSynchronize(CUstream s) {
     return CUDA_SUCCESS;
 }
 CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-CUresult cuCtxSynchronize(void) {
+CUresult cuCtxSynchronize(void) { return ctx_synchronize(); }
+static CUresult ctx_synchronize(void) {
     double t = 0;
     pthread_mutex_lock(&mu);
     for (int i = 0; i < STREAMS; i++)
@@ -409,3 +411,32 @@ CUresult cuGraphLaunch_ptsz(void *exec, CUstream s) {
     CUresult rc = graph_launch(exec, s);
     return rc;
 }
+
+/* Memsets: device memory at the D2D rate, asynchronous on the stream
+ * (recorded instead while it captures). */
+static CUresult memset_async(CUdeviceptr p, size_t bytes, CUstream s) {
+    (void)p;
+    if (capture_launch(s)) return CUDA_SUCCESS;
+    enqueue(s, bytes / DTOD_BPS * 1e9);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, n, s);
+}
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, n, s);
+}
+CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, 4 * n, s);
+}
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr p, unsigned v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, 4 * n, s);
+}
+/* CUDA 13's libcudart resolves cuCtxSynchronize to this (an internal
+ * function, not a tail call of the exported cuCtxSynchronize, which would
+ * enter it at the same stack pointer). */
+CUresult cuCtxSynchronize_v2(void) { return ctx_synchronize(); }

@@ -60,6 +60,7 @@ int cuStreamEndCapture(void *, void **);
 int cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
 int cuGraphInstantiateWithParams(void **, void *, void *);
 int cuGraphLaunch(void *, void *);
+int cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, void *);
 /* Keeps a forwarding call a call: a tail call of an exported driver
  * function would enter it with this function's caller's return address. */
 #define NO_TAIL __attribute__((noinline, optimize("no-optimize-sibling-calls")))
@@ -247,3 +248,11 @@ static NO_TAIL cudaError_t graph_launch(cudaGraphExec_t e, cudaStream_t s) {
 }
 NO_TAIL cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }
 NO_TAIL cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }
+
+/* Memsets: bytes, on a stream. */
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
+    return cuMemsetD8Async(D(p), (unsigned char)value, n, s);
+}
+cudaError_t cudaMemsetAsync_ptsz(void *p, int value, size_t n, cudaStream_t s) {
+    return cuMemsetD8Async(D(p), (unsigned char)value, n, s);
+}

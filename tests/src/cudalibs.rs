@@ -4,10 +4,13 @@
 //! `python3` runs. Each is fetched or built when missing; when it cannot
 //! be, the test is skipped (a failure under `CI=true`, see [`skip`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use crate::{skip, workspace_root};
+use serde_json::Value;
+
+use crate::{infertrace, run_cmd, skip, workspace_root, Run, TempDir};
 
 /// Runs `sh tests/cudasim/NAME` and returns the path it prints.
 pub fn cudasim_script(name: &str) -> Result<PathBuf, String> {
@@ -46,4 +49,25 @@ pub fn python3_executable(test: &str) -> Option<PathBuf> {
         skip(test, "python3");
     }
     python
+}
+
+/// `infertrace record -q --format json -o DIR/rec.itr -- python
+/// tests/workloads/cuda_patterns.py MODE` with `CUDART=cudart`,
+/// `FAKE_KERNELS=kernels` and `env`; asserts it succeeded.
+pub fn record_cuda_patterns(dir: &TempDir, python: &Path, cudart: &Path, kernels: &Path, mode: &str, env: &[(&str, &Path)]) -> Run {
+    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
+    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
+    cmd.arg(dir.join("rec.itr")).arg("--").arg(python).arg(&source).arg(mode);
+    cmd.env("CUDART", cudart).env("FAKE_KERNELS", kernels).env("END_SLEEP_S", "0.2");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let run = run_cmd(&mut cmd, Duration::from_secs(180));
+    run.assert_ok();
+    run
+}
+
+/// The rows of the JSON array `list` whose `site.line` is `line`.
+pub fn rows_at_line(list: &Value, line: u64) -> Vec<Value> {
+    list.as_array().map_or(Vec::new(), |l| l.iter().filter(|x| x["site"]["line"] == line).cloned().collect())
 }

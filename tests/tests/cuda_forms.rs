@@ -19,28 +19,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
-use std::time::Duration;
 
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
-/// `infertrace record` of `cuda_patterns.py MODE` with `CUDART=cudart`.
-fn record(dir: &TempDir, python: &Path, cudart: &Path, kernels: &Path, mode: &str, env: &[(&str, &Path)]) -> Run {
-    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
-    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
-    cmd.arg(dir.join("rec.itr")).arg("--").arg(python).arg(&source).arg(mode);
-    cmd.env("CUDART", cudart).env("FAKE_KERNELS", kernels).env("END_SLEEP_S", "0.2");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let run = run_cmd(&mut cmd, Duration::from_secs(180));
-    run.assert_ok();
-    run
 }
 
 /// The launches of the report by marker line: (api, count, kernel) each.
@@ -71,7 +55,7 @@ fn every_launch_form_counted_once_and_direct_driver_launches_after_10000_runtime
     let driver = dir.join("libcuda.so.1");
     fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap();
     fs::copy(sim.join("libcuda.so.1"), &driver).unwrap();
-    let run = record(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms", &[("CUDA_DRIVER", &driver)]);
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms", &[("CUDA_DRIVER", &driver)]);
     let report = run.json();
     let source = workspace_root().join("tests/workloads/cuda_patterns.py");
     let markers = markers_of(&source);
@@ -128,7 +112,7 @@ fn real_libcudart_launch_forms_counted_at_their_lines() {
     let dir = TempDir::new("cuda-forms-real");
     let cudart = dir.join("libcudart.so.12");
     fs::copy(&real, &cudart).unwrap();
-    let run = record(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms_real", &[]);
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms_real", &[]);
     let report = run.json();
     let libs = report.0["cuda"]["libraries"].as_array().expect("cuda.libraries");
     assert_eq!(libs.len(), 1, "{libs:#?}");

@@ -15,33 +15,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
-use std::time::Duration;
 
 use infertrace_e2e::serde_json::{json, Value};
 use infertrace_e2e::*;
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
-/// `infertrace record` of `cuda_patterns.py MODE` with `CUDART=cudart`.
-fn record(dir: &TempDir, python: &Path, cudart: &Path, kernels: &Path, mode: &str, env: &[(&str, &Path)]) -> Run {
-    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
-    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
-    cmd.arg(dir.join("rec.itr")).arg("--").arg(python).arg(&source).arg(mode);
-    cmd.env("CUDART", cudart).env("FAKE_KERNELS", kernels).env("END_SLEEP_S", "0.2");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let run = run_cmd(&mut cmd, Duration::from_secs(180));
-    run.assert_ok();
-    run
-}
-
-/// The rows of `list` at line `line`.
-fn at(list: &Value, line: u64) -> Vec<Value> {
-    list.as_array().map_or(Vec::new(), |l| l.iter().filter(|x| x["site"]["line"] == line).cloned().collect())
 }
 
 #[test]
@@ -57,7 +36,7 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
     let driver = dir.join("libcuda.so.1");
     fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap();
     fs::copy(sim.join("libcuda.so.1"), &driver).unwrap();
-    let run = record(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs", &[("CUDA_DRIVER", &driver)]);
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs", &[("CUDA_DRIVER", &driver)]);
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -65,14 +44,14 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
 
     // Kernel launches: only those made outside a capture.
     let launches = &cuda["launches"];
-    let warm = at(launches, m["graph_warmup"]);
+    let warm = rows_at_line(launches, m["graph_warmup"]);
     assert_eq!(warm.len(), 1, "{}", describe());
     assert_eq!((warm[0]["api"].as_str(), u(&warm[0]["count"])), (Some("cudaLaunchKernel"), 5));
     let all: u64 = launches.as_array().unwrap().iter().map(|l| u(&l["count"])).sum();
     assert_eq!(all, 5, "captured launches counted as launches: {launches:#}");
     // Captured copies are not copies.
     let calls = &cuda["calls"];
-    assert!(at(calls, m["graph_captured_copy"]).is_empty(), "{calls:#}");
+    assert!(rows_at_line(calls, m["graph_captured_copy"]).is_empty(), "{calls:#}");
     assert!(calls.as_array().unwrap().iter().all(|c| c["api"] != "cudaMemcpyAsync"), "{calls:#}");
     // The setup calls are counted as calls, once (not their driver twins).
     for (marker, api, n) in [
@@ -86,7 +65,7 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
         ("recap_end", "cudaStreamEndCapture_ptsz", 20),
         ("recap_instantiate", "cudaGraphInstantiateWithFlags", 20),
     ] {
-        let rows = at(calls, m[marker]);
+        let rows = rows_at_line(calls, m[marker]);
         assert_eq!(rows.len(), 1, "@{marker}: {rows:#?}\n{}", describe());
         assert_eq!((rows[0]["api"].as_str(), u(&rows[0]["count"]), u(&rows[0]["errors"])), (Some(api), n, 0), "@{marker}");
     }
@@ -101,7 +80,7 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
         ("drv_graph_replay", "cuGraphLaunch", 20, "drv_graph_begin"),
         ("recap_replay", "cudaGraphLaunch", 20, "recap_begin"),
     ] {
-        let rows = at(glaunches, m[marker]);
+        let rows = rows_at_line(glaunches, m[marker]);
         assert_eq!(rows.len(), 1, "@{marker}: {rows:#?}\n{}", describe());
         let r = &rows[0];
         assert_eq!((r["api"].as_str(), u(&r["count"])), (Some(api), n), "@{marker}: {r}");
@@ -117,7 +96,7 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
     for (marker, n, kernels, copies, bytes) in
         [("graph_begin", 1, 10, 2, 8192), ("drv_graph_begin", 1, 3, 0, 0), ("recap_begin", 20, 80, 0, 0)]
     {
-        let rows = at(captures, m[marker]);
+        let rows = rows_at_line(captures, m[marker]);
         assert_eq!(rows.len(), 1, "@{marker}: {captures:#}");
         let r = &rows[0];
         assert_eq!((u(&r["captures"]), u(&r["kernels"]), u(&r["copies"]), u(&r["copy_bytes"])), (n, kernels, copies, bytes), "@{marker}: {r}");
@@ -150,7 +129,7 @@ fn real_libcudart_graph_calls_counted_with_return_codes() {
     let dir = TempDir::new("cuda-graphs-real");
     let cudart = dir.join("libcudart.so.12");
     fs::copy(&real, &cudart).unwrap();
-    let run = record(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs_real", &[]);
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs_real", &[]);
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -160,7 +139,7 @@ fn real_libcudart_graph_calls_counted_with_return_codes() {
         ("real_graph_end", "cudaStreamEndCapture", 3),
         ("real_graph_instantiate", "cudaGraphInstantiate", 2),
     ] {
-        let rows = at(&cuda["calls"], m[marker]);
+        let rows = rows_at_line(&cuda["calls"], m[marker]);
         assert_eq!(rows.len(), 1, "@{marker}: {:#}\n{}", cuda["calls"], run.describe());
         let r = &rows[0];
         assert_eq!((r["api"].as_str(), u(&r["count"]), u(&r["errors"])), (Some(api), n, n), "@{marker}: {r}");
@@ -169,7 +148,7 @@ fn real_libcudart_graph_calls_counted_with_return_codes() {
     }
     // No capture began, so nothing is captured and nothing names a graph.
     assert!(cuda["graph_captures"].as_array().is_none_or(|c| c.is_empty()), "{cuda:#}");
-    let rows = at(&cuda["graph_launches"], m["real_graph_launch"]);
+    let rows = rows_at_line(&cuda["graph_launches"], m["real_graph_launch"]);
     assert_eq!(rows.len(), 1, "{:#}", cuda["graph_launches"]);
     assert_eq!((rows[0]["api"].as_str(), u(&rows[0]["count"])), (Some("cudaGraphLaunch"), 5), "{}", rows[0]);
     assert_eq!(rows[0]["graph"], "cudaGraphExec 0x0", "{}", rows[0]);

@@ -21,6 +21,11 @@ Usage: cuda_patterns.py MODE, MODE one of
             capture (3 launches) replayed 20 times, then a capture in a loop
             (20 captures of 4 launches, each launched once)
   graphs_real  graph calls on the real libcudart (each fails without a driver)
+  memsets   memsets at runtime and driver level, cuCtxSynchronize_v2, and
+            memsets made while a stream captures ($CUDART: the stand-in,
+            over $CUDA_DRIVER)
+  memsets_real  cudaMemsetAsync[_ptsz] on the real libcudart (each fails
+            without a driver)
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
@@ -534,6 +539,42 @@ def graphs_real():
         rt.cudaGraphLaunch(exe, stream)  # @real_graph_launch
 
 
+def memsets():
+    """Memsets counted with their bytes; captured ones are not run."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    drv.cuMemsetD8Async.argtypes = [ctypes.c_ulonglong, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuMemsetD32Async.argtypes = [ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    wait_for_probes(rt, ["cudaMemsetAsync", "cudaMemsetAsync_ptsz", "cudaStreamBeginCapture"])
+    wait_for_probes(drv, ["cuMemsetD8Async", "cuMemsetD32Async", "cuCtxSynchronize_v2"])
+    stream = ctypes.c_void_p(0x6C0)
+    for _ in range(12):
+        rt.cudaMemsetAsync(DEV, 0, size(4096), stream)  # @ms_rt
+    for _ in range(5):
+        rt.cudaMemsetAsync_ptsz(DEV, 0, size(2048), None)  # @ms_rt_ptsz
+    for _ in range(7):
+        drv.cuMemsetD8Async(DEV.value, 1, 1000, None)  # @ms_d8
+    for _ in range(4):
+        drv.cuMemsetD32Async(DEV.value, 2, 256, None)  # @ms_d32
+    for _ in range(3):
+        drv.cuCtxSynchronize_v2()  # @ms_ctx_sync
+    rt.cudaStreamBeginCapture(stream, 0)  # @ms_cap_begin
+    for _ in range(2):
+        rt.cudaMemsetAsync(DEV, 0, size(512), stream)  # @ms_captured
+    graph = ctypes.c_void_p()
+    rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @ms_cap_end
+
+
+def memsets_real():
+    """cudaMemsetAsync on the real libcudart: fails (no driver), is entered."""
+    rt = load()
+    wait_for_probes(rt, ["cudaMemsetAsync", "cudaMemsetAsync_ptsz"])
+    for _ in range(6):
+        rt.cudaMemsetAsync(DEV, 0, size(4096), None)  # @real_ms
+    for _ in range(2):
+        rt.cudaMemsetAsync_ptsz(DEV, 0, size(100), None)  # @real_ms_ptsz
+
+
 def handshake(name):
     """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
     (the test reads the kernel's counters in between)."""
@@ -613,6 +654,7 @@ def late():
 {
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
+    "memsets": memsets, "memsets_real": memsets_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -50,59 +50,66 @@ pub mod api {
     pub const BEGIN_CAPTURE_PTSZ: u32 = 38;
     pub const END_CAPTURE: u32 = 39;
     pub const END_CAPTURE_PTSZ: u32 = 40;
+    pub const MEMSET_ASYNC: u32 = 41;
+    pub const MEMSET_ASYNC_PTSZ: u32 = 42;
     // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
     // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 41;
-    pub const CU_MEMCPY_ASYNC: u32 = 42;
-    pub const CU_MEMCPY_HTOD: u32 = 43;
-    pub const CU_MEMCPY_DTOH: u32 = 44;
-    pub const CU_MEMCPY_DTOD: u32 = 45;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 46;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 47;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 48;
-    pub const CU_MEMCPY_PTDS: u32 = 49;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 50;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 51;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 52;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 53;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 54;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 55;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 56;
-    pub const CU_MEMCPY_PEER: u32 = 57;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 58;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 59;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 60;
-    pub const CU_STREAM_SYNC: u32 = 61;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 62;
-    pub const CU_CTX_SYNC: u32 = 63;
-    pub const CU_EVENT_SYNC: u32 = 64;
-    pub const CU_LAUNCH: u32 = 65;
-    pub const CU_LAUNCH_PTSZ: u32 = 66;
-    pub const CU_LAUNCH_EX: u32 = 67;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 68;
-    pub const CU_MEM_ALLOC: u32 = 69;
-    pub const CU_MEM_FREE: u32 = 70;
-    pub const CU_MEM_HOST_ALLOC: u32 = 71;
-    pub const CU_MEM_ALLOC_HOST: u32 = 72;
-    pub const CU_MEM_HOST_REGISTER: u32 = 73;
-    pub const CU_MEM_FREE_HOST: u32 = 74;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 75;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 76;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 77;
-    pub const CU_MEM_FREE_ASYNC: u32 = 78;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 79;
-    pub const CU_LAUNCH_COOP: u32 = 80;
-    pub const CU_LAUNCH_COOP_PTSZ: u32 = 81;
-    pub const CU_GRAPH_LAUNCH: u32 = 82;
-    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 83;
-    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 84;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 85;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 86;
-    pub const CU_BEGIN_CAPTURE: u32 = 87;
-    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 88;
-    pub const CU_END_CAPTURE: u32 = 89;
-    pub const CU_END_CAPTURE_PTSZ: u32 = 90;
-    pub const COUNT: u32 = 91;
+    pub const CU_MEMCPY: u32 = 43;
+    pub const CU_MEMCPY_ASYNC: u32 = 44;
+    pub const CU_MEMCPY_HTOD: u32 = 45;
+    pub const CU_MEMCPY_DTOH: u32 = 46;
+    pub const CU_MEMCPY_DTOD: u32 = 47;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 48;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 49;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 50;
+    pub const CU_MEMCPY_PTDS: u32 = 51;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 52;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 53;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 54;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 55;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 56;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 57;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 58;
+    pub const CU_MEMCPY_PEER: u32 = 59;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 60;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 61;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 62;
+    pub const CU_STREAM_SYNC: u32 = 63;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 64;
+    pub const CU_CTX_SYNC: u32 = 65;
+    pub const CU_EVENT_SYNC: u32 = 66;
+    pub const CU_LAUNCH: u32 = 67;
+    pub const CU_LAUNCH_PTSZ: u32 = 68;
+    pub const CU_LAUNCH_EX: u32 = 69;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 70;
+    pub const CU_MEM_ALLOC: u32 = 71;
+    pub const CU_MEM_FREE: u32 = 72;
+    pub const CU_MEM_HOST_ALLOC: u32 = 73;
+    pub const CU_MEM_ALLOC_HOST: u32 = 74;
+    pub const CU_MEM_HOST_REGISTER: u32 = 75;
+    pub const CU_MEM_FREE_HOST: u32 = 76;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 77;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 78;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 79;
+    pub const CU_MEM_FREE_ASYNC: u32 = 80;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 81;
+    pub const CU_LAUNCH_COOP: u32 = 82;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 83;
+    pub const CU_GRAPH_LAUNCH: u32 = 84;
+    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 85;
+    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 86;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 87;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 88;
+    pub const CU_BEGIN_CAPTURE: u32 = 89;
+    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 90;
+    pub const CU_END_CAPTURE: u32 = 91;
+    pub const CU_END_CAPTURE_PTSZ: u32 = 92;
+    pub const CU_MEMSET_D8_ASYNC: u32 = 93;
+    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 94;
+    pub const CU_MEMSET_D32_ASYNC: u32 = 95;
+    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 96;
+    pub const CU_CTX_SYNC_V2: u32 = 97;
+    pub const COUNT: u32 = 98;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -149,6 +156,8 @@ pub mod api {
         "cudaStreamBeginCapture_ptsz",
         "cudaStreamEndCapture",
         "cudaStreamEndCapture_ptsz",
+        "cudaMemsetAsync",
+        "cudaMemsetAsync_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -199,6 +208,11 @@ pub mod api {
         "cuStreamBeginCapture_v2_ptsz",
         "cuStreamEndCapture",
         "cuStreamEndCapture_ptsz",
+        "cuMemsetD8Async",
+        "cuMemsetD8Async_ptsz",
+        "cuMemsetD32Async",
+        "cuMemsetD32Async_ptsz",
+        "cuCtxSynchronize_v2",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -243,6 +257,10 @@ pub mod api {
             CU_BEGIN_CAPTURE_PTSZ => BEGIN_CAPTURE_PTSZ,
             CU_END_CAPTURE => END_CAPTURE,
             CU_END_CAPTURE_PTSZ => END_CAPTURE_PTSZ,
+            CU_MEMSET_D8_ASYNC | CU_MEMSET_D32_ASYNC => MEMSET_ASYNC,
+            CU_MEMSET_D8_ASYNC_PTSZ | CU_MEMSET_D32_ASYNC_PTSZ => MEMSET_ASYNC_PTSZ,
+            // CUDA 13's libcudart resolves cuCtxSynchronize to this.
+            CU_CTX_SYNC_V2 => DEVICE_SYNC,
             other => other,
         }
     }
@@ -348,6 +366,20 @@ pub mod api {
         matches!(canonical(api), GRAPH_INSTANTIATE | GRAPH_INSTANTIATE_FLAGS | GRAPH_INSTANTIATE_PARAMS | GRAPH_INSTANTIATE_PARAMS_PTSZ)
     }
 
+    /// `cudaMemsetAsync(ptr, value, bytes, stream)`,
+    /// `cuMemsetD8Async(ptr, value, n, stream)`, `cuMemsetD32Async` (n
+    /// words of 4 bytes).
+    #[inline(always)]
+    pub fn is_memset(api: u32) -> bool {
+        matches!(canonical(api), MEMSET_ASYNC | MEMSET_ASYNC_PTSZ)
+    }
+
+    /// Bytes per element a memset's count is in.
+    #[inline(always)]
+    pub fn memset_unit(api: u32) -> u64 {
+        if matches!(api, CU_MEMSET_D32_ASYNC | CU_MEMSET_D32_ASYNC_PTSZ) { 4 } else { 1 }
+    }
+
     /// Capture and instantiation: what names a graph.
     #[inline(always)]
     pub fn is_graph_setup(api: u32) -> bool {
@@ -442,7 +474,7 @@ pub struct CudaCapture {
     pub stream: u64,
     /// Kernel (and graph) launches captured.
     pub launches: u64,
-    /// Copies captured, and their bytes.
+    /// Copies and memsets captured, and their bytes.
     pub copies: u64,
     pub copy_bytes: u64,
 }
@@ -589,7 +621,7 @@ mod tests {
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY_DTOH_PTDS), KIND_DTOH);
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY), KIND_DEFAULT);
         for id in 0..api::FIRST_DRIVER {
-            let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id);
+            let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id) && !api::is_memset(id);
             let launch_form = api::is_launch(id) && id != api::LAUNCH && id != api::LAUNCH_PTSZ;
             assert_eq!(api::canonical(id) == id, !stream_ordered && !launch_form, "{}", api::NAMES[id as usize]);
         }
@@ -604,6 +636,9 @@ mod tests {
         assert!(!api::is_launch(api::GRAPH_LAUNCH) && !api::entry_only(api::END_CAPTURE));
         assert!(api::is_capture_begin(api::CU_BEGIN_CAPTURE) && api::is_capture_end(api::CU_END_CAPTURE_PTSZ));
         assert!(api::is_instantiate(api::CU_GRAPH_INSTANTIATE_FLAGS) && api::is_graph_setup(api::GRAPH_INSTANTIATE));
+        assert!(api::is_memset(api::CU_MEMSET_D32_ASYNC_PTSZ) && !api::is_copy(api::MEMSET_ASYNC));
+        assert_eq!((api::memset_unit(api::CU_MEMSET_D32_ASYNC), api::memset_unit(api::MEMSET_ASYNC)), (4, 1));
+        assert!(api::is_sync(api::CU_CTX_SYNC_V2) && api::is_driver(api::CU_CTX_SYNC_V2));
         assert!(api::returns_pointer(api::MALLOC_ASYNC_PTSZ) && api::releases_pointer(api::CU_MEM_FREE_ASYNC));
     }
 }

@@ -365,13 +365,19 @@ pub fn cuda_copy2d_enter(ctx: ProbeContext) -> u32 {
 }
 
 /// Syncs (`stream` / `event`), allocations (`void **out, size`), frees
-/// (`ptr`), `cudaHostRegister(ptr, size, flags)`.
+/// (`ptr`), `cudaHostRegister(ptr, size, flags)`, memsets (`ptr, value,
+/// count, stream`).
 #[uprobe]
 pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     let a = cookie(&ctx);
     let arg0: u64 = ctx.arg(0).unwrap_or(0);
     let arg1: u64 = ctx.arg(1).unwrap_or(0);
-    if api::is_sync(a) {
+    if api::is_memset(a) {
+        // (ptr, value, count, stream): bytes like a copy's.
+        let count: u64 = ctx.arg(2).unwrap_or(0);
+        let stream: u64 = ctx.arg(3).unwrap_or(0);
+        begin(&ctx, a, KIND_NONE, count.wrapping_mul(api::memset_unit(a)), arg0, 0, stream);
+    } else if api::is_sync(a) {
         let handle = if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 };
         begin(&ctx, a, KIND_NONE, 0, 0, 0, handle);
     } else if api::releases_pointer(a) {
@@ -590,16 +596,8 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     };
     let rc = ctx.ret::<u64>() as i32;
     let ns = now.saturating_sub(call.start_ns);
-    if api::is_copy(call.api) {
-        if let Some(c) = CUDA_CAPTURE.get_ptr_mut(&tid) {
-            // Captured into a graph, not run: not a copy.
-            // SAFETY: per-thread key: this thread is the only writer.
-            unsafe {
-                (*c).copies += 1;
-                (*c).copy_bytes += call.bytes;
-            }
-            return 0;
-        }
+    if captured_copy(&call, tid) {
+        return 0;
     }
     // Graph setup: the capture's state and what it made.
     let mut captured = CudaCapture { stream: 0, launches: 0, copies: 0, copy_bytes: 0 };
@@ -674,6 +672,23 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     });
     entry.submit(0);
     0
+}
+
+/// Whether `call` is a copy or memset made while thread `tid` captures:
+/// recorded into the graph, not run, so counted into the capture, not as
+/// a copy (nor a memset).
+#[inline(always)]
+fn captured_copy(call: &CudaInflight, tid: u32) -> bool {
+    if !api::is_copy(call.api) && !api::is_memset(call.api) {
+        return false;
+    }
+    let Some(c) = CUDA_CAPTURE.get_ptr_mut(&tid) else { return false };
+    // SAFETY: per-thread key: this thread is the only writer.
+    unsafe {
+        (*c).copies += 1;
+        (*c).copy_bytes += call.bytes;
+    }
+    true
 }
 
 /// A capture begun (successfully: `rc` 0) or ended on thread `tid`; for an
