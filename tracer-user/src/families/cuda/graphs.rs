@@ -107,6 +107,9 @@ fn graph_name(captured_at: Option<&Site>, exec: u64) -> String {
     }
 }
 
+/// (pid, graph name, site, API) -> (launches, the capture's site).
+type ByGraph = BTreeMap<(u32, String, Site, u32), (u64, Option<Site>)>;
+
 /// Graph launches by (pid, graph, site, API), most first.
 pub(super) fn graph_launches(
     launches: &[(LaunchKey, u64)],
@@ -114,7 +117,7 @@ pub(super) fn graph_launches(
     sites: &mut SiteCache,
     cx: &mut Cx<'_>,
 ) -> Result<Vec<GraphLaunch>, ProbeError> {
-    let mut by: BTreeMap<(u32, String, Site, u32), (u64, Option<Site>)> = BTreeMap::new();
+    let mut by = ByGraph::new();
     for (k, n) in launches.iter().filter(|(k, _)| api::is_graph_launch(k.api)) {
         let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
         let site = sites.resolve(raw, cx)?;
