@@ -60,8 +60,11 @@ impl CudaCollector {
         report.calls = calls(&stats, &replay, &mut sites, cx)?;
 
         report.launches = self.launches(&launches, &mut sites, cx, end)?;
-        report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut sites, cx)?;
-        report.graph_captures = graphs::graph_captures(&replay.graphs, &mut sites, cx)?;
+        {
+            let mut resolve = |r: RawSite| sites.resolve(r, cx);
+            report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut resolve)?;
+            report.graph_captures = graphs::graph_captures(&replay.graphs, &mut resolve)?;
+        }
         if let Some(s) = &self.slicer {
             report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
         }

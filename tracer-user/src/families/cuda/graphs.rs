@@ -1,103 +1,24 @@
-//! CUDA graphs: which Python line captured each graph, what went into it,
-//! and its launches (docs/cuda.md, "Graphs").
-//!
-//! The kernel counts what a thread captures between a successful
-//! `cudaStreamBeginCapture` and its `cudaStreamEndCapture` (launches and
-//! copies recorded into the graph, not run) and sends it with the end of
-//! the capture (`CudaEvent`: `src` launches, `fingerprint` copies, `bytes`
-//! their bytes, `dst` the graph). Here the events are replayed in order:
-//! the capture's site is its `cudaStreamBeginCapture`'s; an instantiation
-//! (`dst` the executable graph, `src` the graph) carries the site over to
-//! the executable graph that `cudaGraphLaunch` takes, so each graph launch
-//! names the line that captured its graph.
+//! CUDA graphs in the report: graph launches by graph and site, each named
+//! by the line that captured its graph, the captures by site, and the
+//! finding `graph_recaptured` (docs/cuda.md, "Graphs"), from the replayed
+//! graph setup calls ([`super::graph_state`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use tracer_common::cuda::{api, CudaEvent, LaunchKey};
+use tracer_common::cuda::{api, LaunchKey};
 
 use super::{
-    assemble::SiteCache,
     findings::{severity, Thresholds},
+    graph_state::GraphState,
     replay::RawSite,
 };
 use crate::{
-    engine::Cx,
     os::probe::ProbeError,
     recording::cuda::{api_name, Finding, GraphCapture, GraphLaunch, Site},
 };
 
-/// Graphs and executable graphs remembered per process, at most.
-const MAX_HANDLES: usize = 65_536;
-
-/// The captures made from one site.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CaptureObs {
-    /// Captures that ended with a graph.
-    pub captures: u64,
-    /// Launches and copies recorded into those graphs, and the copies' bytes.
-    pub kernels: u64,
-    pub copies: u64,
-    pub copy_bytes: u64,
-    /// Host time from the captures' begin to their end.
-    pub ns: u64,
-}
-
-/// The graph setup calls replayed.
-#[derive(Clone, Debug, Default)]
-pub struct GraphState {
-    /// Per thread: the site and start of its capture in progress.
-    begun: HashMap<u32, (RawSite, u64)>,
-    /// (pid, graph) -> the site that captured it.
-    graphs: HashMap<(u32, u64), RawSite>,
-    /// (pid, executable graph) -> the site that captured its graph.
-    execs: HashMap<(u32, u64), RawSite>,
-    pub captures: HashMap<RawSite, CaptureObs>,
-}
-
-fn remember(m: &mut HashMap<(u32, u64), RawSite>, k: (u32, u64), v: RawSite) {
-    if m.len() < MAX_HANDLES || m.contains_key(&k) {
-        m.insert(k, v);
-    }
-}
-
-impl GraphState {
-    /// One capture, end of capture or instantiation, in call order.
-    pub fn apply(&mut self, site: RawSite, e: &CudaEvent) {
-        if api::is_capture_begin(e.api) {
-            if e.rc == 0 {
-                self.begun.insert(e.tid, (site, e.start_ns));
-            }
-        } else if api::is_capture_end(e.api) {
-            let (at, start) = self.begun.remove(&e.tid).unwrap_or((site, e.start_ns));
-            if e.rc != 0 || e.dst == 0 {
-                return;
-            }
-            let c = self.captures.entry(at).or_default();
-            c.captures += 1;
-            c.kernels += e.src;
-            c.copies += e.fingerprint;
-            c.copy_bytes += e.bytes;
-            c.ns += (e.start_ns + e.dur_ns).saturating_sub(start);
-            remember(&mut self.graphs, (e.pid, e.dst), at);
-        } else if api::is_instantiate(e.api) && e.rc == 0 && e.dst != 0 {
-            if let Some(at) = self.graphs.get(&(e.pid, e.src)).copied() {
-                remember(&mut self.execs, (e.pid, e.dst), at);
-            }
-        }
-    }
-
-    /// The site that captured the graph of executable graph `exec`.
-    pub fn captured_at(&self, pid: u32, exec: u64) -> Option<RawSite> {
-        self.execs.get(&(pid, exec)).copied()
-    }
-
-    /// Threads that exited: a capture they left open is dropped.
-    pub fn forget_threads(&mut self, tids: &[u32]) {
-        for t in tids {
-            self.begun.remove(t);
-        }
-    }
-}
+/// Resolves a raw site (the collector's site cache).
+pub(super) type Resolve<'a> = dyn FnMut(RawSite) -> Result<Site, ProbeError> + 'a;
 
 /// A graph's name: the line that captured it, else its handle.
 fn graph_name(captured_at: Option<&Site>, exec: u64) -> String {
@@ -113,16 +34,15 @@ type ByGraph = BTreeMap<(u32, String, Site, u32), (u64, Option<Site>)>;
 /// Graph launches by (pid, graph, site, API), most first.
 pub(super) fn graph_launches(
     launches: &[(LaunchKey, u64)],
-    graphs: &GraphState,
-    sites: &mut SiteCache,
-    cx: &mut Cx<'_>,
+    graphs: &GraphState<RawSite>,
+    resolve: &mut Resolve<'_>,
 ) -> Result<Vec<GraphLaunch>, ProbeError> {
     let mut by = ByGraph::new();
     for (k, n) in launches.iter().filter(|(k, _)| api::is_graph_launch(k.api)) {
         let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
-        let site = sites.resolve(raw, cx)?;
+        let site = resolve(raw)?;
         let captured_at = match graphs.captured_at(k.pid, k.func) {
-            Some(r) => Some(sites.resolve(r, cx)?),
+            Some(r) => Some(resolve(r)?),
             None => None,
         };
         let e = by.entry((k.pid, graph_name(captured_at.as_ref(), k.func), site, k.api)).or_default();
@@ -138,12 +58,12 @@ pub(super) fn graph_launches(
 }
 
 /// Captures by site, most first.
-pub(super) fn graph_captures(graphs: &GraphState, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<GraphCapture>, ProbeError> {
+pub(super) fn graph_captures(graphs: &GraphState<RawSite>, resolve: &mut Resolve<'_>) -> Result<Vec<GraphCapture>, ProbeError> {
     let mut out = Vec::with_capacity(graphs.captures.len());
     for (raw, c) in &graphs.captures {
         out.push(GraphCapture {
             pid: raw.pid,
-            site: sites.resolve(*raw, cx)?,
+            site: resolve(*raw)?,
             captures: c.captures,
             kernels: c.kernels,
             copies: c.copies,
@@ -187,32 +107,6 @@ pub(super) fn recaptured(captures: &[GraphCapture], window_ns: u64, t: &Threshol
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ev(api: u32, tid: u32, py: u64, rc: i32, dst: u64, src: u64, start: u64) -> CudaEvent {
-        CudaEvent { pid: 1, tid, api, rc, py_stack: py, dst, src, start_ns: start, dur_ns: 10, ..Default::default() }
-    }
-
-    #[test]
-    fn a_graph_launch_is_named_by_the_line_that_captured_it() {
-        let mut g = GraphState::default();
-        let begin = RawSite { pid: 1, py_stack: 7, ..Default::default() };
-        g.apply(begin, &ev(api::BEGIN_CAPTURE, 5, 7, 0, 0, 0, 100));
-        let mut end = ev(api::CU_END_CAPTURE, 5, 8, 0, 0xa0, 10, 200);
-        end.fingerprint = 2;
-        end.bytes = 64;
-        g.apply(RawSite { py_stack: 8, ..begin }, &end);
-        g.apply(RawSite { py_stack: 9, ..begin }, &ev(api::GRAPH_INSTANTIATE, 5, 9, 0, 0xe0, 0xa0, 300));
-        assert_eq!(g.captured_at(1, 0xe0), Some(begin));
-        assert_eq!(g.captured_at(1, 0xa0), None);
-        let c = &g.captures[&begin];
-        assert_eq!((c.captures, c.kernels, c.copies, c.copy_bytes, c.ns), (1, 10, 2, 64, 110));
-        // A failed capture or instantiation names nothing.
-        g.apply(begin, &ev(api::BEGIN_CAPTURE, 6, 7, 35, 0, 0, 400));
-        g.apply(begin, &ev(api::END_CAPTURE, 6, 7, 35, 0, 0, 500));
-        g.apply(begin, &ev(api::GRAPH_INSTANTIATE, 6, 7, 35, 0xf0, 0xa0, 600));
-        assert_eq!(g.captured_at(1, 0xf0), None);
-        assert_eq!(g.captures[&begin].captures, 1);
-    }
 
     #[test]
     fn recaptured_fires_from_min_repeats_captures() {

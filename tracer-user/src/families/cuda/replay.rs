@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use tracer_common::cuda::{api, CudaEvent, KIND_DEFAULT, KIND_DTOD, KIND_DTOH, KIND_HTOD, KIND_HTOH};
 
-use super::graphs::GraphState;
+use super::graph_state::GraphState;
 
 /// Where a call came from, as the kernel keys it (without the thread).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -180,7 +180,7 @@ pub struct Replay {
     pub host_memory: HashMap<(RawSite, u32, u32), (u64, u64)>,
     pub events: u64,
     /// Stream captures and instantiations: what names graphs.
-    pub graphs: GraphState,
+    pub graphs: GraphState<RawSite>,
     /// pid -> start -> end of pinned host ranges.
     pinned: HashMap<u32, BTreeMap<u64, u64>>,
     /// pid -> device pointer -> allocation.
