@@ -15,11 +15,11 @@
 //!   `cuLaunchCooperativeKernel*(f, ...)`; `cuda_launch_ex`:
 //!   `cuLaunchKernelEx*(config, f, ...)`, `cudaLaunchKernelExC*(config,
 //!   func, args)`; entry only, counted here
-//! - `cuda_graph_enter`: `cudaStreamBeginCapture*(stream, mode)`,
-//!   `cudaStreamEndCapture*(stream, &graph)`, `cudaGraphInstantiate*(&exec,
-//!   graph, ...)` and their driver twins; graph launches
-//!   (`cudaGraphLaunch*(exec, stream)`, `cuGraphLaunch*`) go through
-//!   `cuda_launch`, entry only
+//! - `cuda_generic_enter` also takes the graph setup calls:
+//!   `cudaStreamBeginCapture*(stream, mode)`, `cudaStreamEndCapture*(stream,
+//!   &graph)`, `cudaGraphInstantiate*(&exec, graph, ...)` and their driver
+//!   twins, and memsets; graph launches (`cudaGraphLaunch*(exec, stream)`,
+//!   `cuGraphLaunch*`) go through `cuda_launch`, entry only
 //! - `cuda_return`: the uretprobe of everything but launches.
 //!
 //! A thread between a successful `cudaStreamBeginCapture` and its
@@ -366,25 +366,36 @@ pub fn cuda_copy2d_enter(ctx: ProbeContext) -> u32 {
 
 /// Syncs (`stream` / `event`), allocations (`void **out, size`), frees
 /// (`ptr`), `cudaHostRegister(ptr, size, flags)`, memsets (`ptr, value,
-/// count, stream`).
+/// count, stream`), and graph setup: `cudaStreamBeginCapture(stream, mode)`,
+/// `cudaStreamEndCapture(stream, cudaGraph_t *graph)` (the graph is read at
+/// return), `cudaGraphInstantiate*(cudaGraphExec_t *exec, cudaGraph_t
+/// graph, ...)` (the executable graph is read at return) and the driver's.
+/// The arguments are picked first and `begin` is called once: each call
+/// site of it would be verified on its own.
 #[uprobe]
 pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     let a = cookie(&ctx);
     let arg0: u64 = ctx.arg(0).unwrap_or(0);
     let arg1: u64 = ctx.arg(1).unwrap_or(0);
-    if api::is_memset(a) {
+    // (bytes, dst, src, stream)
+    let (bytes, dst, src, stream) = if api::is_memset(a) {
         // (ptr, value, count, stream): bytes like a copy's.
         let count: u64 = ctx.arg(2).unwrap_or(0);
-        let stream: u64 = ctx.arg(3).unwrap_or(0);
-        begin(&ctx, a, KIND_NONE, count.wrapping_mul(api::memset_unit(a)), arg0, 0, stream);
+        (count.wrapping_mul(api::memset_unit(a)), arg0, 0, ctx.arg::<u64>(3).unwrap_or(0))
+    } else if api::is_instantiate(a) {
+        (0, arg0, arg1, 0)
+    } else if api::is_capture_end(a) {
+        (0, arg1, 0, arg0)
+    } else if api::is_capture_begin(a) {
+        (0, 0, 0, arg0)
     } else if api::is_sync(a) {
-        let handle = if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 };
-        begin(&ctx, a, KIND_NONE, 0, 0, 0, handle);
+        (0, 0, 0, if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 })
     } else if api::releases_pointer(a) {
-        begin(&ctx, a, KIND_NONE, 0, arg0, 0, 0);
+        (0, arg0, 0, 0)
     } else {
-        begin(&ctx, a, KIND_NONE, arg1, arg0, 0, 0);
-    }
+        (arg1, arg0, 0, 0)
+    };
+    begin(&ctx, a, KIND_NONE, bytes, dst, src, stream);
     0
 }
 
@@ -414,25 +425,6 @@ pub fn cuda_drv_copy_enter(ctx: ProbeContext) -> u32 {
     let count: u64 = ctx.arg(2).unwrap_or(0);
     let stream: u64 = if api::is_async_copy(a) { ctx.arg(3).unwrap_or(0) } else { 0 };
     begin(&ctx, a, api::driver_copy_kind(a), count, dst, src, stream);
-    0
-}
-
-/// `cudaStreamBeginCapture(stream, mode)`, `cudaStreamEndCapture(stream,
-/// cudaGraph_t *graph)` (the graph is read at return), `cudaGraphInstantiate*(
-/// cudaGraphExec_t *exec, cudaGraph_t graph, ...)` (the executable graph is
-/// read at return), and the driver's.
-#[uprobe]
-pub fn cuda_graph_enter(ctx: ProbeContext) -> u32 {
-    let a = cookie(&ctx);
-    let arg0: u64 = ctx.arg(0).unwrap_or(0);
-    let arg1: u64 = ctx.arg(1).unwrap_or(0);
-    if api::is_instantiate(a) {
-        begin(&ctx, a, KIND_NONE, 0, arg0, arg1, 0);
-    } else if api::is_capture_end(a) {
-        begin(&ctx, a, KIND_NONE, 0, arg1, 0, arg0);
-    } else {
-        begin(&ctx, a, KIND_NONE, 0, 0, 0, arg0);
-    }
     0
 }
 

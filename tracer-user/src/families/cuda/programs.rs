@@ -49,7 +49,6 @@ pub static TABLE: FamilyTable = FamilyTable {
         uprobe("cuda_generic_enter"),
         uprobe("cuda_launch"),
         uprobe("cuda_launch_ex"),
-        uprobe("cuda_graph_enter"),
         uprobe("cuda_return"),
     ],
     globals: &[
@@ -80,7 +79,6 @@ fn entry_program(id: u32) -> &'static str {
         api::MEMCPY2D | api::MEMCPY2D_PTDS | api::MEMCPY2D_ASYNC | api::MEMCPY2D_ASYNC_PTSZ => "cuda_copy2d_enter",
         // `cudaGraphLaunch(exec, stream)`: the executable graph first.
         api::LAUNCH | api::LAUNCH_PTSZ | api::GRAPH_LAUNCH | api::GRAPH_LAUNCH_PTSZ => "cuda_launch",
-        a if api::is_graph_setup(a) => "cuda_graph_enter",
         _ => "cuda_generic_enter",
     }
 }
