@@ -14,8 +14,14 @@ use crate::{infertrace, run_cmd, skip, workspace_root, Run, TempDir};
 
 /// Runs `sh tests/cudasim/NAME` and returns the path it prints.
 pub fn cudasim_script(name: &str) -> Result<PathBuf, String> {
+    cudasim_script_env(name, &[])
+}
+
+/// [`cudasim_script`] with variables set.
+pub fn cudasim_script_env(name: &str, env: &[(&str, &str)]) -> Result<PathBuf, String> {
     let o = Command::new("sh")
         .arg(workspace_root().join("tests/cudasim").join(name))
+        .envs(env.iter().copied())
         .output()
         .map_err(|e| e.to_string())?;
     if !o.status.success() {
@@ -29,6 +35,17 @@ pub fn real_cudart(test: &str) -> Option<PathBuf> {
     cudasim_script("fetch-cudart.sh")
         .map_err(|e| skip(test, &format!("the real libcudart.so.12 (tests/cudasim/fetch-cudart.sh): {e}")))
         .ok()
+}
+
+/// The real `libcudart.so.12` and `libcudart.so.13` (PyTorch cu13's), as
+/// (major version, path).
+pub fn real_cudarts(test: &str) -> Option<Vec<(u32, PathBuf)>> {
+    let mut out = vec![(12, real_cudart(test)?)];
+    let thirteen = cudasim_script_env("fetch-cudart.sh", &[("CUDART_MAJOR", "13")])
+        .map_err(|e| skip(test, &format!("the real libcudart.so.13 (CUDART_MAJOR=13 tests/cudasim/fetch-cudart.sh): {e}")))
+        .ok()?;
+    out.push((13, thirteen));
+    Some(out)
 }
 
 /// The directory of the stand-in libraries and drivers.

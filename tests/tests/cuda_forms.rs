@@ -10,7 +10,7 @@
 //!   every form are counted, exactly, also after 10 000 runtime ExC
 //!   launches (the driver gate used to take a driver launch function off
 //!   after 1 000 runtime-owned hits, hiding the direct ones).
-//! - On the REAL libcudart.so.12 (every call fails without a driver, but is
+//! - On the REAL libcudart.so.12 and .so.13 (every call fails without a driver, but is
 //!   entered): the runtime forms are found, probed and counted at their
 //!   Python lines, with the kernel's name.
 //!
@@ -106,36 +106,39 @@ fn real_libcudart_launch_forms_counted_at_their_lines() {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
         return;
     }
-    let Some(real) = real_cudart(test) else { return };
+    let Some(reals) = real_cudarts(test) else { return };
     let Some(sim) = cuda_standin_dir(test) else { return };
     let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-forms-real");
-    let cudart = dir.join("libcudart.so.12");
-    fs::copy(&real, &cudart).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms_real", &[]);
-    let report = run.json();
-    let libs = report.0["cuda"]["libraries"].as_array().expect("cuda.libraries");
-    assert_eq!(libs.len(), 1, "{libs:#?}");
-    let functions: Vec<&str> = libs[0]["functions"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-    for f in ["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz"] {
-        assert!(functions.contains(&f), "{f} not probed: {functions:?}");
+    for (major, real) in reals {
+        eprintln!("the real libcudart.so.{major}");
+        let dir = TempDir::new(&format!("cuda-forms-real{major}"));
+        let cudart = dir.join(format!("libcudart.so.{major}"));
+        fs::copy(&real, &cudart).unwrap();
+        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms_real", &[]);
+        let report = run.json();
+        let libs = report.0["cuda"]["libraries"].as_array().expect("cuda.libraries");
+        assert_eq!(libs.len(), 1, "{libs:#?}");
+        let functions: Vec<&str> = libs[0]["functions"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        for f in ["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz"] {
+            assert!(functions.contains(&f), "{f} not probed: {functions:?}");
+        }
+        let source = workspace_root().join("tests/workloads/cuda_patterns.py");
+        let markers = markers_of(&source);
+        let by_line = launches_by_line(&report);
+        let expected: &[(&str, &str, u64)] = &[
+            ("real_exc", "cudaLaunchKernelExC", 30),
+            ("real_exc_ptsz", "cudaLaunchKernelExC_ptsz", 20),
+            ("real_coop", "cudaLaunchCooperativeKernel", 15),
+            ("real_coop_ptsz", "cudaLaunchCooperativeKernel_ptsz", 10),
+        ];
+        for &(marker, api, count) in expected {
+            let line = markers[marker];
+            let got = by_line.get(&line).cloned().unwrap_or_default();
+            assert_eq!(got, [(api.to_owned(), count, "vector_add_kernel".to_owned())], "@{marker} (line {line}): {by_line:#?}");
+        }
+        let total: u64 = by_line.values().flatten().map(|l| l.1).sum();
+        assert_eq!(total, 75, "{by_line:#?}");
+        let launches = report.0["cuda"]["launches"].as_array().unwrap();
+        assert!(launches.iter().all(|l| l["site"]["function"] == "forms_real"), "{launches:#?}");
     }
-    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
-    let markers = markers_of(&source);
-    let by_line = launches_by_line(&report);
-    let expected: &[(&str, &str, u64)] = &[
-        ("real_exc", "cudaLaunchKernelExC", 30),
-        ("real_exc_ptsz", "cudaLaunchKernelExC_ptsz", 20),
-        ("real_coop", "cudaLaunchCooperativeKernel", 15),
-        ("real_coop_ptsz", "cudaLaunchCooperativeKernel_ptsz", 10),
-    ];
-    for &(marker, api, count) in expected {
-        let line = markers[marker];
-        let got = by_line.get(&line).cloned().unwrap_or_default();
-        assert_eq!(got, [(api.to_owned(), count, "vector_add_kernel".to_owned())], "@{marker} (line {line}): {by_line:#?}");
-    }
-    let total: u64 = by_line.values().flatten().map(|l| l.1).sum();
-    assert_eq!(total, 75, "{by_line:#?}");
-    let launches = report.0["cuda"]["launches"].as_array().unwrap();
-    assert!(launches.iter().all(|l| l["site"]["function"] == "forms_real"), "{launches:#?}");
 }

@@ -6,7 +6,7 @@
 //! - On tests/cudasim's stand-ins (NOT CUDA: libcudart.so.12 over
 //!   libcuda.so.1, whose capturing streams record launches instead of
 //!   running them): capture then replay, at runtime and driver level.
-//! - On the REAL libcudart.so.12 (every call fails without a driver, but is
+//! - On the REAL libcudart.so.12 and .so.13 (every call fails without a driver, but is
 //!   entered): capture, instantiation and launch calls are counted at their
 //!   lines with their return codes.
 //!
@@ -123,34 +123,37 @@ fn real_libcudart_graph_calls_counted_with_return_codes() {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
         return;
     }
-    let Some(real) = real_cudart(test) else { return };
+    let Some(reals) = real_cudarts(test) else { return };
     let Some(sim) = cuda_standin_dir(test) else { return };
     let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-graphs-real");
-    let cudart = dir.join("libcudart.so.12");
-    fs::copy(&real, &cudart).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs_real", &[]);
-    let report = run.json();
-    let cuda = &report.0["cuda"];
-    let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
-    let mut seen = BTreeMap::new();
-    for (marker, api, n) in [
-        ("real_graph_begin", "cudaStreamBeginCapture", 3),
-        ("real_graph_end", "cudaStreamEndCapture", 3),
-        ("real_graph_instantiate", "cudaGraphInstantiate", 2),
-    ] {
-        let rows = rows_at_line(&cuda["calls"], m[marker]);
-        assert_eq!(rows.len(), 1, "@{marker}: {:#}\n{}", cuda["calls"], run.describe());
-        let r = &rows[0];
-        assert_eq!((r["api"].as_str(), u(&r["count"]), u(&r["errors"])), (Some(api), n, n), "@{marker}: {r}");
-        assert_eq!(r["return_codes"], json!({ "35": n }), "@{marker}: {r}");
-        seen.insert(api, n);
+    for (major, real) in reals {
+        eprintln!("the real libcudart.so.{major}");
+        let dir = TempDir::new(&format!("cuda-graphs-real{major}"));
+        let cudart = dir.join(format!("libcudart.so.{major}"));
+        fs::copy(&real, &cudart).unwrap();
+        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs_real", &[]);
+        let report = run.json();
+        let cuda = &report.0["cuda"];
+        let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
+        let mut seen = BTreeMap::new();
+        for (marker, api, n) in [
+            ("real_graph_begin", "cudaStreamBeginCapture", 3),
+            ("real_graph_end", "cudaStreamEndCapture", 3),
+            ("real_graph_instantiate", "cudaGraphInstantiate", 2),
+        ] {
+            let rows = rows_at_line(&cuda["calls"], m[marker]);
+            assert_eq!(rows.len(), 1, "@{marker}: {:#}\n{}", cuda["calls"], run.describe());
+            let r = &rows[0];
+            assert_eq!((r["api"].as_str(), u(&r["count"]), u(&r["errors"])), (Some(api), n, n), "@{marker}: {r}");
+            assert_eq!(r["return_codes"], json!({ "35": n }), "@{marker}: {r}");
+            seen.insert(api, n);
+        }
+        // No capture began, so nothing is captured and nothing names a graph.
+        assert!(cuda["graph_captures"].as_array().is_none_or(|c| c.is_empty()), "{cuda:#}");
+        let rows = rows_at_line(&cuda["graph_launches"], m["real_graph_launch"]);
+        assert_eq!(rows.len(), 1, "{:#}", cuda["graph_launches"]);
+        assert_eq!((rows[0]["api"].as_str(), u(&rows[0]["count"])), (Some("cudaGraphLaunch"), 5), "{}", rows[0]);
+        assert_eq!(rows[0]["graph"], "cudaGraphExec 0x0", "{}", rows[0]);
+        assert!(cuda["launches"].as_array().unwrap().is_empty(), "{:#}", cuda["launches"]);
     }
-    // No capture began, so nothing is captured and nothing names a graph.
-    assert!(cuda["graph_captures"].as_array().is_none_or(|c| c.is_empty()), "{cuda:#}");
-    let rows = rows_at_line(&cuda["graph_launches"], m["real_graph_launch"]);
-    assert_eq!(rows.len(), 1, "{:#}", cuda["graph_launches"]);
-    assert_eq!((rows[0]["api"].as_str(), u(&rows[0]["count"])), (Some("cudaGraphLaunch"), 5), "{}", rows[0]);
-    assert_eq!(rows[0]["graph"], "cudaGraphExec 0x0", "{}", rows[0]);
-    assert!(cuda["launches"].as_array().unwrap().is_empty(), "{:#}", cuda["launches"]);
 }

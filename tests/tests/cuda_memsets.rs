@@ -5,7 +5,7 @@
 //! while a stream captures counted as captured, and `cuCtxSynchronize_v2`
 //! (what CUDA 13's libcudart resolves `cuCtxSynchronize` to) as a sync.
 //!
-//! On tests/cudasim's stand-ins (NOT CUDA) and on the REAL libcudart.so.12
+//! On tests/cudasim's stand-ins (NOT CUDA) and on the REAL libcudart.so.12 and .so.13
 //! (its calls fail without a driver, but are entered). Needs root, the
 //! binary, gcc, python3 and PyPI once (target/cuda-real); under CI=true a
 //! missing one fails the test.
@@ -67,22 +67,25 @@ fn real_libcudart_memsets_counted_with_bytes_and_return_codes() {
     if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
         return;
     }
-    let Some(real) = real_cudart(test) else { return };
+    let Some(reals) = real_cudarts(test) else { return };
     let Some(sim) = cuda_standin_dir(test) else { return };
     let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-memsets-real");
-    let cudart = dir.join("libcudart.so.12");
-    fs::copy(&real, &cudart).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "memsets_real", &[]);
-    let report = run.json();
-    let cuda = &report.0["cuda"];
-    let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
-    for (marker, api, n, bytes) in [("real_ms", "cudaMemsetAsync", 6, 6 * 4096), ("real_ms_ptsz", "cudaMemsetAsync_ptsz", 2, 200)] {
-        let rows = rows_at_line(&cuda["calls"], m[marker]);
-        assert_eq!(rows.len(), 1, "@{marker}: {:#}\n{}", cuda["calls"], run.describe());
-        let r = &rows[0];
-        assert_eq!((r["api"].as_str(), u(&r["count"]), u(&r["bytes"]), u(&r["errors"])), (Some(api), n, bytes, n), "@{marker}: {r}");
-        assert_eq!(r["return_codes"], json!({ "35": n }), "@{marker}: {r}");
-        assert_eq!(r["site"]["function"], "memsets_real", "@{marker}: {r}");
+    for (major, real) in reals {
+        eprintln!("the real libcudart.so.{major}");
+        let dir = TempDir::new(&format!("cuda-memsets-real{major}"));
+        let cudart = dir.join(format!("libcudart.so.{major}"));
+        fs::copy(&real, &cudart).unwrap();
+        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "memsets_real", &[]);
+        let report = run.json();
+        let cuda = &report.0["cuda"];
+        let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
+        for (marker, api, n, bytes) in [("real_ms", "cudaMemsetAsync", 6, 6 * 4096), ("real_ms_ptsz", "cudaMemsetAsync_ptsz", 2, 200)] {
+            let rows = rows_at_line(&cuda["calls"], m[marker]);
+            assert_eq!(rows.len(), 1, "@{marker}: {:#}\n{}", cuda["calls"], run.describe());
+            let r = &rows[0];
+            assert_eq!((r["api"].as_str(), u(&r["count"]), u(&r["bytes"]), u(&r["errors"])), (Some(api), n, bytes, n), "@{marker}: {r}");
+            assert_eq!(r["return_codes"], json!({ "35": n }), "@{marker}: {r}");
+            assert_eq!(r["site"]["function"], "memsets_real", "@{marker}: {r}");
+        }
     }
 }
