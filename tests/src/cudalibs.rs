@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{infertrace, run_cmd, skip, workspace_root, Run, TempDir};
+use crate::{infertrace, require, run_cmd, skip, workspace_root, Need, Run, TempDir};
 
 /// Runs `sh tests/cudasim/NAME` and returns the path it prints.
 pub fn cudasim_script(name: &str) -> Result<PathBuf, String> {
@@ -87,4 +87,44 @@ pub fn record_cuda_patterns(dir: &TempDir, python: &Path, cudart: &Path, kernels
 /// The rows of the JSON array `list` whose `site.line` is `line`.
 pub fn rows_at_line(list: &Value, line: u64) -> Vec<Value> {
     list.as_array().map_or(Vec::new(), |l| l.iter().filter(|x| x["site"]["line"] == line).cloned().collect())
+}
+
+/// `cuda_patterns.py MODE` recorded on private copies (the workload waits
+/// for int3 on them) of the stand-in runtime over the stand-in driver
+/// (`CUDA_DRIVER`; the runtime loads the driver next to it, `$ORIGIN`).
+/// None when a prerequisite is missing ([`skip`]). The directory holds
+/// `rec.itr`.
+pub fn record_on_standins(test: &str, mode: &str) -> Option<(TempDir, Run)> {
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return None;
+    }
+    let sim = cuda_standin_dir(test)?;
+    let python = python3_executable(test)?;
+    let dir = TempDir::new(&format!("cuda-{mode}"));
+    let cudart = dir.join("libcudart.so.12");
+    let driver = dir.join("libcuda.so.1");
+    std::fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap_or_else(|e| panic!("copying libcudart.so.12: {e}"));
+    std::fs::copy(sim.join("libcuda.so.1"), &driver).unwrap_or_else(|e| panic!("copying libcuda.so.1: {e}"));
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[("CUDA_DRIVER", &driver)]);
+    Some((dir, run))
+}
+
+/// `cuda_patterns.py MODE` recorded on a private copy of each real
+/// libcudart ([`real_cudarts`]): (major version, run) each. None when a
+/// prerequisite is missing ([`skip`]).
+pub fn record_on_real_cudarts(test: &str, mode: &str) -> Option<Vec<(u32, Run)>> {
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return None;
+    }
+    let reals = real_cudarts(test)?;
+    let sim = cuda_standin_dir(test)?;
+    let python = python3_executable(test)?;
+    let mut out = Vec::new();
+    for (major, real) in reals {
+        let dir = TempDir::new(&format!("cuda-{mode}-{major}"));
+        let cudart = dir.join(format!("libcudart.so.{major}"));
+        std::fs::copy(&real, &cudart).unwrap_or_else(|e| panic!("copying {}: {e}", real.display()));
+        out.push((major, record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[])));
+    }
+    Some(out)
 }

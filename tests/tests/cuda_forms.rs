@@ -18,7 +18,6 @@
 //! under CI=true a missing one fails the test.
 
 use std::collections::BTreeMap;
-use std::fs;
 
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
@@ -43,19 +42,7 @@ fn launches_by_line(report: &Report) -> BTreeMap<u64, Vec<(String, u64, String)>
 #[test]
 fn every_launch_form_counted_once_and_direct_driver_launches_after_10000_runtime_ones() {
     let test = "every_launch_form_counted_once_and_direct_driver_launches_after_10000_runtime_ones";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-forms");
-    // Private copies (the workload waits for int3 on them); the runtime
-    // stand-in loads the driver stand-in next to it ($ORIGIN).
-    let cudart = dir.join("libcudart.so.12");
-    let driver = dir.join("libcuda.so.1");
-    fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap();
-    fs::copy(sim.join("libcuda.so.1"), &driver).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms", &[("CUDA_DRIVER", &driver)]);
+    let Some((_dir, run)) = record_on_standins(test, "forms") else { return };
     let report = run.json();
     let source = workspace_root().join("tests/workloads/cuda_patterns.py");
     let markers = markers_of(&source);
@@ -103,18 +90,9 @@ fn every_launch_form_counted_once_and_direct_driver_launches_after_10000_runtime
 #[test]
 fn real_libcudart_launch_forms_counted_at_their_lines() {
     let test = "real_libcudart_launch_forms_counted_at_their_lines";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(reals) = real_cudarts(test) else { return };
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    for (major, real) in reals {
+    let Some(runs) = record_on_real_cudarts(test, "forms_real") else { return };
+    for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
-        let dir = TempDir::new(&format!("cuda-forms-real{major}"));
-        let cudart = dir.join(format!("libcudart.so.{major}"));
-        fs::copy(&real, &cudart).unwrap();
-        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "forms_real", &[]);
         let report = run.json();
         let libs = report.0["cuda"]["libraries"].as_array().expect("cuda.libraries");
         assert_eq!(libs.len(), 1, "{libs:#?}");

@@ -14,7 +14,6 @@
 //! under CI=true a missing one fails the test.
 
 use std::collections::BTreeMap;
-use std::fs;
 
 use infertrace_e2e::serde_json::{json, Value};
 use infertrace_e2e::*;
@@ -26,17 +25,7 @@ fn u(v: &Value) -> u64 {
 #[test]
 fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
     let test = "captured_calls_are_not_launches_and_replays_name_their_capture_line";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-graphs");
-    let cudart = dir.join("libcudart.so.12");
-    let driver = dir.join("libcuda.so.1");
-    fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap();
-    fs::copy(sim.join("libcuda.so.1"), &driver).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs", &[("CUDA_DRIVER", &driver)]);
+    let Some((dir, run)) = record_on_standins(test, "graphs") else { return };
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -120,18 +109,9 @@ fn captured_calls_are_not_launches_and_replays_name_their_capture_line() {
 #[test]
 fn real_libcudart_graph_calls_counted_with_return_codes() {
     let test = "real_libcudart_graph_calls_counted_with_return_codes";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(reals) = real_cudarts(test) else { return };
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    for (major, real) in reals {
+    let Some(runs) = record_on_real_cudarts(test, "graphs_real") else { return };
+    for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
-        let dir = TempDir::new(&format!("cuda-graphs-real{major}"));
-        let cudart = dir.join(format!("libcudart.so.{major}"));
-        fs::copy(&real, &cudart).unwrap();
-        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "graphs_real", &[]);
         let report = run.json();
         let cuda = &report.0["cuda"];
         let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));

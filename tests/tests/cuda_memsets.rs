@@ -10,8 +10,6 @@
 //! binary, gcc, python3 and PyPI once (target/cuda-real); under CI=true a
 //! missing one fails the test.
 
-use std::fs;
-
 use infertrace_e2e::serde_json::{json, Value};
 use infertrace_e2e::*;
 
@@ -22,17 +20,7 @@ fn u(v: &Value) -> u64 {
 #[test]
 fn memsets_counted_with_bytes_once_and_captured_ones_not_run() {
     let test = "memsets_counted_with_bytes_once_and_captured_ones_not_run";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("cuda-memsets");
-    let cudart = dir.join("libcudart.so.12");
-    let driver = dir.join("libcuda.so.1");
-    fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap();
-    fs::copy(sim.join("libcuda.so.1"), &driver).unwrap();
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "memsets", &[("CUDA_DRIVER", &driver)]);
+    let Some((_dir, run)) = record_on_standins(test, "memsets") else { return };
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -64,18 +52,9 @@ fn memsets_counted_with_bytes_once_and_captured_ones_not_run() {
 #[test]
 fn real_libcudart_memsets_counted_with_bytes_and_return_codes() {
     let test = "real_libcudart_memsets_counted_with_bytes_and_return_codes";
-    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
-        return;
-    }
-    let Some(reals) = real_cudarts(test) else { return };
-    let Some(sim) = cuda_standin_dir(test) else { return };
-    let Some(python) = python3_executable(test) else { return };
-    for (major, real) in reals {
+    let Some(runs) = record_on_real_cudarts(test, "memsets_real") else { return };
+    for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
-        let dir = TempDir::new(&format!("cuda-memsets-real{major}"));
-        let cudart = dir.join(format!("libcudart.so.{major}"));
-        fs::copy(&real, &cudart).unwrap();
-        let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), "memsets_real", &[]);
         let report = run.json();
         let cuda = &report.0["cuda"];
         let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
