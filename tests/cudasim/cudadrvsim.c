@@ -16,7 +16,7 @@
  *   - H2D / D2H from pageable memory: 3 GB/s, and the call blocks until the
  *     stream is idle and the copy is done (as the real driver's staging does).
  *   - D2D: 500 GB/s, asynchronous. H2H: 10 GB/s, blocking.
- *   - cuLaunchKernel[Ex]: each kernel keeps its stream busy for 100 us (longer than issuing it
+ *   - cuLaunchKernel[Ex], cuLaunchCooperativeKernel: each kernel keeps its stream busy for 100 us (longer than issuing it
  *     takes under a tracer's uprobes, so that work queues up as on a GPU).
  *   - The synchronous copies: the async form on stream 0, then a sync.
  *   - cuStreamSynchronize sleeps until the stream is idle;
@@ -116,8 +116,10 @@ static double enqueue(CUstream s, double ns) {
     return end;
 }
 
+static int capture_launch(CUstream s);
 static CUresult copy(void *dst, const void *src, size_t n, int kind, CUstream s, int blocking) {
     if (kind < HtoH || kind > Default) return CUDA_ERROR_INVALID_VALUE;
+    if (!blocking && capture_launch(s)) return CUDA_SUCCESS; /* captured, not run */
     if (kind == Default) {
         int dst_dev = (uintptr_t)dst >= DEVICE_BASE, src_dev = (uintptr_t)src >= DEVICE_BASE;
         kind = dst_dev ? (src_dev ? DtoD : HtoD) : (src_dev ? DtoH : HtoH);
@@ -193,6 +195,7 @@ CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, void *dc, CUdeviceptr src, void
 }
 
 /* Synchronization. */
+static CUresult ctx_synchronize(void);
 CUresult cuStreamSynchronize(CUstream s) {
     pthread_mutex_lock(&mu);
     double t = busy_until[slot(s)];
@@ -201,7 +204,8 @@ CUresult cuStreamSynchronize(CUstream s) {
     return CUDA_SUCCESS;
 }
 CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-CUresult cuCtxSynchronize(void) {
+CUresult cuCtxSynchronize(void) { return ctx_synchronize(); }
+static CUresult ctx_synchronize(void) {
     double t = 0;
     pthread_mutex_lock(&mu);
     for (int i = 0; i < STREAMS; i++)
@@ -215,17 +219,41 @@ CUresult cuEventSynchronize(CUevent e) {
     return cuCtxSynchronize();
 }
 
-/* Launches. The runtime stand-in passes its kernel's host stub as `f`. */
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shmem, CUstream s, void **params, void **extra) {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+/* Launches. The runtime stand-in passes its kernel's host stub as `f`.
+ * The _ptsz forms call internal functions, never tail-call the exported
+ * ones (that would enter them with their caller's return address, as a
+ * direct call does); cuLaunchKernelEx enters the exported cuLaunchKernel
+ * (a driver launch made from inside the driver). */
+/* Stream capture: a capturing stream records its launches and copies
+ * into the graph instead of running them. */
+static int capturing[STREAMS];
+static unsigned captured[STREAMS];
+static int capture_launch(CUstream s) {
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    if (capturing[slot(s)]) {
+        captured[slot(s)]++;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+static __attribute__((noinline)) CUresult launch(CUfunction f, CUstream s) {
     if (!f) return CUDA_ERROR_INVALID_VALUE;
+    if (capture_launch(s)) return CUDA_SUCCESS;
     enqueue(s, LAUNCH_NS);
     return CUDA_SUCCESS;
 }
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, CUstream s, void **params, void **extra) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    return launch(f, s);
+}
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shmem, CUstream s, void **params, void **extra) {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    CUresult rc = launch(f, s);
+    return rc;
 }
 typedef struct {
     unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -233,13 +261,31 @@ typedef struct {
     void *attrs;
     unsigned numAttrs;
 } CUlaunchConfig;
-CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+static __attribute__((noinline)) CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params,
+                                                    void **extra) {
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
-                          c->sharedMemBytes, c->hStream, params, extra);
+    CUresult rc = cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                                 c->sharedMemBytes, c->hStream, params, extra);
+    return rc;
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    CUresult rc = launch_ex(c, f, params, extra);
+    return rc;
 }
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    return cuLaunchKernelEx(c, f, params, extra);
+    CUresult rc = launch_ex(c, f, params, extra);
+    return rc;
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned shmem, CUstream s, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    return launch(f, s);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    CUresult rc = launch(f, s);
+    return rc;
 }
 
 /* Memory. */
@@ -294,3 +340,103 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
     return CUDA_SUCCESS;
 }
 CUresult cuMemHostUnregister(void *p) { return remove_pinned(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* Graphs: a graph is its kernel count; launching it queues that many
+ * kernels' time on the stream. */
+typedef struct { unsigned kernels; } Graph;
+enum { CUDA_ERROR_ILLEGAL_STATE = 401, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901 };
+static CUresult begin_capture(CUstream s) {
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    if (capturing[slot(s)]) rc = CUDA_ERROR_ILLEGAL_STATE;
+    capturing[slot(s)] = 1;
+    captured[slot(s)] = 0;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult end_capture(CUstream s, void **graph) {
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int was = capturing[slot(s)];
+    unsigned n = captured[slot(s)];
+    capturing[slot(s)] = 0;
+    pthread_mutex_unlock(&mu);
+    if (!was) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    Graph *g = malloc(sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->kernels = n;
+    *graph = g;
+    return CUDA_SUCCESS;
+}
+static CUresult instantiate(void **exec, void *graph) {
+    if (!exec || !graph) return CUDA_ERROR_INVALID_VALUE;
+    Graph *e = malloc(sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    *e = *(Graph *)graph;
+    *exec = e;
+    return CUDA_SUCCESS;
+}
+static __attribute__((noinline)) CUresult graph_launch(void *exec, CUstream s) {
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    enqueue(s, LAUNCH_NS * ((Graph *)exec)->kernels);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    return begin_capture(s);
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+    (void)mode;
+    return begin_capture(s);
+}
+CUresult cuStreamEndCapture(CUstream s, void **graph) { return end_capture(s, graph); }
+CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) { return end_capture(s, graph); }
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    (void)flags;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphInstantiateWithParams(void **exec, void *graph, void *params) {
+    (void)params;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphInstantiateWithParams_ptsz(void **exec, void *graph, void *params) {
+    (void)params;
+    return instantiate(exec, graph);
+}
+CUresult cuGraphLaunch(void *exec, CUstream s) {
+    CUresult rc = graph_launch(exec, s);
+    return rc;
+}
+CUresult cuGraphLaunch_ptsz(void *exec, CUstream s) {
+    CUresult rc = graph_launch(exec, s);
+    return rc;
+}
+
+/* Memsets: device memory at the D2D rate, asynchronous on the stream
+ * (recorded instead while it captures). */
+static CUresult memset_async(CUdeviceptr p, size_t bytes, CUstream s) {
+    (void)p;
+    if (capture_launch(s)) return CUDA_SUCCESS;
+    enqueue(s, bytes / DTOD_BPS * 1e9);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, n, s);
+}
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, n, s);
+}
+CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, 4 * n, s);
+}
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr p, unsigned v, size_t n, CUstream s) {
+    (void)v;
+    return memset_async(p, 4 * n, s);
+}
+/* CUDA 13's libcudart resolves cuCtxSynchronize to this (an internal
+ * function, not a tail call of the exported cuCtxSynchronize, which would
+ * enter it at the same stack pointer). */
+CUresult cuCtxSynchronize_v2(void) { return ctx_synchronize(); }

@@ -39,6 +39,31 @@ int cuCtxSynchronize(void);
 int cuEventSynchronize(void *);
 int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
                    void **);
+int cuLaunchCooperativeKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                              void **);
+/* The driver's CUlaunchConfig and CUlaunchAttribute (cuda.h, CUDA 12). */
+typedef struct {
+    int id;
+    char pad[8 - sizeof(int)];
+    union { char pad[64]; int cooperative; } value;
+} CUlaunchAttribute;
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void *hStream;
+    CUlaunchAttribute *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+int cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
+int cuLaunchKernelEx_ptsz(const CUlaunchConfig *, void *, void **, void **);
+int cuStreamBeginCapture_v2(void *, int);
+int cuStreamEndCapture(void *, void **);
+int cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+int cuGraphInstantiateWithParams(void **, void *, void *);
+int cuGraphLaunch(void *, void *);
+int cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, void *);
+/* Keeps a forwarding call a call: a tail call of an exported driver
+ * function would enter it with this function's caller's return address. */
+#define NO_TAIL __attribute__((noinline, optimize("no-optimize-sibling-calls")))
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemAllocAsync(CUdeviceptr *, size_t, void *);
@@ -110,13 +135,67 @@ cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cuStreamSynchron
 cudaError_t cudaDeviceSynchronize(void) { return cuCtxSynchronize(); }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cuEventSynchronize(e); }
 
-cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s) {
+/* Launches reach the driver through internal functions, as in the real
+ * runtime (never a tail call of an exported launch function: that would
+ * enter it with the caller's return address, as a direct call does). */
+static __attribute__((noinline)) cudaError_t launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                                                    cudaStream_t s) {
     if (!func) return cudaErrorInvalidValue;
-    return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem, s, args,
-                          NULL);
+    int rc = cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem, s, args,
+                            NULL);
+    return rc;
+}
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s) {
+    return launch(func, grid, block, args, shmem, s);
 }
 cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s) {
-    return cudaLaunchKernel(func, grid, block, args, shmem, s);
+    return launch(func, grid, block, args, shmem, s);
+}
+
+/* cudaLaunchConfig_t and cudaLaunchAttribute (cuda_runtime_api.h, CUDA 12). */
+typedef struct {
+    int id;
+    char pad[8 - sizeof(int)];
+    union { char pad[64]; int cooperative; } val;
+} cudaLaunchAttribute;
+typedef struct {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned numAttrs;
+} cudaLaunchConfig_t;
+enum { cudaLaunchAttributeCooperative = 2 };
+
+/* The launch forms forward to different driver functions, as a runtime may:
+ * ExC to cuLaunchKernelEx (which enters cuLaunchKernel in turn), the
+ * cooperative launch to cuLaunchCooperativeKernel, its _ptsz form to
+ * cuLaunchKernelEx_ptsz with the cooperative attribute. */
+static cudaError_t launch_ex(const cudaLaunchConfig_t *c, const void *func, void **args, int ptsz,
+                             CUlaunchAttribute *attrs, unsigned n) {
+    if (!c || !func) return cudaErrorInvalidValue;
+    CUlaunchConfig d = {c->gridDim.x, c->gridDim.y, c->gridDim.z, c->blockDim.x, c->blockDim.y, c->blockDim.z,
+                        (unsigned)c->dynamicSmemBytes, c->stream, attrs, n};
+    return ptsz ? cuLaunchKernelEx_ptsz(&d, (void *)func, args, NULL) : cuLaunchKernelEx(&d, (void *)func, args, NULL);
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
+    return launch_ex(config, func, args, 0, NULL, 0);
+}
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args) {
+    return launch_ex(config, func, args, 1, NULL, 0);
+}
+cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                                        cudaStream_t s) {
+    if (!func) return cudaErrorInvalidValue;
+    return cuLaunchCooperativeKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem,
+                                     s, args);
+}
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                                             cudaStream_t s) {
+    cudaLaunchConfig_t c = {grid, block, shmem, s, NULL, 0};
+    CUlaunchAttribute coop = {cudaLaunchAttributeCooperative, {0}, {{0}}};
+    coop.value.cooperative = 1;
+    return launch_ex(&c, func, args, 1, &coop, 1);
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
@@ -142,3 +221,38 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return cuMemHostAlloc(p, n, 0);
 cudaError_t cudaFreeHost(void *p) { return cuMemFreeHost(p); }
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned flags) { return cuMemHostRegister_v2(p, n, flags); }
 cudaError_t cudaHostUnregister(void *p) { return cuMemHostUnregister(p); }
+
+/* Graphs: capture, instantiation and launch forward to the driver, whose
+ * stand-in records the launches made on a capturing stream. */
+typedef void *cudaGraph_t;
+typedef void *cudaGraphExec_t;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) { return cuStreamEndCapture(s, g); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g) { return cuStreamEndCapture(s, g); }
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(e, g, flags);
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(e, g, flags);
+}
+cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *e, cudaGraph_t g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *e, cudaGraph_t g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+static NO_TAIL cudaError_t graph_launch(cudaGraphExec_t e, cudaStream_t s) {
+    if (!e) return cudaErrorInvalidValue;
+    return cuGraphLaunch(e, s);
+}
+NO_TAIL cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }
+NO_TAIL cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t e, cudaStream_t s) { return graph_launch(e, s); }
+
+/* Memsets: bytes, on a stream. */
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
+    return cuMemsetD8Async(D(p), (unsigned char)value, n, s);
+}
+cudaError_t cudaMemsetAsync_ptsz(void *p, int value, size_t n, cudaStream_t s) {
+    return cuMemsetD8Async(D(p), (unsigned char)value, n, s);
+}

@@ -4,15 +4,24 @@
 //! `python3` runs. Each is fetched or built when missing; when it cannot
 //! be, the test is skipped (a failure under `CI=true`, see [`skip`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use crate::{skip, workspace_root};
+use serde_json::Value;
+
+use crate::{infertrace, require, run_cmd, skip, workspace_root, Need, Run, TempDir};
 
 /// Runs `sh tests/cudasim/NAME` and returns the path it prints.
 pub fn cudasim_script(name: &str) -> Result<PathBuf, String> {
+    cudasim_script_env(name, &[])
+}
+
+/// [`cudasim_script`] with variables set.
+pub fn cudasim_script_env(name: &str, env: &[(&str, &str)]) -> Result<PathBuf, String> {
     let o = Command::new("sh")
         .arg(workspace_root().join("tests/cudasim").join(name))
+        .envs(env.iter().copied())
         .output()
         .map_err(|e| e.to_string())?;
     if !o.status.success() {
@@ -26,6 +35,17 @@ pub fn real_cudart(test: &str) -> Option<PathBuf> {
     cudasim_script("fetch-cudart.sh")
         .map_err(|e| skip(test, &format!("the real libcudart.so.12 (tests/cudasim/fetch-cudart.sh): {e}")))
         .ok()
+}
+
+/// The real `libcudart.so.12` and `libcudart.so.13` (PyTorch cu13's), as
+/// (major version, path).
+pub fn real_cudarts(test: &str) -> Option<Vec<(u32, PathBuf)>> {
+    let mut out = vec![(12, real_cudart(test)?)];
+    let thirteen = cudasim_script_env("fetch-cudart.sh", &[("CUDART_MAJOR", "13")])
+        .map_err(|e| skip(test, &format!("the real libcudart.so.13 (CUDART_MAJOR=13 tests/cudasim/fetch-cudart.sh): {e}")))
+        .ok()?;
+    out.push((13, thirteen));
+    Some(out)
 }
 
 /// The directory of the stand-in libraries and drivers.
@@ -46,4 +66,65 @@ pub fn python3_executable(test: &str) -> Option<PathBuf> {
         skip(test, "python3");
     }
     python
+}
+
+/// `infertrace record -q --format json -o DIR/rec.itr -- python
+/// tests/workloads/cuda_patterns.py MODE` with `CUDART=cudart`,
+/// `FAKE_KERNELS=kernels` and `env`; asserts it succeeded.
+pub fn record_cuda_patterns(dir: &TempDir, python: &Path, cudart: &Path, kernels: &Path, mode: &str, env: &[(&str, &Path)]) -> Run {
+    let source = workspace_root().join("tests/workloads/cuda_patterns.py");
+    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
+    cmd.arg(dir.join("rec.itr")).arg("--").arg(python).arg(&source).arg(mode);
+    cmd.env("CUDART", cudart).env("FAKE_KERNELS", kernels).env("END_SLEEP_S", "0.2");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let run = run_cmd(&mut cmd, Duration::from_secs(180));
+    run.assert_ok();
+    run
+}
+
+/// The rows of the JSON array `list` whose `site.line` is `line`.
+pub fn rows_at_line(list: &Value, line: u64) -> Vec<Value> {
+    list.as_array().map_or(Vec::new(), |l| l.iter().filter(|x| x["site"]["line"] == line).cloned().collect())
+}
+
+/// `cuda_patterns.py MODE` recorded on private copies (the workload waits
+/// for int3 on them) of the stand-in runtime over the stand-in driver
+/// (`CUDA_DRIVER`; the runtime loads the driver next to it, `$ORIGIN`).
+/// None when a prerequisite is missing ([`skip`]). The directory holds
+/// `rec.itr`.
+pub fn record_on_standins(test: &str, mode: &str) -> Option<(TempDir, Run)> {
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return None;
+    }
+    let sim = cuda_standin_dir(test)?;
+    let python = python3_executable(test)?;
+    let dir = TempDir::new(&format!("cuda-{mode}"));
+    let cudart = dir.join("libcudart.so.12");
+    let driver = dir.join("libcuda.so.1");
+    std::fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap_or_else(|e| panic!("copying libcudart.so.12: {e}"));
+    std::fs::copy(sim.join("libcuda.so.1"), &driver).unwrap_or_else(|e| panic!("copying libcuda.so.1: {e}"));
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[("CUDA_DRIVER", &driver)]);
+    Some((dir, run))
+}
+
+/// `cuda_patterns.py MODE` recorded on a private copy of each real
+/// libcudart ([`real_cudarts`]): (major version, run) each. None when a
+/// prerequisite is missing ([`skip`]).
+pub fn record_on_real_cudarts(test: &str, mode: &str) -> Option<Vec<(u32, Run)>> {
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return None;
+    }
+    let reals = real_cudarts(test)?;
+    let sim = cuda_standin_dir(test)?;
+    let python = python3_executable(test)?;
+    let mut out = Vec::new();
+    for (major, real) in reals {
+        let dir = TempDir::new(&format!("cuda-{mode}-{major}"));
+        let cudart = dir.join(format!("libcudart.so.{major}"));
+        std::fs::copy(&real, &cudart).unwrap_or_else(|e| panic!("copying {}: {e}", real.display()));
+        out.push((major, record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[])));
+    }
+    Some(out)
 }

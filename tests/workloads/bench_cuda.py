@@ -9,6 +9,8 @@ what infertrace's probes add to each call:
           API, probed on entry and on return
   launch  cudaLaunchKernel(kernel, grid, block, NULL, 0, 0): a launch API,
           probed on entry only
+  graph   cudaGraphLaunch(exec, stream) of a graph captured once (10
+          kernels) before the loop: a graph launch, probed on entry only
   step    a launch and STEP_WORK (300) iterations of Python arithmetic, a
           model step's framework work between launches (`record
           --max-overhead`): in 5 chunks, each long enough (~2 s) to hold
@@ -22,7 +24,7 @@ the call path and the probes, not a simulated GPU. Kernel host stubs come
 from $FAKE_KERNELS (tests/cudasim/kernels.c). Any tracer's uprobes on the
 library file count, so the bench builds a private copy for itself.
 
-Usage: bench_cuda.py copy|launch|step ITERATIONS [--wait] [--probed]
+Usage: bench_cuda.py copy|launch|graph|step ITERATIONS [--wait] [--probed]
 
 With --probed the timed loop starts only once the probed function's first
 byte is int3 (the uprobe is in place; as in cuda_patterns.py), then
@@ -41,7 +43,7 @@ import time
 import benchlib
 
 DtoD = 3
-FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel", "step": "cudaLaunchKernel"}
+FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel", "graph": "cudaGraphLaunch", "step": "cudaLaunchKernel"}
 STEP_WORK = 300
 STEP_CHUNKS = 5
 
@@ -86,6 +88,25 @@ def launches(lib, kernel, n, work=0):
             x += i
 
 
+def captured_graph(lib, kernel):
+    """An executable graph of 10 kernels, captured on a stream once."""
+    stream = ctypes.c_void_p(0x6A0)
+    lib.cudaGraphInstantiate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
+    lib.cudaStreamBeginCapture(stream, 0)
+    for _ in range(10):
+        lib.cudaLaunchKernel(kernel, dim3(1, 1, 1), dim3(32, 1, 1), None, ctypes.c_size_t(0), stream)
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    lib.cudaStreamEndCapture(stream, ctypes.byref(graph))
+    lib.cudaGraphInstantiate(ctypes.byref(exe), graph, 0)
+    return exe, stream
+
+
+def graph_launches(lib, exe, stream, n):
+    f = lib.cudaGraphLaunch
+    for _ in range(n):
+        f(exe, stream)
+
+
 def main() -> int:
     if len(sys.argv) < 3 or sys.argv[1] not in FUNCTIONS:
         print(__doc__, file=sys.stderr)
@@ -102,6 +123,9 @@ def main() -> int:
         loop = lambda n: copies(lib, n)  # noqa: E731
     elif what == "launch":
         loop = lambda n: launches(lib, kernel, n)  # noqa: E731
+    elif what == "graph":
+        exe, stream = captured_graph(lib, kernel)
+        loop = lambda n: graph_launches(lib, exe, stream, n)  # noqa: E731
     else:
         loop = lambda n: launches(lib, kernel, n, STEP_WORK)  # noqa: E731
 

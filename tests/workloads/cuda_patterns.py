@@ -8,6 +8,24 @@ stubs come from $FAKE_KERNELS (tests/cudasim/kernels.c).
 Usage: cuda_patterns.py MODE, MODE one of
   patterns  every pattern the detector knows, plus each probed API once or more
   sim       timing: pinned vs pageable copies, leaks (meant for cudasim)
+  forms     every launch form, runtime ($CUDART: the stand-in, over
+            $CUDA_DRIVER) and driver: $FORMS_EXC_N (default 10000)
+            cudaLaunchKernelExC, $FORMS_N (default 1500) of each other
+            runtime form, then ($FORMS_PAUSE_S later, default 1) direct
+            driver launches of each form, then runtime and driver ExC
+            launches back to back (each to be counted once)
+  forms_real  the runtime launch forms only, a few of each ($CUDART: the
+            real libcudart, whose calls fail without a driver)
+  graphs    CUDA graphs ($CUDART: the stand-in, over $CUDA_DRIVER): a
+            capture (10 launches, 2 copies) replayed 50 + 7 times, a driver
+            capture (3 launches) replayed 20 times, then a capture in a loop
+            (20 captures of 4 launches, each launched once)
+  graphs_real  graph calls on the real libcudart (each fails without a driver)
+  memsets   memsets at runtime and driver level, cuCtxSynchronize_v2, and
+            memsets made while a stream captures ($CUDART: the stand-in,
+            over $CUDA_DRIVER)
+  memsets_real  cudaMemsetAsync[_ptsz] on the real libcudart (each fails
+            without a driver)
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
@@ -352,6 +370,211 @@ def driver():
     drv.cuMemFree_v2(dev.value)  # @drv_free
 
 
+class cudaLaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("gridDim", dim3), ("blockDim", dim3), ("dynamicSmemBytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
+    ]
+
+
+RT_FORMS = [
+    "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernel_ptsz",
+]
+DRV_FORMS = [
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
+]
+
+
+def runtime_forms(rt, vec, n_exc, n):
+    """Each runtime launch form; each enters the driver inside (the stand-in)."""
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    exc = rt.cudaLaunchKernelExC
+    for _ in range(n_exc):
+        exc(ctypes.byref(cfg), vec, None)  # @form_rt_exc
+    for _ in range(n):
+        rt.cudaLaunchKernelExC_ptsz(ctypes.byref(cfg), vec, None)  # @form_rt_exc_ptsz
+        rt.cudaLaunchCooperativeKernel(vec, grid, block, None, zero, None)  # @form_rt_coop
+        rt.cudaLaunchCooperativeKernel_ptsz(vec, grid, block, None, zero, None)  # @form_rt_coop_ptsz
+
+
+def forms():
+    """Every launch form, counted once: runtime forms first (hot enough for
+    the driver gate), then direct driver launches of each form."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    for name in ("cuLaunchKernel", "cuLaunchKernel_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    for name in ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
+    for name in ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.POINTER(CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_void_p]
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_FORMS)
+    wait_for_probes(drv, DRV_FORMS)
+    n_exc = int(os.environ.get("FORMS_EXC_N", "10000"))
+    n = int(os.environ.get("FORMS_N", "1500"))
+    t0 = time.monotonic()
+    runtime_forms(rt, vec, n_exc, n)
+    print(f"runtime {n_exc} {n} {time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
+    # The driver gate reads its counts every poll: time to act on them.
+    time.sleep(float(os.environ.get("FORMS_PAUSE_S", "1.0")))
+    dcfg = CUlaunchConfig(1, 1, 1, 32, 1, 1, 0, None, None, 0)
+    for _ in range(40):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @form_drv
+    for _ in range(35):
+        drv.cuLaunchKernel_ptsz(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @form_drv_ptsz
+    for _ in range(30):
+        drv.cuLaunchKernelEx(ctypes.byref(dcfg), vec, None, None)  # @form_drv_ex
+    for _ in range(20):
+        drv.cuLaunchKernelEx_ptsz(ctypes.byref(dcfg), vec, None, None)  # @form_drv_ex_ptsz
+    for _ in range(25):
+        drv.cuLaunchCooperativeKernel(vec, 1, 1, 1, 32, 1, 1, 0, None, None)  # @form_drv_coop
+    for _ in range(15):
+        drv.cuLaunchCooperativeKernel_ptsz(vec, 1, 1, 1, 32, 1, 1, 0, None, None)  # @form_drv_coop_ptsz
+    # Runtime and driver ExC launches back to back from one Python frame.
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    for _ in range(8):
+        rt.cudaLaunchKernelExC(ctypes.byref(cfg), vec, None)  # @form_mixed_rt
+        drv.cuLaunchKernelEx(ctypes.byref(dcfg), vec, None, None)  # @form_mixed_drv
+
+
+def forms_real():
+    """The runtime launch forms on the real libcudart (each fails without a
+    driver, but is entered)."""
+    rt = load()
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_FORMS)
+    cfg = cudaLaunchConfig(dim3(1, 1, 1), dim3(32, 1, 1), 0, None, None, 0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    for _ in range(30):
+        rt.cudaLaunchKernelExC(ctypes.byref(cfg), vec, None)  # @real_exc
+    for _ in range(20):
+        rt.cudaLaunchKernelExC_ptsz(ctypes.byref(cfg), vec, None)  # @real_exc_ptsz
+    for _ in range(15):
+        rt.cudaLaunchCooperativeKernel(vec, grid, block, None, zero, None)  # @real_coop
+    for _ in range(10):
+        rt.cudaLaunchCooperativeKernel_ptsz(vec, grid, block, None, zero, None)  # @real_coop_ptsz
+
+
+RT_GRAPH = [
+    "cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz", "cudaStreamEndCapture", "cudaStreamEndCapture_ptsz",
+    "cudaGraphInstantiate", "cudaGraphInstantiateWithFlags", "cudaGraphLaunch", "cudaGraphLaunch_ptsz",
+]
+DRV_GRAPH = ["cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch"]
+
+
+def graph_types(rt, drv=None):
+    for lib in (rt, drv) if drv else (rt,):
+        for name in ("cudaGraphInstantiate", "cudaGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags"):
+            if hasattr(lib, name):
+                getattr(lib, name).argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
+
+
+def graphs():
+    """Capture once and replay; a driver capture; a capture in the loop."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    graph_types(rt, drv)
+    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_GRAPH + ["cudaLaunchKernel", "cudaMemcpyAsync"])
+    wait_for_probes(drv, DRV_GRAPH)
+    stream, dstream = ctypes.c_void_p(0x6A0), ctypes.c_void_p(0x6B0)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    buf = ctypes.create_string_buffer(4096)
+    for _ in range(5):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @graph_warmup
+    rt.cudaStreamBeginCapture(stream, 0)  # @graph_begin
+    for _ in range(10):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @graph_captured_launch
+    for _ in range(2):
+        rt.cudaMemcpyAsync(DEV, buf, size(4096), HtoD, stream)  # @graph_captured_copy
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @graph_end
+    rt.cudaGraphInstantiate(ctypes.byref(exe), graph, 0)  # @graph_instantiate
+    for _ in range(50):
+        rt.cudaGraphLaunch(exe, stream)  # @graph_replay
+    rt.cudaStreamSynchronize(stream)  # @graph_sync
+    drv.cuStreamBeginCapture_v2(dstream, 0)  # @drv_graph_begin
+    for _ in range(3):
+        drv.cuLaunchKernel(vec, 1, 1, 1, 32, 1, 1, 0, dstream, None, None)  # @drv_graph_captured
+    dgraph, dexe = ctypes.c_void_p(), ctypes.c_void_p()
+    drv.cuStreamEndCapture(dstream, ctypes.byref(dgraph))  # @drv_graph_end
+    drv.cuGraphInstantiateWithFlags(ctypes.byref(dexe), dgraph, 0)  # @drv_graph_instantiate
+    for _ in range(20):
+        drv.cuGraphLaunch(dexe, dstream)  # @drv_graph_replay
+    for _ in range(7):
+        rt.cudaGraphLaunch_ptsz(exe, stream)  # @graph_replay_ptsz
+    for _ in range(20):
+        rt.cudaStreamBeginCapture_ptsz(stream, 0)  # @recap_begin
+        for _ in range(4):
+            rt.cudaLaunchKernel(vec, grid, block, None, zero, stream)  # @recap_launch
+        g, e = ctypes.c_void_p(), ctypes.c_void_p()
+        rt.cudaStreamEndCapture_ptsz(stream, ctypes.byref(g))  # @recap_end
+        rt.cudaGraphInstantiateWithFlags(ctypes.byref(e), g, 0)  # @recap_instantiate
+        rt.cudaGraphLaunch(e, stream)  # @recap_replay
+    rt.cudaStreamSynchronize(stream)  # @recap_sync
+
+
+def graphs_real():
+    """Graph calls on the real libcudart: each fails (no driver) but is entered."""
+    rt = load()
+    graph_types(rt)
+    wait_for_probes(rt, RT_GRAPH)
+    stream = ctypes.c_void_p(0x6A0)
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    for _ in range(3):
+        rt.cudaStreamBeginCapture(stream, 0)  # @real_graph_begin
+        rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @real_graph_end
+    for _ in range(2):
+        rt.cudaGraphInstantiate(ctypes.byref(exe), graph, 0)  # @real_graph_instantiate
+    for _ in range(5):
+        rt.cudaGraphLaunch(exe, stream)  # @real_graph_launch
+
+
+def memsets():
+    """Memsets counted with their bytes; captured ones are not run."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    drv.cuMemsetD8Async.argtypes = [ctypes.c_ulonglong, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+    drv.cuMemsetD32Async.argtypes = [ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    wait_for_probes(rt, ["cudaMemsetAsync", "cudaMemsetAsync_ptsz", "cudaStreamBeginCapture"])
+    wait_for_probes(drv, ["cuMemsetD8Async", "cuMemsetD32Async", "cuCtxSynchronize_v2"])
+    stream = ctypes.c_void_p(0x6C0)
+    for _ in range(12):
+        rt.cudaMemsetAsync(DEV, 0, size(4096), stream)  # @ms_rt
+    for _ in range(5):
+        rt.cudaMemsetAsync_ptsz(DEV, 0, size(2048), None)  # @ms_rt_ptsz
+    for _ in range(7):
+        drv.cuMemsetD8Async(DEV.value, 1, 1000, None)  # @ms_d8
+    for _ in range(4):
+        drv.cuMemsetD32Async(DEV.value, 2, 256, None)  # @ms_d32
+    for _ in range(3):
+        drv.cuCtxSynchronize_v2()  # @ms_ctx_sync
+    rt.cudaStreamBeginCapture(stream, 0)  # @ms_cap_begin
+    for _ in range(2):
+        rt.cudaMemsetAsync(DEV, 0, size(512), stream)  # @ms_captured
+    graph = ctypes.c_void_p()
+    rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # @ms_cap_end
+
+
+def memsets_real():
+    """cudaMemsetAsync on the real libcudart: fails (no driver), is entered."""
+    rt = load()
+    wait_for_probes(rt, ["cudaMemsetAsync", "cudaMemsetAsync_ptsz"])
+    for _ in range(6):
+        rt.cudaMemsetAsync(DEV, 0, size(4096), None)  # @real_ms
+    for _ in range(2):
+        rt.cudaMemsetAsync_ptsz(DEV, 0, size(100), None)  # @real_ms_ptsz
+
+
 def handshake(name):
     """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
     (the test reads the kernel's counters in between)."""
@@ -428,7 +651,11 @@ def late():
     small_batches(lib, 50)
 
 
-{"patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot}[MODE]()
+{
+    "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
+    "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
+    "memsets": memsets, "memsets_real": memsets_real,
+}[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.
 time.sleep(float(os.environ.get("END_SLEEP_S", "0.5")))

@@ -36,48 +36,80 @@ pub mod api {
     pub const MALLOC_ASYNC_PTSZ: u32 = 24;
     pub const FREE_ASYNC: u32 = 25;
     pub const FREE_ASYNC_PTSZ: u32 = 26;
+    pub const LAUNCH_EX_C: u32 = 27;
+    pub const LAUNCH_EX_C_PTSZ: u32 = 28;
+    pub const LAUNCH_COOP: u32 = 29;
+    pub const LAUNCH_COOP_PTSZ: u32 = 30;
+    pub const GRAPH_LAUNCH: u32 = 31;
+    pub const GRAPH_LAUNCH_PTSZ: u32 = 32;
+    pub const GRAPH_INSTANTIATE: u32 = 33;
+    pub const GRAPH_INSTANTIATE_FLAGS: u32 = 34;
+    pub const GRAPH_INSTANTIATE_PARAMS: u32 = 35;
+    pub const GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 36;
+    pub const BEGIN_CAPTURE: u32 = 37;
+    pub const BEGIN_CAPTURE_PTSZ: u32 = 38;
+    pub const END_CAPTURE: u32 = 39;
+    pub const END_CAPTURE_PTSZ: u32 = 40;
+    pub const MEMSET_ASYNC: u32 = 41;
+    pub const MEMSET_ASYNC_PTSZ: u32 = 42;
     // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
     // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 27;
-    pub const CU_MEMCPY_ASYNC: u32 = 28;
-    pub const CU_MEMCPY_HTOD: u32 = 29;
-    pub const CU_MEMCPY_DTOH: u32 = 30;
-    pub const CU_MEMCPY_DTOD: u32 = 31;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 32;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 33;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 34;
-    pub const CU_MEMCPY_PTDS: u32 = 35;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 36;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 37;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 38;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 39;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 40;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 41;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 42;
-    pub const CU_MEMCPY_PEER: u32 = 43;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 44;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 45;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 46;
-    pub const CU_STREAM_SYNC: u32 = 47;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 48;
-    pub const CU_CTX_SYNC: u32 = 49;
-    pub const CU_EVENT_SYNC: u32 = 50;
-    pub const CU_LAUNCH: u32 = 51;
-    pub const CU_LAUNCH_PTSZ: u32 = 52;
-    pub const CU_LAUNCH_EX: u32 = 53;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 54;
-    pub const CU_MEM_ALLOC: u32 = 55;
-    pub const CU_MEM_FREE: u32 = 56;
-    pub const CU_MEM_HOST_ALLOC: u32 = 57;
-    pub const CU_MEM_ALLOC_HOST: u32 = 58;
-    pub const CU_MEM_HOST_REGISTER: u32 = 59;
-    pub const CU_MEM_FREE_HOST: u32 = 60;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 61;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 62;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 63;
-    pub const CU_MEM_FREE_ASYNC: u32 = 64;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 65;
-    pub const COUNT: u32 = 66;
+    pub const CU_MEMCPY: u32 = 43;
+    pub const CU_MEMCPY_ASYNC: u32 = 44;
+    pub const CU_MEMCPY_HTOD: u32 = 45;
+    pub const CU_MEMCPY_DTOH: u32 = 46;
+    pub const CU_MEMCPY_DTOD: u32 = 47;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 48;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 49;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 50;
+    pub const CU_MEMCPY_PTDS: u32 = 51;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 52;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 53;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 54;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 55;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 56;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 57;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 58;
+    pub const CU_MEMCPY_PEER: u32 = 59;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 60;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 61;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 62;
+    pub const CU_STREAM_SYNC: u32 = 63;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 64;
+    pub const CU_CTX_SYNC: u32 = 65;
+    pub const CU_EVENT_SYNC: u32 = 66;
+    pub const CU_LAUNCH: u32 = 67;
+    pub const CU_LAUNCH_PTSZ: u32 = 68;
+    pub const CU_LAUNCH_EX: u32 = 69;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 70;
+    pub const CU_MEM_ALLOC: u32 = 71;
+    pub const CU_MEM_FREE: u32 = 72;
+    pub const CU_MEM_HOST_ALLOC: u32 = 73;
+    pub const CU_MEM_ALLOC_HOST: u32 = 74;
+    pub const CU_MEM_HOST_REGISTER: u32 = 75;
+    pub const CU_MEM_FREE_HOST: u32 = 76;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 77;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 78;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 79;
+    pub const CU_MEM_FREE_ASYNC: u32 = 80;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 81;
+    pub const CU_LAUNCH_COOP: u32 = 82;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 83;
+    pub const CU_GRAPH_LAUNCH: u32 = 84;
+    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 85;
+    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 86;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 87;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 88;
+    pub const CU_BEGIN_CAPTURE: u32 = 89;
+    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 90;
+    pub const CU_END_CAPTURE: u32 = 91;
+    pub const CU_END_CAPTURE_PTSZ: u32 = 92;
+    pub const CU_MEMSET_D8_ASYNC: u32 = 93;
+    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 94;
+    pub const CU_MEMSET_D32_ASYNC: u32 = 95;
+    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 96;
+    pub const CU_CTX_SYNC_V2: u32 = 97;
+    pub const COUNT: u32 = 98;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -110,6 +142,22 @@ pub mod api {
         "cudaMallocAsync_ptsz",
         "cudaFreeAsync",
         "cudaFreeAsync_ptsz",
+        "cudaLaunchKernelExC",
+        "cudaLaunchKernelExC_ptsz",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernel_ptsz",
+        "cudaGraphLaunch",
+        "cudaGraphLaunch_ptsz",
+        "cudaGraphInstantiate",
+        "cudaGraphInstantiateWithFlags",
+        "cudaGraphInstantiateWithParams",
+        "cudaGraphInstantiateWithParams_ptsz",
+        "cudaStreamBeginCapture",
+        "cudaStreamBeginCapture_ptsz",
+        "cudaStreamEndCapture",
+        "cudaStreamEndCapture_ptsz",
+        "cudaMemsetAsync",
+        "cudaMemsetAsync_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -149,6 +197,22 @@ pub mod api {
         "cuMemAllocAsync_ptsz",
         "cuMemFreeAsync",
         "cuMemFreeAsync_ptsz",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernel_ptsz",
+        "cuGraphLaunch",
+        "cuGraphLaunch_ptsz",
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz",
+        "cuStreamBeginCapture_v2",
+        "cuStreamBeginCapture_v2_ptsz",
+        "cuStreamEndCapture",
+        "cuStreamEndCapture_ptsz",
+        "cuMemsetD8Async",
+        "cuMemsetD8Async_ptsz",
+        "cuMemsetD32Async",
+        "cuMemsetD32Async_ptsz",
+        "cuCtxSynchronize_v2",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -170,8 +234,10 @@ pub mod api {
             CU_STREAM_SYNC_PTSZ => STREAM_SYNC_PTSZ,
             CU_CTX_SYNC => DEVICE_SYNC,
             CU_EVENT_SYNC => EVENT_SYNC,
-            CU_LAUNCH | CU_LAUNCH_EX => LAUNCH,
-            CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ => LAUNCH_PTSZ,
+            // Every launch form is a launch (entry only, counted once: the
+            // kernel's `nested_launch`).
+            CU_LAUNCH | CU_LAUNCH_EX | CU_LAUNCH_COOP | LAUNCH_EX_C | LAUNCH_COOP => LAUNCH,
+            CU_LAUNCH_PTSZ | CU_LAUNCH_EX_PTSZ | CU_LAUNCH_COOP_PTSZ | LAUNCH_EX_C_PTSZ | LAUNCH_COOP_PTSZ => LAUNCH_PTSZ,
             CU_MEM_ALLOC | CU_MEM_ALLOC_ASYNC | CU_MEM_ALLOC_ASYNC_PTSZ => MALLOC,
             CU_MEM_FREE | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ => FREE,
             // The stream-ordered allocator: allocations and frees all the same.
@@ -182,6 +248,19 @@ pub mod api {
             CU_MEM_HOST_REGISTER => HOST_REGISTER,
             CU_MEM_FREE_HOST => FREE_HOST,
             CU_MEM_HOST_UNREGISTER => HOST_UNREGISTER,
+            CU_GRAPH_LAUNCH => GRAPH_LAUNCH,
+            CU_GRAPH_LAUNCH_PTSZ => GRAPH_LAUNCH_PTSZ,
+            CU_GRAPH_INSTANTIATE_FLAGS => GRAPH_INSTANTIATE_FLAGS,
+            CU_GRAPH_INSTANTIATE_PARAMS => GRAPH_INSTANTIATE_PARAMS,
+            CU_GRAPH_INSTANTIATE_PARAMS_PTSZ => GRAPH_INSTANTIATE_PARAMS_PTSZ,
+            CU_BEGIN_CAPTURE => BEGIN_CAPTURE,
+            CU_BEGIN_CAPTURE_PTSZ => BEGIN_CAPTURE_PTSZ,
+            CU_END_CAPTURE => END_CAPTURE,
+            CU_END_CAPTURE_PTSZ => END_CAPTURE_PTSZ,
+            CU_MEMSET_D8_ASYNC | CU_MEMSET_D32_ASYNC => MEMSET_ASYNC,
+            CU_MEMSET_D8_ASYNC_PTSZ | CU_MEMSET_D32_ASYNC_PTSZ => MEMSET_ASYNC_PTSZ,
+            // CUDA 13's libcudart resolves cuCtxSynchronize to this.
+            CU_CTX_SYNC_V2 => DEVICE_SYNC,
             other => other,
         }
     }
@@ -248,9 +327,63 @@ pub mod api {
         matches!(canonical(api), FREE | FREE_HOST | HOST_UNREGISTER)
     }
 
+    /// A kernel launch, any form (entry only).
     #[inline(always)]
     pub fn is_launch(api: u32) -> bool {
         matches!(canonical(api), LAUNCH | LAUNCH_PTSZ)
+    }
+
+    /// A graph launch (`cudaGraphLaunch(exec, stream)`, `cuGraphLaunch`;
+    /// entry only, like kernel launches).
+    #[inline(always)]
+    pub fn is_graph_launch(api: u32) -> bool {
+        matches!(canonical(api), GRAPH_LAUNCH | GRAPH_LAUNCH_PTSZ)
+    }
+
+    /// Probed on entry only (no return probe): launches of kernels and
+    /// graphs, the hottest calls.
+    #[inline(always)]
+    pub fn entry_only(api: u32) -> bool {
+        is_launch(api) || is_graph_launch(api)
+    }
+
+    /// `cudaStreamBeginCapture(stream, mode)`, `cuStreamBeginCapture_v2`.
+    #[inline(always)]
+    pub fn is_capture_begin(api: u32) -> bool {
+        matches!(canonical(api), BEGIN_CAPTURE | BEGIN_CAPTURE_PTSZ)
+    }
+
+    /// `cudaStreamEndCapture(stream, cudaGraph_t *graph)`, `cuStreamEndCapture`.
+    #[inline(always)]
+    pub fn is_capture_end(api: u32) -> bool {
+        matches!(canonical(api), END_CAPTURE | END_CAPTURE_PTSZ)
+    }
+
+    /// `cudaGraphInstantiate*(cudaGraphExec_t *exec, cudaGraph_t graph,
+    /// ...)`, `cuGraphInstantiate*`.
+    #[inline(always)]
+    pub fn is_instantiate(api: u32) -> bool {
+        matches!(canonical(api), GRAPH_INSTANTIATE | GRAPH_INSTANTIATE_FLAGS | GRAPH_INSTANTIATE_PARAMS | GRAPH_INSTANTIATE_PARAMS_PTSZ)
+    }
+
+    /// `cudaMemsetAsync(ptr, value, bytes, stream)`,
+    /// `cuMemsetD8Async(ptr, value, n, stream)`, `cuMemsetD32Async` (n
+    /// words of 4 bytes).
+    #[inline(always)]
+    pub fn is_memset(api: u32) -> bool {
+        matches!(canonical(api), MEMSET_ASYNC | MEMSET_ASYNC_PTSZ)
+    }
+
+    /// Bytes per element a memset's count is in.
+    #[inline(always)]
+    pub fn memset_unit(api: u32) -> u64 {
+        if matches!(api, CU_MEMSET_D32_ASYNC | CU_MEMSET_D32_ASYNC_PTSZ) { 4 } else { 1 }
+    }
+
+    /// Capture and instantiation: what names a graph.
+    #[inline(always)]
+    pub fn is_graph_setup(api: u32) -> bool {
+        is_capture_begin(api) || is_capture_end(api) || is_instantiate(api)
     }
 }
 
@@ -331,6 +464,21 @@ pub struct LaunchKey {
     pub py_stack: u64,
 }
 
+/// A stream capture in progress on one thread (`CUDA_CAPTURE`, keyed by
+/// tid; from a successful `cudaStreamBeginCapture` to its
+/// `cudaStreamEndCapture`): what the thread's calls put into the graph
+/// instead of running (they are not counted as launches or copies).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaCapture {
+    pub stream: u64,
+    /// Kernel (and graph) launches captured.
+    pub launches: u64,
+    /// Copies and memsets captured, and their bytes.
+    pub copies: u64,
+    pub copy_bytes: u64,
+}
+
 /// A call in flight on one thread (`CUDA_INFLIGHT`, keyed by tid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -369,6 +517,12 @@ pub struct CudaInflight {
 }
 
 /// One finished call, sent through `CUDA_EVENTS` (not for launches).
+///
+/// Graph setup calls use the fields so: `cudaStreamEndCapture`: `dst` the
+/// graph made (0 on failure), `stream` the stream, `src` the launches
+/// captured, `fingerprint` the copies captured, `bytes` their bytes;
+/// `cudaGraphInstantiate*`: `dst` the executable graph made (0 on
+/// failure), `src` the graph; `cudaStreamBeginCapture`: `stream`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaEvent {
@@ -402,6 +556,7 @@ mod pod {
     unsafe impl aya::Pod for super::LaunchKey {}
     unsafe impl aya::Pod for super::CudaInflight {}
     unsafe impl aya::Pod for super::CudaEvent {}
+    unsafe impl aya::Pod for super::CudaCapture {}
 }
 
 #[cfg(test)]
@@ -415,6 +570,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
         assert_eq!(core::mem::size_of::<CudaInflight>(), 144);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
+        assert_eq!(core::mem::size_of::<CudaCapture>(), 32);
     }
 
     #[test]
@@ -465,9 +621,24 @@ mod tests {
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY_DTOH_PTDS), KIND_DTOH);
         assert_eq!(api::driver_copy_kind(api::CU_MEMCPY), KIND_DEFAULT);
         for id in 0..api::FIRST_DRIVER {
-            let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id);
-            assert_eq!(api::canonical(id) == id, !stream_ordered, "{}", api::NAMES[id as usize]);
+            let stream_ordered = api::NAMES[id as usize].contains("Async") && !api::is_copy(id) && !api::is_memset(id);
+            let launch_form = api::is_launch(id) && id != api::LAUNCH && id != api::LAUNCH_PTSZ;
+            assert_eq!(api::canonical(id) == id, !stream_ordered && !launch_form, "{}", api::NAMES[id as usize]);
         }
+        for id in [api::LAUNCH_EX_C, api::LAUNCH_COOP, api::CU_LAUNCH_COOP] {
+            assert_eq!(api::canonical(id), api::LAUNCH, "{}", api::NAMES[id as usize]);
+        }
+        for id in [api::LAUNCH_EX_C_PTSZ, api::LAUNCH_COOP_PTSZ, api::CU_LAUNCH_COOP_PTSZ] {
+            assert_eq!(api::canonical(id), api::LAUNCH_PTSZ, "{}", api::NAMES[id as usize]);
+        }
+        assert!(api::is_driver(api::CU_LAUNCH_COOP_PTSZ) && !api::is_driver(api::LAUNCH_COOP_PTSZ));
+        assert!(api::is_graph_launch(api::CU_GRAPH_LAUNCH_PTSZ) && api::entry_only(api::GRAPH_LAUNCH));
+        assert!(!api::is_launch(api::GRAPH_LAUNCH) && !api::entry_only(api::END_CAPTURE));
+        assert!(api::is_capture_begin(api::CU_BEGIN_CAPTURE) && api::is_capture_end(api::CU_END_CAPTURE_PTSZ));
+        assert!(api::is_instantiate(api::CU_GRAPH_INSTANTIATE_FLAGS) && api::is_graph_setup(api::GRAPH_INSTANTIATE));
+        assert!(api::is_memset(api::CU_MEMSET_D32_ASYNC_PTSZ) && !api::is_copy(api::MEMSET_ASYNC));
+        assert_eq!((api::memset_unit(api::CU_MEMSET_D32_ASYNC), api::memset_unit(api::MEMSET_ASYNC)), (4, 1));
+        assert!(api::is_sync(api::CU_CTX_SYNC_V2) && api::is_driver(api::CU_CTX_SYNC_V2));
         assert!(api::returns_pointer(api::MALLOC_ASYNC_PTSZ) && api::releases_pointer(api::CU_MEM_FREE_ASYNC));
     }
 }

@@ -45,6 +45,7 @@ pub const CUDA_EVENTS: &str = "CUDA_EVENTS";
 pub const CUDA_STATS: &str = "CUDA_STATS";
 pub const CUDA_LAUNCHES: &str = "CUDA_LAUNCHES";
 pub const CUDA_INFLIGHT: &str = "CUDA_INFLIGHT";
+pub const CUDA_CAPTURE: &str = "CUDA_CAPTURE";
 pub const CUDA_TEXT: &str = "CUDA_TEXT";
 pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
@@ -85,6 +86,7 @@ pub const ALL: &[&str] = &[
     CUDA_STATS,
     CUDA_LAUNCHES,
     CUDA_INFLIGHT,
+    CUDA_CAPTURE,
     CUDA_TEXT,
     CUDA_DRV_ROUTE,
     CUDA_SLICE,

@@ -10,10 +10,22 @@
 //! - `cuda_drv_copy_enter`: driver copies `cuMemcpy*(dst, src, bytes[, stream])`
 //! - `cuda_peer_copy_enter`: `cudaMemcpyPeer*` / `cuMemcpyPeer*(dst, dst
 //!   device or context, src, src device or context, bytes[, stream])`
-//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)` and `cuLaunchKernel*(f,
-//!   ...)`; `cuda_launch_ex`: `cuLaunchKernelEx*(config, f, ...)`; entry
-//!   only, counted here
+//! - `cuda_launch`: `cudaLaunchKernel*(func, ...)`,
+//!   `cudaLaunchCooperativeKernel*(func, ...)`, `cuLaunchKernel*(f, ...)`,
+//!   `cuLaunchCooperativeKernel*(f, ...)`; `cuda_launch_ex`:
+//!   `cuLaunchKernelEx*(config, f, ...)`, `cudaLaunchKernelExC*(config,
+//!   func, args)`; entry only, counted here
+//! - `cuda_generic_enter` also takes the graph setup calls:
+//!   `cudaStreamBeginCapture*(stream, mode)`, `cudaStreamEndCapture*(stream,
+//!   &graph)`, `cudaGraphInstantiate*(&exec, graph, ...)` and their driver
+//!   twins, and memsets; graph launches (`cudaGraphLaunch*(exec, stream)`,
+//!   `cuGraphLaunch*`) go through `cuda_launch`, entry only
 //! - `cuda_return`: the uretprobe of everything but launches.
+//!
+//! A thread between a successful `cudaStreamBeginCapture` and its
+//! `cudaStreamEndCapture` (`CUDA_CAPTURE`) records its launches and copies
+//! into a graph: they are counted as captured (sent with the end of the
+//! capture), not as launches or copies.
 //!
 //! Driver calls made from inside a runtime call (libcudart calls libcuda)
 //! are not counted twice: a copy, sync or memory call entered while another
@@ -39,7 +51,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use aya_log_ebpf::warn;
@@ -54,6 +66,13 @@ pub static CUDA_LAUNCHES: HashMap<LaunchKey, u64> = HashMap::with_max_entries(16
 
 #[map]
 pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries(32768, 0);
+
+/// Per thread: its stream capture in progress (a successful
+/// `cudaStreamBeginCapture` until `cudaStreamEndCapture` returns). The
+/// thread's launches and copies meanwhile are recorded into the graph, not
+/// run: counted here, not as launches or copies.
+#[map]
+pub static CUDA_CAPTURE: HashMap<u32, CudaCapture> = HashMap::with_max_entries(4096, 0);
 
 /// Per process: the code ranges `[start, end)` of its probed runtime
 /// (`[0..2]`) and driver (`[2..4]`) libraries, set by userspace.
@@ -346,20 +365,37 @@ pub fn cuda_copy2d_enter(ctx: ProbeContext) -> u32 {
 }
 
 /// Syncs (`stream` / `event`), allocations (`void **out, size`), frees
-/// (`ptr`), `cudaHostRegister(ptr, size, flags)`.
+/// (`ptr`), `cudaHostRegister(ptr, size, flags)`, memsets (`ptr, value,
+/// count, stream`), and graph setup: `cudaStreamBeginCapture(stream, mode)`,
+/// `cudaStreamEndCapture(stream, cudaGraph_t *graph)` (the graph is read at
+/// return), `cudaGraphInstantiate*(cudaGraphExec_t *exec, cudaGraph_t
+/// graph, ...)` (the executable graph is read at return) and the driver's.
+/// The arguments are picked first and `begin` is called once: each call
+/// site of it would be verified on its own.
 #[uprobe]
 pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     let a = cookie(&ctx);
     let arg0: u64 = ctx.arg(0).unwrap_or(0);
     let arg1: u64 = ctx.arg(1).unwrap_or(0);
-    if api::is_sync(a) {
-        let handle = if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 };
-        begin(&ctx, a, KIND_NONE, 0, 0, 0, handle);
+    // (bytes, dst, src, stream)
+    let (bytes, dst, src, stream) = if api::is_memset(a) {
+        // (ptr, value, count, stream): bytes like a copy's.
+        let count: u64 = ctx.arg(2).unwrap_or(0);
+        (count.wrapping_mul(api::memset_unit(a)), arg0, 0, ctx.arg::<u64>(3).unwrap_or(0))
+    } else if api::is_instantiate(a) {
+        (0, arg0, arg1, 0)
+    } else if api::is_capture_end(a) {
+        (0, arg1, 0, arg0)
+    } else if api::is_capture_begin(a) {
+        (0, 0, 0, arg0)
+    } else if api::is_sync(a) {
+        (0, 0, 0, if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 })
     } else if api::releases_pointer(a) {
-        begin(&ctx, a, KIND_NONE, 0, arg0, 0, 0);
+        (0, arg0, 0, 0)
     } else {
-        begin(&ctx, a, KIND_NONE, arg1, arg0, 0, 0);
-    }
+        (arg1, arg0, 0, 0)
+    };
+    begin(&ctx, a, KIND_NONE, bytes, dst, src, stream);
     0
 }
 
@@ -456,9 +492,9 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `cuLaunchKernelEx(config, f, params, extra)`: the kernel is the second
-/// argument (a program of its own: the verifier rejects an argument
-/// register chosen at run time).
+/// `cuLaunchKernelEx(config, f, params, extra)`, `cudaLaunchKernelExC(config,
+/// func, args)`: the kernel is the second argument (a program of its own:
+/// the verifier rejects an argument register chosen at run time).
 #[uprobe]
 pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
     let func: u64 = ctx.arg(1).unwrap_or(0);
@@ -475,13 +511,13 @@ fn launch(ctx: &ProbeContext, func: u64) {
     if !is_target(tgid) {
         return;
     }
+    let a = cookie(ctx);
     // Out of the slice first: a hit there (the probes being attached or
-    // released) does nothing more.
-    let slice = launch_slice();
+    // released) does nothing more. Graph launches are never sliced.
+    let slice = if api::is_graph_launch(a) { Slice::All } else { launch_slice() };
     if slice == Slice::Out {
         return;
     }
-    let a = cookie(ctx);
     let nested = nested_launch(ctx, a, tgid);
     if !nested && slice != Slice::All {
         count_slice_hit(pid_tgid as u32);
@@ -491,6 +527,12 @@ fn launch(ctx: &ProbeContext, func: u64) {
         return;
     }
     route(tgid, a, false);
+    // Captured into a graph, not run.
+    if let Some(c) = CUDA_CAPTURE.get_ptr_mut(&(pid_tgid as u32)) {
+        // SAFETY: per-thread key: this thread is the only writer.
+        unsafe { (*c).launches += 1 };
+        return;
+    }
     let py_stack = python::capture_reusing(tgid, pid_tgid as u32, python::SCRATCH_UPROBE);
     let user_stack = if py_stack == 0 {
         user_stack_id(ctx)
@@ -546,6 +588,14 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     };
     let rc = ctx.ret::<u64>() as i32;
     let ns = now.saturating_sub(call.start_ns);
+    if captured_copy(&call, tid) {
+        return 0;
+    }
+    // Graph setup: the capture's state and what it made.
+    let mut captured = CudaCapture { stream: 0, launches: 0, copies: 0, copy_bytes: 0 };
+    if api::is_graph_setup(call.api) {
+        captured = graph_setup(call.api, call.stream, tid, rc);
+    }
     let key = CudaKey {
         pid: tgid,
         tid,
@@ -585,11 +635,12 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     if global(&CUDA_EVENTS_ENABLED) == 0 {
         return 0;
     }
-    let dst = if api::returns_pointer(call.api) {
-        if rc == 0 { read_user_u64(call.dst, "the allocated pointer") } else { 0 }
+    let dst = if api::returns_pointer(call.api) || api::is_capture_end(call.api) || api::is_instantiate(call.api) {
+        if rc == 0 { read_user_u64(call.dst, "the pointer returned") } else { 0 }
     } else {
         call.dst
     };
+    let capture_end = api::is_capture_end(call.api);
     let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
         count_drop(counters::CUDA_EVENTS_LOST);
         return 0;
@@ -603,16 +654,54 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         user_stack: call.user_stack,
         start_ns: call.start_ns,
         dur_ns: ns,
-        bytes: call.bytes,
+        bytes: if capture_end { captured.copy_bytes } else { call.bytes },
         dst,
-        src: call.src,
+        src: if capture_end { captured.launches } else { call.src },
         stream: call.stream,
-        fingerprint: call.fingerprint,
+        fingerprint: if capture_end { captured.copies } else { call.fingerprint },
         py_stack: call.py_stack,
         caller: call.caller,
     });
     entry.submit(0);
     0
+}
+
+/// Whether `call` is a copy or memset made while thread `tid` captures:
+/// recorded into the graph, not run, so counted into the capture, not as
+/// a copy (nor a memset).
+#[inline(always)]
+fn captured_copy(call: &CudaInflight, tid: u32) -> bool {
+    if !api::is_copy(call.api) && !api::is_memset(call.api) {
+        return false;
+    }
+    let Some(c) = CUDA_CAPTURE.get_ptr_mut(&tid) else { return false };
+    // SAFETY: per-thread key: this thread is the only writer.
+    unsafe {
+        (*c).copies += 1;
+        (*c).copy_bytes += call.bytes;
+    }
+    true
+}
+
+/// A capture begun (successfully: `rc` 0) or ended on thread `tid`; for an
+/// end, what the capture recorded (zero when none was in progress).
+#[inline(always)]
+fn graph_setup(a: u32, stream: u64, tid: u32, rc: i32) -> CudaCapture {
+    let mut out = CudaCapture { stream: 0, launches: 0, copies: 0, copy_bytes: 0 };
+    if api::is_capture_begin(a) {
+        if rc == 0 {
+            let fresh = CudaCapture { stream, launches: 0, copies: 0, copy_bytes: 0 };
+            if CUDA_CAPTURE.insert(&tid, &fresh, 0).is_err() {
+                count_drop(counters::CUDA_LOST);
+            }
+        }
+    } else if api::is_capture_end(a) {
+        if let Some(c) = unsafe { CUDA_CAPTURE.get(&tid) } {
+            out = *c;
+        }
+        let _ = CUDA_CAPTURE.remove(&tid);
+    }
+    out
 }
 
 #[inline(always)]

@@ -366,6 +366,27 @@ const BENCHES: &[Bench] = &[
             ],
         )
     },
+    Bench {
+        args: &["graph"],
+        floor: Some(Kind::Floor(Floor::Uprobe)),
+        cuda_probe: Some("graph launch probe (entry only)"),
+        ..workload(
+            "cuda graph",
+            "bench_cuda.py",
+            &[
+                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
+                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
+                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
+                infertrace_vs_floor(50_000, 1.2),
+                mode(
+                    Kind::Infertrace(&["--no-cuda-driver"]),
+                    "infertrace --no-cuda-driver -p",
+                    None,
+                    50_000,
+                ),
+            ],
+        )
+    },
     // Issue 14: `--max-overhead 2` on a launch-heavy step (a launch and
     // ~4 us of Python here), against untraced and against the default probes.
     Bench {
@@ -410,6 +431,7 @@ const LEGEND: &[&str] = &[
     "cuda copy    = ctypes cudaMemcpyAsync of 0 bytes device-to-device on the stand-in \
      libcudart (tests/cudasim), median of 20 chunks",
     "cuda launch  = ctypes cudaLaunchKernel on the stand-in libcudart, median of 20 chunks",
+    "cuda graph   = ctypes cudaGraphLaunch of a graph captured once (10 kernels) on the stand-in libcudart, median of 20 chunks",
     "cuda budget  = a cudaLaunchKernel as above and 300 iterations of Python arithmetic, median \
      of 5 chunks of ~2 s (each holds whole 1 s slicing periods of --max-overhead)",
     "cuda burst   = one CUDA call of 4 C threads (pinned 256 B cudaMemcpyAsync + \

@@ -55,6 +55,7 @@ pub fn cuda_function(bench_args: &[&str]) -> Option<&'static str> {
     match bench_args.first().copied() {
         Some("copy") => Some("cudaMemcpyAsync"),
         Some("launch") => Some("cudaLaunchKernel"),
+        Some("graph") => Some("cudaGraphLaunch"),
         _ => None,
     }
 }

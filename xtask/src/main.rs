@@ -50,7 +50,7 @@ commands:
              cuda copy,    cudaMemcpyAsync / cudaLaunchKernel on the
              cuda launch   tests/cudasim stand-in: infertrace's cost per
                            call (copy: entry+return probes; launch: entry)
-           and under the table the time from SIGINT to exit with 66 CUDA
+           and under the table the time from SIGINT to exit with 98 CUDA
            functions probed (goal <= 1.5 s) and with --no-cuda
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)

@@ -60,7 +60,7 @@ impl CallClass {
             CallClass::Copy
         } else if api::is_sync(id) {
             CallClass::Sync
-        } else if api::is_launch(id) {
+        } else if api::entry_only(id) {
             CallClass::Launch
         } else if matches!(
             api::canonical(id),
@@ -153,6 +153,42 @@ pub struct CudaLaunch {
     pub sampled: Option<u64>,
 }
 
+/// Launches of one CUDA graph from one site (`cudaGraphLaunch`,
+/// `cuGraphLaunch` and their `_ptsz` forms): entry only, like kernel
+/// launches (schema 1.x addition).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct GraphLaunch {
+    pub pid: u32,
+    /// `graph captured at FUNCTION (FILE:LINE)`, the line whose
+    /// `cudaStreamBeginCapture` made the graph instantiated into the
+    /// executable graph launched; else `cudaGraphExec 0x...` (its capture
+    /// was not seen).
+    pub graph: String,
+    pub count: u64,
+    pub site: Site,
+    pub api: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured_at: Option<Site>,
+}
+
+/// The stream captures made from one site (its `cudaStreamBeginCapture`
+/// line) that ended with a graph: the launches and copies recorded into
+/// the graphs, which are not counted as launches or copies (schema 1.x
+/// addition).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct GraphCapture {
+    pub pid: u32,
+    pub site: Site,
+    pub captures: u64,
+    /// Kernel launches captured, in all.
+    pub kernels: u64,
+    /// Copies captured, and their bytes.
+    pub copies: u64,
+    pub copy_bytes: u64,
+    /// Host time from the captures' begin to their end.
+    pub capture_ns: u64,
+}
+
 /// `--max-overhead`: how the launches were sampled (docs/overhead.md, "An
 /// overhead budget").
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -224,7 +260,7 @@ pub struct GpuSample {
 pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
-    /// `device_memory_leak`.
+    /// `device_memory_leak`, `graph_recaptured`.
     pub kind: String,
     /// `high`, `medium` or `low`.
     pub severity: String,
@@ -332,6 +368,12 @@ pub struct CudaReport {
     /// estimated (schema 1.x addition). None: every launch was probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_sampling: Option<LaunchSampling>,
+    /// Graph launches by graph and site (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graph_launches: Vec<GraphLaunch>,
+    /// Stream captures by site (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graph_captures: Vec<GraphCapture>,
 }
 
 /// One driver function a process reached only through its runtime, whose

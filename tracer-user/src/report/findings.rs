@@ -19,6 +19,7 @@ const ADVICE_PAGEABLE: &str = "Use pinned host memory: DataLoader(pin_memory=Tru
 const ADVICE_TINY: &str = "Avoid .item()/.cpu()/float(t)/bool(t) on GPU tensors inside the loop: each one waits for the GPU to drain. Accumulate on the device (total += loss.detach()) and fetch once after the loop or every N steps; replace Python branches on GPU values with torch.where or masking.";
 const ADVICE_REPEATED: &str = "This data does not change between calls: move it to the GPU once, outside the loop (create it with device='cuda', register it as a module buffer, or cache the device tensor), and reuse the device copy.";
 const ADVICE_SHARE: &str = "Overlap transfers with compute and remove waits: pinned memory with non_blocking=True, prefetch the next batch on a side stream, keep tensors on the GPU between steps, and take .item()/.cpu()/torch.cuda.synchronize() out of the hot loop.";
+const ADVICE_RECAPTURED: &str = "Capture the graph once, outside the loop, and replay it (torch.cuda.CUDAGraph.replay(), or keep the torch.compile(mode=\"reduce-overhead\") function and its input shapes stable): copy new inputs into the captured static tensors instead of capturing again.";
 const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTorch drop the references that keep device tensors alive (e.g. a list of outputs or losses that also keeps the autograd graph: store loss.item() or .detach()). Watch torch.cuda.memory_allocated() over time to confirm.";
 
 const ADVICE_LOOP_CPU: &str =
@@ -94,6 +95,11 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
             f.allocs.unwrap_or(f.count),
             fmt_bytes(f.bytes)
         ),
+        "graph_recaptured" => format!(
+            "a CUDA graph was captured {} times from this line ({} in capturing): the graph is rebuilt instead of replayed",
+            f.count,
+            fmt_ns(f.time_ns)
+        ),
         "copy_time_share" => {
             let window_ns = f.window_ns.unwrap_or(0);
             format!(
@@ -122,6 +128,7 @@ pub fn cuda_advice(f: &Finding) -> &str {
         "repeated_upload" => ADVICE_REPEATED,
         "copy_time_share" => ADVICE_SHARE,
         "device_memory_leak" => ADVICE_LEAK,
+        "graph_recaptured" => ADVICE_RECAPTURED,
         _ => "",
     }
 }

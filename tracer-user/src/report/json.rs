@@ -41,6 +41,10 @@ struct JsonCuda<'a> {
     /// estimated where `launches[].estimated` (absent without the budget).
     #[serde(skip_serializing_if = "Option::is_none")]
     launch_sampling: Option<&'a crate::recording::cuda::LaunchSampling>,
+    /// CUDA graph launches by graph and site (schema 1.x addition).
+    graph_launches: &'a [crate::recording::cuda::GraphLaunch],
+    /// Stream captures by site: what they recorded (schema 1.x addition).
+    graph_captures: &'a [crate::recording::cuda::GraphCapture],
 }
 
 #[derive(Serialize)]
@@ -138,6 +142,8 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
             calls_lost: c.calls_lost,
             driver_probes_off: &c.driver_probes_off,
             launch_sampling: c.launch_sampling.as_ref(),
+            graph_launches: &c.graph_launches,
+            graph_captures: &c.graph_captures,
         }),
         findings: rec.cuda.as_ref().map(|c| super::findings::cuda_worded(&c.findings)).unwrap_or_default(),
         lost_events: rec.lost_events(),

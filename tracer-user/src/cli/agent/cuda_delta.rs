@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, Finding, Site};
+use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, Finding, GraphCapture, GraphLaunch, Site};
 
 type CallKey<'a> = (u32, &'a str, Option<&'a str>, &'a Site);
 
@@ -83,10 +83,43 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             s
         })
         .collect();
+    graph_delta(&mut out, cur, prev);
     out.window_ns = cur.window_ns.saturating_sub(prev.window_ns);
     out.events_lost = cur.events_lost.saturating_sub(prev.events_lost);
     out.calls_lost = cur.calls_lost.saturating_sub(prev.calls_lost);
     out
+}
+
+/// The graph launches and captures of the window: `cur`'s minus `prev`'s,
+/// by (pid, graph, site, api) and (pid, site); rows that did nothing left out.
+fn graph_delta(out: &mut CudaReport, cur: &CudaReport, prev: &CudaReport) {
+    let launch_key = |l: &GraphLaunch| (l.pid, l.graph.clone(), l.site.clone(), l.api.clone());
+    let before: HashMap<_, u64> = prev.graph_launches.iter().map(|l| (launch_key(l), l.count)).collect();
+    out.graph_launches = cur
+        .graph_launches
+        .iter()
+        .filter_map(|l| {
+            let mut d = l.clone();
+            d.count = l.count.saturating_sub(before.get(&launch_key(l)).copied().unwrap_or(0));
+            (d.count > 0).then_some(d)
+        })
+        .collect();
+    let capture_key = |c: &GraphCapture| (c.pid, c.site.clone());
+    let before: HashMap<_, &GraphCapture> = prev.graph_captures.iter().map(|c| (capture_key(c), c)).collect();
+    out.graph_captures = cur
+        .graph_captures
+        .iter()
+        .filter_map(|c| {
+            let Some(p) = before.get(&capture_key(c)) else { return Some(c.clone()) };
+            let mut d = c.clone();
+            d.captures = c.captures.saturating_sub(p.captures);
+            d.kernels = c.kernels.saturating_sub(p.kernels);
+            d.copies = c.copies.saturating_sub(p.copies);
+            d.copy_bytes = c.copy_bytes.saturating_sub(p.copy_bytes);
+            d.capture_ns = c.capture_ns.saturating_sub(p.capture_ns);
+            (d.captures > 0).then_some(d)
+        })
+        .collect();
 }
 
 /// A call's site can read differently from one snapshot to the next (its
@@ -195,5 +228,22 @@ mod tests {
         assert_eq!(d.gpu_samples.len(), 1);
         assert_eq!(d.gpu_samples[0].ts_ns, 500);
         assert_eq!(d.window_ns, 1_000);
+    }
+
+    #[test]
+    fn graph_rows_are_differences_and_idle_ones_go() {
+        let site = Site { function: "step".into(), file: Some("/srv/serve.py".into()), line: Some(7) };
+        let launch = |count| GraphLaunch { pid: 1, graph: "graph captured at g".into(), count, site: site.clone(), api: "cudaGraphLaunch".into(), captured_at: None };
+        let capture = |captures| GraphCapture { pid: 1, site: site.clone(), captures, kernels: 4 * captures, copies: 0, copy_bytes: 0, capture_ns: 10 * captures };
+        let prev = CudaReport { graph_launches: vec![launch(50)], graph_captures: vec![capture(3)], ..Default::default() };
+        let cur = CudaReport { graph_launches: vec![launch(80)], graph_captures: vec![capture(3)], ..Default::default() };
+        let d = cuda_delta(&cur, Some(&prev), 0);
+        assert_eq!(d.graph_launches.len(), 1);
+        assert_eq!(d.graph_launches[0].count, 30);
+        assert!(d.graph_captures.is_empty(), "{:?}", d.graph_captures);
+        let later = CudaReport { graph_launches: vec![launch(80)], graph_captures: vec![capture(5)], ..Default::default() };
+        let d = cuda_delta(&later, Some(&cur), 0);
+        assert!(d.graph_launches.is_empty());
+        assert_eq!((d.graph_captures[0].captures, d.graph_captures[0].kernels, d.graph_captures[0].capture_ns), (2, 8, 20));
     }
 }

@@ -15,6 +15,7 @@ use super::{
     collector::{symbolize_function, Attached, CudaCollector},
     discovery,
     findings::{self, SiteSummary},
+    graphs,
     replay::{RawSite, Replay},
 };
 use crate::{
@@ -59,12 +60,19 @@ impl CudaCollector {
         report.calls = calls(&stats, &replay, &mut sites, cx)?;
 
         report.launches = self.launches(&launches, &mut sites, cx, end)?;
+        {
+            let mut resolve = |r: RawSite| sites.resolve(r, cx);
+            report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut resolve)?;
+            report.graph_captures = graphs::graph_captures(&replay.graphs, &mut resolve)?;
+        }
         if let Some(s) = &self.slicer {
             report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
         }
 
         let summaries = site_summaries(&stats, &replay, &mut sites, cx)?;
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
+        report.findings.extend(graphs::recaptured(&report.graph_captures, window_ns, &self.thresholds));
+        findings::rank(&mut report.findings);
         attribute_lost_events(&mut report);
 
         report.libraries = self.libraries(&stats, &launches);
@@ -77,7 +85,7 @@ impl CudaCollector {
     /// Launches by (pid, kernel, site, API), counted (or estimated, when sliced).
     fn launches(&mut self, launches: &[(LaunchKey, u64)], sites: &mut SiteCache, cx: &mut Cx<'_>, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
         let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
-        for (k, n) in launches {
+        for (k, n) in launches.iter().filter(|(k, _)| !api::is_graph_launch(k.api)) {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
             let site = sites.resolve(raw, cx)?;
             let name = if api::is_driver(k.api) {

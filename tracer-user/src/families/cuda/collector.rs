@@ -555,6 +555,11 @@ impl CudaCollector {
         for t in &dead {
             let _ = map.remove(t);
         }
+        let mut capture: BpfHashMap<_, u32, tracer_common::cuda::CudaCapture> = probe::hash_map(ebpf, tracer_common::maps::CUDA_CAPTURE)?;
+        let ended: Vec<u32> = capture.keys().filter_map(Result::ok).filter(|t| gone(*t)).collect();
+        for t in &ended {
+            let _ = capture.remove(t);
+        }
         let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, tracer_common::maps::CUDA_TEXT)?;
         let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
         for p in &gone_pids {
@@ -587,7 +592,7 @@ impl CudaCollector {
         let mut wanted: Vec<(u32, u64)> = map
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !api::is_driver(k.api))
+            .filter(|k| !api::is_driver(k.api) && !api::is_graph_launch(k.api))
             .map(|k| (k.pid, k.func))
             .filter(|k| !self.kernel_names.contains_key(k))
             .collect();

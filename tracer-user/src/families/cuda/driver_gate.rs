@@ -22,7 +22,16 @@
 //! function was off are not counted, and the report says so.
 //!
 //! Rarely used functions (allocations, frees, peer copies) never reach
-//! [`HOT_NESTED`]: their direct calls stay exact. Without multi-uprobe
+//! [`HOT_NESTED`]: their direct calls stay exact. Launch functions
+//! (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+//! `cuGraphLaunch`, their `_ptsz` forms) are never taken off: a process that launches through its
+//! runtime for a long while often starts launching directly later (Triton
+//! kernels compiled after a warm-up, cuBLAS, CuPy), and those launches
+//! would go uncounted until a re-check. Launches have no return probe, so
+//! a runtime launch pays one more entry trap for it (two in all; more where
+//! the driver's own launch functions call each other), and the kernel's
+//! `nested_launch` keeps it counted once, whatever driver function the
+//! runtime forwards to. Without multi-uprobe
 //! links the driver stays probed in every process (two hits per runtime
 //! call, every call counted).
 
@@ -250,7 +259,9 @@ impl DriverGate {
                     }
                     continue;
                 }
+                // Launch functions never come off (module doc).
                 if st.record.is_none()
+                    && !api::entry_only(id)
                     && direct == 0
                     && nested >= HOT_NESTED
                     && !st.links.is_empty()

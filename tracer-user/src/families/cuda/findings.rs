@@ -101,7 +101,7 @@ impl SiteSummary {
     }
 }
 
-fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
+pub(super) fn severity(time_ns: u64, window_ns: u64, t: &Thresholds) -> &'static str {
     let share = time_ns as f64 / window_ns.max(1) as f64;
     if share >= t.high_share {
         "high"
@@ -132,19 +132,24 @@ const RULES: [Rule; 7] = [
 /// `window_ns`: the length of the tracing window.
 pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
     let mut out: Vec<Finding> = RULES.iter().flat_map(|rule| rule(sites, window_ns, t)).collect();
+    rank(&mut out);
+    out
+}
+
+/// High severity first, then by time, count and kind.
+pub fn rank(findings: &mut [Finding]) {
     let rank = |s: &str| match s {
         "high" => 0,
         "medium" => 1,
         _ => 2,
     };
-    out.sort_by(|a, b| {
+    findings.sort_by(|a, b| {
         rank(&a.severity)
             .cmp(&rank(&b.severity))
             .then(b.time_ns.cmp(&a.time_ns))
             .then(b.count.cmp(&a.count))
             .then(a.kind.cmp(&b.kind))
     });
-    out
 }
 
 /// What a finding covers: calls (or allocations), bytes, time.

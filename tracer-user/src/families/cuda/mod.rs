@@ -12,6 +12,8 @@ pub mod discovery;
 mod drain;
 mod driver_gate;
 pub mod findings;
+mod graph_state;
+mod graphs;
 pub mod programs;
 pub mod replay;
 mod assemble;

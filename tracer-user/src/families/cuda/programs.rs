@@ -69,18 +69,22 @@ fn entry_program(id: u32) -> &'static str {
     if api::is_driver(id) && api::is_copy(id) {
         return "cuda_drv_copy_enter";
     }
-    if id == api::CU_LAUNCH_EX || id == api::CU_LAUNCH_EX_PTSZ {
+    // `cuLaunchKernelEx(config, f, ...)`, `cudaLaunchKernelExC(config,
+    // func, args)`: the kernel is the second argument.
+    if matches!(id, api::CU_LAUNCH_EX | api::CU_LAUNCH_EX_PTSZ | api::LAUNCH_EX_C | api::LAUNCH_EX_C_PTSZ) {
         return "cuda_launch_ex";
     }
     match api::canonical(id) {
         api::MEMCPY | api::MEMCPY_PTDS | api::MEMCPY_ASYNC | api::MEMCPY_ASYNC_PTSZ => "cuda_copy_enter",
         api::MEMCPY2D | api::MEMCPY2D_PTDS | api::MEMCPY2D_ASYNC | api::MEMCPY2D_ASYNC_PTSZ => "cuda_copy2d_enter",
-        api::LAUNCH | api::LAUNCH_PTSZ => "cuda_launch",
+        // `cudaGraphLaunch(exec, stream)`: the executable graph first.
+        api::LAUNCH | api::LAUNCH_PTSZ | api::GRAPH_LAUNCH | api::GRAPH_LAUNCH_PTSZ => "cuda_launch",
         _ => "cuda_generic_enter",
     }
 }
 
-/// The program that takes the returns of every function but launches.
+/// The program that takes the returns of every function but launches (of
+/// kernels and graphs).
 const RETURN_PROGRAM: &str = "cuda_return";
 
 /// The CUDA uprobes of one recording: how they are attached, and every
@@ -183,7 +187,7 @@ impl CudaProbes {
             return Err("probing one process needs multi-uprobe links".to_owned());
         };
         let mut order = Vec::with_capacity(2);
-        if !api::is_launch(id) {
+        if !api::entry_only(id) {
             order.push((RETURN_PROGRAM, true));
         }
         order.push((entry_program(id), false));
@@ -284,7 +288,7 @@ fn attach_multi(
     path: &Path,
     symbols: &[(u32, u64)],
 ) -> Result<(Vec<&'static str>, Vec<String>), ProbeError> {
-    let returns = symbols.iter().copied().filter(|&(id, _)| !api::is_launch(id)).collect();
+    let returns = symbols.iter().copied().filter(|&(id, _)| !api::entry_only(id)).collect();
     let mut groups = vec![Group { program: RETURN_PROGRAM, ret: true, members: returns }];
     for &(id, offset) in symbols {
         let program = entry_program(id);
@@ -334,7 +338,7 @@ fn attach_perf(
     for &(id, offset) in symbols {
         let name = api::NAMES[id as usize];
         let mut progs = Vec::with_capacity(2);
-        if !api::is_launch(id) {
+        if !api::entry_only(id) {
             progs.push(RETURN_PROGRAM);
         }
         progs.push(entry_program(id));

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use tracer_common::cuda::{api, CudaEvent, KIND_DEFAULT, KIND_DTOD, KIND_DTOH, KIND_HTOD, KIND_HTOH};
 
+use super::graph_state::GraphState;
+
 /// Where a call came from, as the kernel keys it (without the thread).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RawSite {
@@ -177,6 +179,8 @@ pub struct Replay {
     /// Copies per (site, api, kind as passed) whose host side was pinned / pageable.
     pub host_memory: HashMap<(RawSite, u32, u32), (u64, u64)>,
     pub events: u64,
+    /// Stream captures and instantiations: what names graphs.
+    pub graphs: GraphState<RawSite>,
     /// pid -> start -> end of pinned host ranges.
     pinned: HashMap<u32, BTreeMap<u64, u64>>,
     /// pid -> device pointer -> allocation.
@@ -223,6 +227,8 @@ impl Replay {
             self.copy(site, e);
         } else if api::is_sync(e.api) {
             self.sync(site, e);
+        } else if api::is_graph_setup(e.api) {
+            self.graphs.apply(site, e);
         } else {
             self.memory(site, e);
         }
@@ -341,6 +347,7 @@ impl Replay {
         for t in tids {
             self.last_copy.remove(t);
         }
+        self.graphs.forget_threads(tids);
     }
 }
 

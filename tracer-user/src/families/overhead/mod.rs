@@ -302,6 +302,9 @@ pub fn assemble(
         for l in &c.launches {
             cuda.entry(l.pid).or_default().0 += l.sampled.unwrap_or(l.count);
         }
+        for l in &c.graph_launches {
+            cuda.entry(l.pid).or_default().0 += l.count;
+        }
     }
     // The runs the kernel counted against those the recording explains: a
     // runtime call that enters the driver runs the driver's probes too,

@@ -245,6 +245,8 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
         incomplete(out, cuda, &[], "");
     }
 
+    graphs_section(out, cuda);
+
     let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
     for c in &cuda.calls {
         for (rc, n) in c.return_codes.iter().filter(|(rc, _)| **rc != 0) {
@@ -255,6 +257,27 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
     if !codes.is_empty() {
         let list: Vec<String> = codes.iter().map(|(rc, n)| format!("{n} x {rc} {}", error_name(*rc))).collect();
         let _ = writeln!(out, "\nfailed calls: {}", list.join(", "));
+    }
+}
+
+/// Graph launches by graph and site, and the captures by site.
+fn graphs_section(out: &mut String, cuda: &CudaReport) {
+    if !cuda.graph_launches.is_empty() {
+        let total = saturating_sum(cuda.graph_launches.iter().map(|l| l.count));
+        let _ = writeln!(out, "\nCUDA graph launches by graph and site ({total} in all):");
+        let _ = writeln!(out, "  {:>8}  {:<48} SITE", "CALLS", "GRAPH");
+        for l in cuda.graph_launches.iter().take(MAX_ROWS) {
+            let _ = writeln!(out, "  {:>8}  {:<48} {}", l.count, printable(&l.graph), short_site(&l.site));
+        }
+        more(out, cuda.graph_launches.len());
+    }
+    if !cuda.graph_captures.is_empty() {
+        let _ = writeln!(out, "\nCUDA graph captures by site (launches and copies recorded, not run):");
+        let _ = writeln!(out, "  {:>8} {:>8} {:>8} {:>10}  SITE", "CAPTURES", "KERNELS", "COPIES", "TIME");
+        for c in cuda.graph_captures.iter().take(MAX_ROWS) {
+            let _ = writeln!(out, "  {:>8} {:>8} {:>8} {:>10}  {}", c.captures, c.kernels, c.copies, fmt_ns(c.capture_ns), short_site(&c.site));
+        }
+        more(out, cuda.graph_captures.len());
     }
 }
 
