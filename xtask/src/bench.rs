@@ -199,6 +199,16 @@ const fn floor(f: Floor, label: &'static str, iterations: u64) -> Mode {
     mode(Kind::Floor(f), label, Some("bpftrace"), iterations)
 }
 
+/// The modes of the CUDA rows (copy, launch, graph): untraced, both
+/// floors, infertrace against its row's floor, and without the driver.
+const CUDA_MODES: &[Mode] = &[
+    mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
+    floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
+    floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
+    infertrace_vs_floor(50_000, 1.2),
+    mode(Kind::Infertrace(&["--no-cuda-driver"]), "infertrace --no-cuda-driver -p", None, 50_000),
+];
+
 const BENCHES: &[Bench] = &[
     Bench {
         // Our own tp_btf floor: bpftrace 0.17 has no raw tracepoints, and
@@ -331,18 +341,7 @@ const BENCHES: &[Bench] = &[
         ..workload(
             "cuda copy",
             "bench_cuda.py",
-            &[
-                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
-                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
-                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
-                infertrace_vs_floor(50_000, 1.2),
-                mode(
-                    Kind::Infertrace(&["--no-cuda-driver"]),
-                    "infertrace --no-cuda-driver -p",
-                    None,
-                    50_000,
-                ),
-            ],
+            CUDA_MODES,
         )
     },
     Bench {
@@ -352,18 +351,7 @@ const BENCHES: &[Bench] = &[
         ..workload(
             "cuda launch",
             "bench_cuda.py",
-            &[
-                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
-                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
-                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
-                infertrace_vs_floor(50_000, 1.2),
-                mode(
-                    Kind::Infertrace(&["--no-cuda-driver"]),
-                    "infertrace --no-cuda-driver -p",
-                    None,
-                    50_000,
-                ),
-            ],
+            CUDA_MODES,
         )
     },
     Bench {
@@ -373,18 +361,7 @@ const BENCHES: &[Bench] = &[
         ..workload(
             "cuda graph",
             "bench_cuda.py",
-            &[
-                mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
-                floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
-                floor(Floor::UprobeUretprobe, "floor: uprobe+uretprobe, empty", 50_000),
-                infertrace_vs_floor(50_000, 1.2),
-                mode(
-                    Kind::Infertrace(&["--no-cuda-driver"]),
-                    "infertrace --no-cuda-driver -p",
-                    None,
-                    50_000,
-                ),
-            ],
+            CUDA_MODES,
         )
     },
     // Issue 14: `--max-overhead 2` on a launch-heavy step (a launch and
