@@ -141,13 +141,6 @@ pub struct LazyBtf {
     parsed: OnceLock<aya::Btf>,
 }
 
-impl LazyBtf {
-    /// Whether the parse is held now.
-    pub fn is_parsed(&self) -> bool {
-        self.parsed.get().is_some()
-    }
-}
-
 impl Deref for LazyBtf {
     type Target = aya::Btf;
 

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, Finding, GraphCapture, GraphLaunch, Site};
+use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, GraphCapture, GraphLaunch, Site};
 
 type CallKey<'a> = (u32, &'a str, Option<&'a str>, &'a Site);
 
@@ -58,21 +58,13 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             (d.count > 0).then_some(d)
         })
         .collect();
-    let finding_key = |f: &Finding| (f.kind.clone(), f.pid, f.site.clone());
-    let prev_findings: HashMap<_, &Finding> = prev.findings.iter().map(|f| (finding_key(f), f)).collect();
-    out.findings = cur
-        .findings
-        .iter()
-        .filter_map(|f| {
-            let Some(p) = prev_findings.get(&finding_key(f)) else { return Some(f.clone()) };
-            let mut d = f.clone();
-            d.count = f.count.saturating_sub(p.count);
-            d.bytes = f.bytes.saturating_sub(p.bytes);
-            d.time_ns = f.time_ns.saturating_sub(p.time_ns);
-            d.events_lost = f.events_lost.saturating_sub(p.events_lost);
-            (d.count > 0).then_some(d)
-        })
-        .collect();
+    out.findings = keyed_delta(&cur.findings, &prev.findings, |f| (f.kind.clone(), f.pid, f.site.clone()), |d, p| {
+        d.count = d.count.saturating_sub(p.count);
+        d.bytes = d.bytes.saturating_sub(p.bytes);
+        d.time_ns = d.time_ns.saturating_sub(p.time_ns);
+        d.events_lost = d.events_lost.saturating_sub(p.events_lost);
+        d.count > 0
+    });
     out.gpu_samples = cur
         .gpu_samples
         .iter()
@@ -94,32 +86,32 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
 /// by (pid, graph, site, api) and (pid, site); rows that did nothing left out.
 fn graph_delta(out: &mut CudaReport, cur: &CudaReport, prev: &CudaReport) {
     let launch_key = |l: &GraphLaunch| (l.pid, l.graph.clone(), l.site.clone(), l.api.clone());
-    let before: HashMap<_, u64> = prev.graph_launches.iter().map(|l| (launch_key(l), l.count)).collect();
-    out.graph_launches = cur
-        .graph_launches
-        .iter()
-        .filter_map(|l| {
-            let mut d = l.clone();
-            d.count = l.count.saturating_sub(before.get(&launch_key(l)).copied().unwrap_or(0));
-            (d.count > 0).then_some(d)
+    out.graph_launches = keyed_delta(&cur.graph_launches, &prev.graph_launches, launch_key, |d, p| {
+        d.count = d.count.saturating_sub(p.count);
+        d.count > 0
+    });
+    out.graph_captures = keyed_delta(&cur.graph_captures, &prev.graph_captures, |c: &GraphCapture| (c.pid, c.site.clone()), |d, p| {
+        d.captures = d.captures.saturating_sub(p.captures);
+        d.kernels = d.kernels.saturating_sub(p.kernels);
+        d.copies = d.copies.saturating_sub(p.copies);
+        d.copy_bytes = d.copy_bytes.saturating_sub(p.copy_bytes);
+        d.capture_ns = d.capture_ns.saturating_sub(p.capture_ns);
+        d.captures > 0
+    });
+}
+
+/// `cur`'s rows, each less `prev`'s row of the same key: `sub` takes the
+/// previous row off and says whether anything is left (rows with nothing
+/// left are dropped); a row new since `prev` is kept whole.
+fn keyed_delta<T: Clone, K: std::hash::Hash + Eq>(cur: &[T], prev: &[T], key: impl Fn(&T) -> K, sub: impl Fn(&mut T, &T) -> bool) -> Vec<T> {
+    let before: HashMap<K, &T> = prev.iter().map(|r| (key(r), r)).collect();
+    cur.iter()
+        .filter_map(|r| {
+            let Some(p) = before.get(&key(r)) else { return Some(r.clone()) };
+            let mut d = r.clone();
+            sub(&mut d, p).then_some(d)
         })
-        .collect();
-    let capture_key = |c: &GraphCapture| (c.pid, c.site.clone());
-    let before: HashMap<_, &GraphCapture> = prev.graph_captures.iter().map(|c| (capture_key(c), c)).collect();
-    out.graph_captures = cur
-        .graph_captures
-        .iter()
-        .filter_map(|c| {
-            let Some(p) = before.get(&capture_key(c)) else { return Some(c.clone()) };
-            let mut d = c.clone();
-            d.captures = c.captures.saturating_sub(p.captures);
-            d.kernels = c.kernels.saturating_sub(p.kernels);
-            d.copies = c.copies.saturating_sub(p.copies);
-            d.copy_bytes = c.copy_bytes.saturating_sub(p.copy_bytes);
-            d.capture_ns = c.capture_ns.saturating_sub(p.capture_ns);
-            (d.captures > 0).then_some(d)
-        })
-        .collect();
+        .collect()
 }
 
 /// A call's site can read differently from one snapshot to the next (its
