@@ -50,6 +50,7 @@ pub const CUDA_TEXT: &str = "CUDA_TEXT";
 pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
 pub const CUDA_SLICE_HITS: &str = "CUDA_SLICE_HITS";
+pub const CUDA_SLICE_API_HITS: &str = "CUDA_SLICE_API_HITS";
 
 /// Every name above.
 pub const ALL: &[&str] = &[
@@ -91,4 +92,5 @@ pub const ALL: &[&str] = &[
     CUDA_DRV_ROUTE,
     CUDA_SLICE,
     CUDA_SLICE_HITS,
+    CUDA_SLICE_API_HITS,
 ];

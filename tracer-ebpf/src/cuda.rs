@@ -45,7 +45,7 @@ use aya_ebpf::{
         generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -100,6 +100,15 @@ pub static CUDA_SLICE: Array<u64> = Array::with_max_entries(2, 0);
 /// by and extrapolates from.
 #[map]
 pub static CUDA_SLICE_HITS: HashMap<u32, u64> = HashMap::with_max_entries(32768, 0);
+
+/// `--max-overhead`: per launch API id, its hits inside slices (nested
+/// or not; per CPU). The slicer prices each API's hits by how the kernel
+/// runs its first instruction (emulated or stepped: 1 us or 30 us here),
+/// and attaches only the APIs seen between its re-checks: each breakpoint
+/// it puts in and takes out costs the target (a TLB flush on its CPU) and
+/// the slicer (tens of ms to release).
+#[map]
+pub static CUDA_SLICE_API_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(api::COUNT, 0);
 
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
@@ -482,6 +491,15 @@ fn count_slice_hit(tid: u32) {
     }
 }
 
+/// One hit of launch API `a` in a slice.
+#[inline(always)]
+fn count_api_hit(a: u32) {
+    if let Some(p) = CUDA_SLICE_API_HITS.get_ptr_mut(a) {
+        // SAFETY: this CPU's value of a per-CPU map.
+        unsafe { *p += 1 };
+    }
+}
+
 /// `cudaLaunchKernel(func, grid, block, args, shmem, stream)`,
 /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params,
 /// extra)`: the kernel is the first argument.
@@ -517,6 +535,9 @@ fn launch(ctx: &ProbeContext, func: u64) {
     let slice = if api::is_graph_launch(a) { Slice::All } else { launch_slice() };
     if slice == Slice::Out {
         return;
+    }
+    if slice == Slice::In {
+        count_api_hit(a);
     }
     let nested = nested_launch(ctx, a, tgid);
     if !nested && slice != Slice::All {

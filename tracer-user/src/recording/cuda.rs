@@ -208,13 +208,19 @@ pub struct LaunchSampling {
     pub probe_share: f64,
     /// The probes' cost per launch counted, measured in the slices: our
     /// launch programs' hits there (a runtime launch whose driver launch
-    /// is probed too is two) times the calibrated trap, plus their
-    /// measured run time.
+    /// is probed too is two), each at the calibrated trap cost of its
+    /// function's first instruction (emulated or single-stepped), plus
+    /// their measured run time.
     pub per_launch_ns: f64,
-    /// One uprobe trap's cost, calibrated at startup (`tracer_overhead`).
+    /// The mean trap cost of those hits.
     pub trap_ns: f64,
     /// Launches seen in the slices.
     pub sampled_launches: u64,
+    /// Launch probe hits outside the slices, while their probes were
+    /// being attached or released: paid by the targets, not counted (the
+    /// time off is lengthened to keep their cost within the budget).
+    #[serde(default)]
+    pub stray_hits: u64,
     /// Whether the launch counts are estimates (some of the span unprobed).
     pub estimated: bool,
     /// Slices whose probes could not be attached (first few).

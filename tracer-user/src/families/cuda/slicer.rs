@@ -23,6 +23,15 @@
 //! runtime (the driver gate's rule, `driver_gate.rs`: [`HOT_NESTED`]
 //! nested calls, none direct) is left out of the slices, but for one
 //! slice every [`RECHECK_EVERY_NS`]: each runtime launch then traps once.
+//! So is a launch function no slice has seen launch (`CUDA_SLICE_API_HITS`):
+//! of the dozen forms a runtime and a driver export, a program uses one or
+//! two, and each breakpoint costs at every attachment and release. One
+//! that comes into use is seen at the next re-check; its launches before
+//! it go uncounted.
+//!
+//! A slice's probes are released together (see [`Worker::close`]), and
+//! the time off is sized by the time they were really in, release
+//! included.
 //!
 //! The estimate, per thread: during the slices it ran slower (the traps
 //! are in its time), so its untraced time per launch is `g0 = t1 - cost`
@@ -44,10 +53,10 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 
 use super::{HOT_NESTED, RECHECK_EVERY_NS};
-use crate::{os::clock, os::{bpf_stats as stats, trap_timing as calibrate}, os::probe::ProbeError, os::procfs, recording::cuda::LaunchSampling, os::uprobe_multi};
+use crate::{os::clock, os::{bpf_stats as stats, trap_timing::{self as calibrate, TrapClass}}, os::probe::ProbeError, os::procfs, recording::cuda::LaunchSampling, os::uprobe_multi};
 
 /// The period a slice's on-time is a share of. Each attachment and release
 /// costs the target too, beyond the traps (page copies, TLB flushes, its
@@ -96,11 +105,44 @@ pub struct SliceTarget {
 }
 
 impl SliceTarget {
+    /// Each function's launch API id (its cookie) and the class of its
+    /// first instruction (read from the file; stepped where unreadable).
+    fn trap_classes(&self) -> Vec<(u32, TrapClass)> {
+        use std::os::unix::fs::FileExt;
+        self.offsets
+            .iter()
+            .zip(&self.cookies)
+            .filter_map(|(offset, cookie)| {
+                let mut code = [0u8; 4];
+                let class = match self.file.read_at(&mut code, *offset) {
+                    Ok(n) => calibrate::trap_class(&code[..n]),
+                    Err(_) => TrapClass::Stepped,
+                };
+                Some((u32::try_from(*cookie).ok()?, class))
+            })
+            .collect()
+    }
+
     fn attach(&self) -> Result<OwnedFd, String> {
+        self.attach_these(&self.offsets, &self.cookies)
+    }
+
+    /// Attaches only the functions whose cookie (launch API id) `keep`
+    /// holds; None when that is none of them.
+    fn attach_only(&self, keep: impl Fn(u64) -> bool) -> Option<Result<OwnedFd, String>> {
+        let (offsets, cookies): (Vec<u64>, Vec<u64>) =
+            self.offsets.iter().zip(&self.cookies).filter(|(_, c)| keep(**c)).map(|(o, c)| (*o, *c)).unzip();
+        if offsets.len() == self.offsets.len() {
+            return Some(self.attach());
+        }
+        (!offsets.is_empty()).then(|| self.attach_these(&offsets, &cookies))
+    }
+
+    fn attach_these(&self, offsets: &[u64], cookies: &[u64]) -> Result<OwnedFd, String> {
         let path = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
         let r = match self.pid {
-            Some(pid) => uprobe_multi::attach_pid(self.prog.as_fd(), &path, &self.offsets, &self.cookies, false, pid),
-            None => uprobe_multi::attach(self.prog.as_fd(), &path, &self.offsets, &self.cookies, false),
+            Some(pid) => uprobe_multi::attach_pid(self.prog.as_fd(), &path, offsets, cookies, false, pid),
+            None => uprobe_multi::attach(self.prog.as_fd(), &path, offsets, cookies, false),
         };
         r.map_err(|e| format!("probing {} in a slice failed: {e}", self.what))
     }
@@ -109,15 +151,18 @@ impl SliceTarget {
 /// Our programs' work over some slices.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Runs {
+    /// Probe hits (launch API hits in the slices), and their traps' cost
+    /// (each hit priced by its function's [`TrapClass`]).
     runs: u64,
+    trap_ns: f64,
     run_ns: u64,
     launches: u64,
 }
 
 impl Runs {
-    /// Program runs (probe hits) and run time per launch.
+    /// The traps' cost and our programs' run time per launch.
     fn per_launch(&self) -> Option<(f64, f64)> {
-        (self.launches > 0).then(|| (self.runs as f64 / self.launches as f64, self.run_ns as f64 / self.launches as f64))
+        (self.launches > 0).then(|| (self.trap_ns / self.launches as f64, self.run_ns as f64 / self.launches as f64))
     }
 }
 
@@ -128,11 +173,11 @@ struct ThreadAcc {
     n: u64,
     /// Counting time since its first.
     on: u64,
-    /// What the probes cost it in that time: the hits of its launches
-    /// (each slice's launches of it times that slice's hits per launch:
-    /// its driver launch probed too, or not), and our programs' run time
-    /// for them (ns).
-    hits: f64,
+    /// What the probes cost it in that time: the traps of its launches
+    /// (each slice's launches of it times that slice's trap cost per
+    /// launch: its driver launch probed too, or not; emulated or stepped),
+    /// and our programs' run time for them (ns).
+    trap_ns: f64,
     program_ns: f64,
     /// Start of the first slice (or check) it launched in; its last
     /// launch seen; when it was found gone.
@@ -159,13 +204,16 @@ struct Inner {
     /// Our launch programs' runs and run time in the slices, and the
     /// launches counted there.
     runs: Runs,
-    /// The trap's cost: the mean of the samples (the startup calibration's,
-    /// then [`TRAP_SAMPLES`] when slicing starts), each taken on our own
-    /// binary with the probe attached anew (its cost was seen to differ
-    /// from one attachment to the next, 19-28 us here, while a target's
-    /// slices, each attached anew, average them).
-    uprobe_ns: f64,
-    trap_samples: u64,
+    /// The trap's cost per [`TrapClass`]: the mean of the samples (the
+    /// startup calibration's, then [`TRAP_SAMPLES`] when slicing starts),
+    /// each taken on our own binary with the probe attached anew (its cost
+    /// was seen to differ from one attachment to the next, 19-28 us here,
+    /// while a target's slices, each attached anew, average them).
+    trap_ns: [f64; 3],
+    trap_samples: [u64; 3],
+    /// The class of each launch API's first instruction (the costlier
+    /// where two libraries differ).
+    api_class: HashMap<u32, TrapClass>,
     duty: f64,
     /// The largest share of a thread's time the probes took while on.
     share: f64,
@@ -173,20 +221,38 @@ struct Inner {
     errors: Vec<String>,
     /// Set by [`LaunchSlicer::finish`]: no slice opens again.
     done: bool,
+    /// Launch probe hits outside the slices (attaching, releasing).
+    stray_hits: u64,
 }
 
 impl Inner {
-    /// The probes' cost per launch counted: our launch programs' runs
-    /// per launch (a runtime launch whose driver launch is probed too is
-    /// two) times the trap's calibrated cost, plus their measured run time.
+    /// The probes' cost per launch counted: the traps of the launch APIs
+    /// hit per launch (a runtime launch whose driver launch is probed too
+    /// is two), each at its class's calibrated cost, plus our programs'
+    /// measured run time.
     fn cost_per_launch(&self) -> f64 {
-        let (hits, program) = self.runs.per_launch().unwrap_or((1.0, 1000.0));
-        hits * self.uprobe_ns + program
+        let (trap, program) = self.runs.per_launch().unwrap_or((self.trap_ns[TrapClass::Stepped.index()], 1000.0));
+        trap + program
+    }
+
+    /// The mean trap cost of the hits so far (the stepped class's before
+    /// any).
+    fn mean_trap_ns(&self) -> f64 {
+        if self.runs.runs > 0 {
+            self.runs.trap_ns / self.runs.runs as f64
+        } else {
+            self.trap_ns[TrapClass::Stepped.index()]
+        }
+    }
+
+    /// The trap cost of one hit of launch API `api`.
+    fn trap_of(&self, api: u32) -> f64 {
+        self.trap_ns[self.api_class.get(&api).copied().unwrap_or(TrapClass::Stepped).index()]
     }
 
     /// What the probes cost a thread so far (ns).
     fn probes_ns(&self, a: &ThreadAcc) -> f64 {
-        a.hits * self.uprobe_ns + a.program_ns
+        a.trap_ns + a.program_ns
     }
 
     /// Thread `tid`'s untraced time per launch (None before it was
@@ -197,10 +263,11 @@ impl Inner {
         Some(((a.on as f64 - self.probes_ns(a)) / a.n as f64).clamp(t1 * MIN_EFFECTIVE, t1))
     }
 
-    /// Takes one more sample of the trap's cost.
-    fn trap_sample(&mut self, ns: f64) {
-        self.trap_samples += 1;
-        self.uprobe_ns += (ns - self.uprobe_ns) / self.trap_samples as f64;
+    /// Takes one more sample of the trap's cost for `class`.
+    fn trap_sample(&mut self, class: TrapClass, ns: f64) {
+        let i = class.index();
+        self.trap_samples[i] += 1;
+        self.trap_ns[i] += (ns - self.trap_ns[i]) / self.trap_samples[i] as f64;
     }
 
     /// The largest share of a live thread's time the probes take while on.
@@ -213,9 +280,9 @@ impl Inner {
     }
 
     /// Takes the launches counted over `[start, now)` (a slice, or part of
-    /// one), each with `hits` probe hits and `program_ns` of our programs,
-    /// into the threads' accounts.
-    fn account(&mut self, fresh: &HashMap<u32, u64>, start: u64, now: u64, (hits, program_ns): (f64, f64)) {
+    /// one), each with `trap_ns` of traps and `program_ns` of our
+    /// programs, into the threads' accounts.
+    fn account(&mut self, fresh: &HashMap<u32, u64>, start: u64, now: u64, (trap_ns, program_ns): (f64, f64)) {
         let length = now.saturating_sub(start);
         for tid in fresh.keys() {
             self.threads.entry(*tid).or_insert(ThreadAcc { first: start, ..Default::default() });
@@ -224,7 +291,7 @@ impl Inner {
             a.on += length;
             if let Some(n) = fresh.get(tid) {
                 a.n += n;
-                a.hits += *n as f64 * hits;
+                a.trap_ns += *n as f64 * trap_ns;
                 a.program_ns += *n as f64 * program_ns;
                 a.last = now;
             }
@@ -277,11 +344,15 @@ impl LaunchSlicer {
             BpfHashMap::try_from(map_from(fds, tracer_common::maps::CUDA_SLICE_HITS)?).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE_HITS, e))?;
         let route: BpfHashMap<MapData, u64, [u64; 2]> =
             BpfHashMap::try_from(map_from(fds, tracer_common::maps::CUDA_DRV_ROUTE)?).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_DRV_ROUTE, e))?;
+        let api_hits: PerCpuArray<MapData, u64> = PerCpuArray::try_from(map_from(fds, tracer_common::maps::CUDA_SLICE_API_HITS)?)
+            .map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE_API_HITS, e))?;
         // Sampled from now on: nothing counts until a slice opens.
         slice.set(1, 1, 0).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE, e))?;
         slice.set(0, 1, 0).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_SLICE, e))?;
         let uprobe_ns = if uprobe_ns > 0.0 { uprobe_ns } else { FALLBACK_UPROBE_NS };
-        let inner = Arc::new(Mutex::new(Inner { uprobe_ns, trap_samples: 1, duty: 1.0, ..Default::default() }));
+        // The startup calibration's (a stepped function) stands for every
+        // class until they are measured.
+        let inner = Arc::new(Mutex::new(Inner { trap_ns: [uprobe_ns; 3], trap_samples: [1; 3], duty: 1.0, ..Default::default() }));
         let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             inner: inner.clone(),
@@ -289,9 +360,13 @@ impl LaunchSlicer {
             slice,
             hits,
             route,
+            api_hits,
+            api_taken: HashMap::new(),
             budget: budget_pct / 100.0,
             launch_progs,
             rechecked: 0,
+            attach_started: 0,
+            open_stray: 0,
         };
         let thread = std::thread::Builder::new()
             .name("cuda-slicer".into())
@@ -303,7 +378,12 @@ impl LaunchSlicer {
     /// Takes a group of launch functions to probe in slices (probed at
     /// once when a slice is open).
     pub fn add(&self, t: SliceTarget) -> Result<(), String> {
+        let classes = t.trap_classes();
         let mut s = lock(&self.inner);
+        for (api, class) in classes {
+            let c = s.api_class.entry(api).or_insert(class);
+            *c = (*c).max(class);
+        }
         if s.open_since.is_some() && !s.done {
             let link = t.attach()?;
             s.links.push(link);
@@ -343,8 +423,9 @@ impl LaunchSlicer {
             duty: s.duty,
             probe_share: s.share,
             per_launch_ns: s.cost_per_launch(),
-            trap_ns: s.uprobe_ns,
+            trap_ns: s.mean_trap_ns(),
             sampled_launches: sampled,
+            stray_hits: s.stray_hits,
             estimated: estimating(&s),
             errors: s.errors.clone(),
         }
@@ -388,10 +469,33 @@ struct Worker {
     slice: Array<MapData, u64>,
     hits: BpfHashMap<MapData, u32, u64>,
     route: BpfHashMap<MapData, u64, [u64; 2]>,
+    /// Per launch API id, its hits in slices (`CUDA_SLICE_API_HITS`), and
+    /// those already taken into the accounts.
+    api_hits: PerCpuArray<MapData, u64>,
+    api_taken: HashMap<u32, u64>,
     budget: f64,
     launch_progs: Vec<OwnedFd>,
     /// When the driver launches left out were last put in a slice.
     rechecked: u64,
+    /// When the last slice's probes started to go in, and our launch
+    /// programs' hits while they did (before it opened).
+    attach_started: u64,
+    open_stray: u64,
+}
+
+/// Closes `links` at once, one thread each (their waits overlap).
+fn release_together(links: Vec<OwnedFd>) {
+    if links.len() < 2 {
+        drop(links);
+        return;
+    }
+    std::thread::scope(|scope| {
+        for link in links {
+            // A thread that cannot start drops its closure: the link is
+            // closed here then.
+            let _ = std::thread::Builder::new().name("cuda-release".into()).spawn_scoped(scope, move || drop(link));
+        }
+    });
 }
 
 impl Worker {
@@ -399,15 +503,19 @@ impl Worker {
         // The trap's cost over several attachments, before any slice (our
         // own calls then do not count as the targets').
         for _ in 0..TRAP_SAMPLES {
-            if let Some(ns) = self.measure_trap() {
-                lock(&self.inner).trap_sample(ns);
+            for class in TrapClass::ALL {
+                if let Some(ns) = self.measure_trap(class) {
+                    lock(&self.inner).trap_sample(class, ns);
+                }
             }
         }
         // Probes on all the time while within the budget; else slices.
         let mut sliced: Option<(u64, u64)> = None;
         let mut since_sweep = 0u32;
         while !self.stopped() {
+            let was_sliced = sliced.is_some();
             let mut checked = self.open();
+            let opened = checked.0;
             match sliced {
                 Some((on, _)) => {
                     self.sleep(on);
@@ -424,7 +532,9 @@ impl Worker {
                     }
                 },
             }
-            self.close(checked);
+            let (closed, stray) = self.close(checked);
+            // From before the attachment to after the release.
+            let held = clock::monotonic_ns().saturating_sub(self.attach_started);
             if self.stopped() {
                 break;
             }
@@ -440,6 +550,15 @@ impl Worker {
                 s.share = share;
             }
             if let Some((_, off)) = sliced {
+                // A period whose probes, stray hits included, cost the
+                // budget: `share x slice + stray x trap` over it, the time
+                // they were going in and out counted as part of it.
+                let off = if was_sliced {
+                    let cost = share * closed.saturating_sub(opened) as f64 + stray as f64 * lock(&self.inner).mean_trap_ns();
+                    ((cost / self.budget) as u64).saturating_sub(held).max(off)
+                } else {
+                    off
+                };
                 lock(&self.inner).off_phases += 1;
                 since_sweep += 1;
                 if since_sweep >= SWEEP_EVERY {
@@ -472,18 +591,38 @@ impl Worker {
         }
     }
 
-    /// One sample of the trap's cost: our launch program attached anew to
-    /// our own calibration function, in this process only (not a target:
-    /// the program returns at once), timed against the same calls
-    /// unprobed.
-    fn measure_trap(&self) -> Option<f64> {
-        let (path, offset) = calibrate::target_location().ok()?;
+    /// One sample of the trap's cost for `class`: our launch program
+    /// attached anew to our own function of that class, in this process
+    /// only (not a target: the program returns at once), timed against
+    /// the same calls unprobed.
+    fn measure_trap(&self, class: TrapClass) -> Option<f64> {
+        let (path, offset) = calibrate::class_location(class).ok()?;
         let prog = self.launch_progs.first()?;
-        let plain = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_target(TRAP_CALLS * 10)).collect());
+        let plain = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_class(class, TRAP_CALLS * 10)).collect());
         let link = uprobe_multi::attach_pid(prog.as_fd(), std::path::Path::new(&path), &[offset], &[0], false, std::process::id()).ok()?;
-        let probed = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_target(TRAP_CALLS)).collect());
+        let probed = calibrate::fastest((0..TRAP_ROUNDS).map(|_| calibrate::time_class(class, TRAP_CALLS)).collect());
         drop(link);
         Some((probed - plain).max(0.0))
+    }
+
+    /// Launch API `api`'s hits in slices so far (all CPUs).
+    fn api_hits_of(&self, api: u32) -> u64 {
+        self.api_hits.get(&api, 0).map_or(0, |v| v.iter().sum())
+    }
+
+    /// The launch API hits since the last call, and their traps' cost.
+    fn take_api_hits(&mut self, s: &Inner) -> (u64, f64) {
+        let mut hits = 0;
+        let mut trap_ns = 0.0;
+        for api in s.api_class.keys() {
+            let now = self.api_hits_of(*api);
+            let taken = self.api_taken.entry(*api).or_default();
+            let fresh = now.saturating_sub(*taken);
+            *taken = now;
+            hits += fresh;
+            trap_ns += fresh as f64 * s.trap_of(*api);
+        }
+        (hits, trap_ns)
     }
 
     /// Our launch programs' runs and run time so far.
@@ -508,6 +647,8 @@ impl Worker {
     fn open(&mut self) -> (u64, (u64, u64)) {
         let now = clock::monotonic_ns();
         let recheck = now.saturating_sub(self.rechecked) >= RECHECK_EVERY_NS;
+        self.attach_started = now;
+        let runs_before = self.runs().0;
         let mut s = lock(&self.inner);
         // Groups of one process that exited go.
         s.targets.retain(|t| t.pid.is_none_or(procfs::exists));
@@ -519,9 +660,15 @@ impl Worker {
                 left_out = true;
                 continue;
             }
-            match t.attach() {
-                Ok(l) => links.push(l),
-                Err(e) => errors.push(e),
+            let attached = if recheck {
+                Some(t.attach())
+            } else {
+                t.attach_only(|api| u32::try_from(api).is_ok_and(|a| self.api_hits_of(a) > 0))
+            };
+            match attached {
+                Some(Ok(l)) => links.push(l),
+                Some(Err(e)) => errors.push(e),
+                None => left_out = true,
             }
         }
         if recheck || !left_out {
@@ -538,7 +685,11 @@ impl Worker {
         let _ = self.slice.set(0, now, 0);
         s.open_since = Some(now);
         drop(s);
-        (now, self.runs())
+        let runs = self.runs();
+        // Those hits were before the slice opened (a race with the
+        // opening only moves a hit or two).
+        self.open_stray = runs.0.saturating_sub(runs_before);
+        (now, runs)
     }
 
     /// The kernel's per-thread launches now, less those already taken.
@@ -555,19 +706,25 @@ impl Worker {
     /// opening or its last check) into the accounts; returns the largest
     /// share of a thread's time the probes took then. `closing`: the slice
     /// closed, it counts as one.
-    fn take(&self, (since, (runs0, run_ns0)): (u64, (u64, u64)), closing: bool) -> f64 {
+    fn take(&mut self, (since, (_, run_ns0)): (u64, (u64, u64)), closing: bool) -> f64 {
         let now = clock::monotonic_ns();
-        let (runs, run_ns) = self.runs();
-        let mut s = lock(&self.inner);
+        let (_, run_ns) = self.runs();
+        let inner = self.inner.clone();
+        let mut s = lock(&inner);
         let fresh = self.new_hits(&s.seen);
         let launches: u64 = fresh.values().sum();
-        // This part's own hits per launch (a driver launch probed too, or
-        // not) and its programs' run time.
-        let part = Runs { runs: runs.saturating_sub(runs0), run_ns: run_ns.saturating_sub(run_ns0), launches };
-        let per_launch = part.per_launch().or_else(|| s.runs.per_launch()).unwrap_or((1.0, 1000.0));
-        let cost = per_launch.0 * s.uprobe_ns + per_launch.1;
+        // This part's own traps per launch (a driver launch probed too, or
+        // not; each API at its class's cost) and its programs' run time.
+        let (hits, trap_ns) = self.take_api_hits(&s);
+        let part = Runs { runs: hits, trap_ns, run_ns: run_ns.saturating_sub(run_ns0), launches };
+        let per_launch = part
+            .per_launch()
+            .or_else(|| s.runs.per_launch())
+            .unwrap_or((s.trap_ns[TrapClass::Stepped.index()], 1000.0));
+        let cost = per_launch.0 + per_launch.1;
         if launches > 0 {
             s.runs.runs += part.runs;
+            s.runs.trap_ns += part.trap_ns;
             s.runs.run_ns += part.run_ns;
             s.runs.launches += launches;
         }
@@ -582,17 +739,27 @@ impl Worker {
     }
 
     /// Closes the slice (the part since `since` is taken), then releases
-    /// the probes.
-    fn close(&mut self, since: (u64, (u64, u64))) {
-        let _ = self.slice.set(1, clock::monotonic_ns(), 0);
+    /// the probes. Releasing a link takes out its breakpoints, then waits
+    /// for the kernel (30-100 ms each on this VM, Linux 6.18): one link
+    /// after the other, the last one's breakpoints stayed in ~0.6 s after
+    /// a 20 ms slice, trapping uncounted. So they are released together.
+    ///
+    /// Returns when the slice closed, and the hits outside it (while its
+    /// probes went in and came out: paid, not counted).
+    fn close(&mut self, since: (u64, (u64, u64))) -> (u64, u64) {
+        let closed = clock::monotonic_ns();
+        let _ = self.slice.set(1, closed, 0);
+        let at_close = self.runs().0;
         self.take(since, true);
         let links = {
             let mut s = lock(&self.inner);
             s.open_since = None;
             std::mem::take(&mut s.links)
         };
-        // Closing waits for the kernel; the breakpoints go first.
-        drop(links);
+        release_together(links);
+        let stray = self.runs().0.saturating_sub(at_close) + self.open_stray;
+        lock(&self.inner).stray_hits += stray;
+        (closed, stray)
     }
 
     /// Ends the accounts of threads that exited, at their last launch, and
@@ -614,19 +781,28 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::cuda::api;
 
     /// A thread: untraced 10 us per launch; 2 hits per launch at 8 us of
     /// trap and 2 us of program each: 30 us per launch counted; 100 ms
     /// counted.
     fn inner() -> Inner {
-        let acc = ThreadAcc { n: 3333, on: 100_000_000, hits: 6666.0, program_ns: 3333.0 * 4000.0, first: 0, last: 0, end: None };
+        let acc = ThreadAcc {
+            n: 3333,
+            on: 100_000_000,
+            trap_ns: 6666.0 * 8000.0,
+            program_ns: 3333.0 * 4000.0,
+            first: 0,
+            last: 0,
+            end: None,
+        };
         Inner {
             on_ns: acc.on,
             off_phases: 1,
             slices: 1,
             threads: [(7, acc)].into_iter().collect(),
-            runs: Runs { runs: 6666, run_ns: 3333 * 4000, launches: 3333 },
-            uprobe_ns: 8000.0,
+            runs: Runs { runs: 6666, trap_ns: 6666.0 * 8000.0, run_ns: 3333 * 4000, launches: 3333 },
+            trap_ns: [8000.0; 3],
             ..Default::default()
         }
     }
@@ -654,7 +830,7 @@ mod tests {
     #[test]
     fn untraced_time_is_never_below_a_floor() {
         let mut s = inner();
-        s.threads.get_mut(&7).expect("thread").hits = 1e12;
+        s.threads.get_mut(&7).expect("thread").trap_ns = 1e12;
         let t1 = 100_000_000.0 / 3333.0;
         assert!((s.g0(7).expect("g0") - t1 * MIN_EFFECTIVE).abs() < 1e-6);
     }
@@ -675,14 +851,67 @@ mod tests {
         s.account(&[(5, 3)].into_iter().collect(), 10, 30, (2.0, 5.0));
         s.account(&HashMap::new(), 30, 40, (4.0, 4.0));
         let a = s.threads[&5];
-        assert_eq!((a.n, a.on, a.first, a.last, a.hits, a.program_ns), (3, 30, 10, 30, 6.0, 15.0));
+        assert_eq!((a.n, a.on, a.first, a.last, a.trap_ns, a.program_ns), (3, 30, 10, 30, 6.0, 15.0));
     }
 
     #[test]
     fn the_trap_cost_is_the_mean_of_its_samples() {
-        let mut s = Inner { uprobe_ns: 20.0, trap_samples: 1, ..Default::default() };
-        s.trap_sample(26.0);
-        s.trap_sample(26.0);
-        assert!((s.uprobe_ns - 24.0).abs() < 1e-9);
+        let mut s = Inner { trap_ns: [20.0; 3], trap_samples: [1; 3], ..Default::default() };
+        s.trap_sample(TrapClass::Stepped, 26.0);
+        s.trap_sample(TrapClass::Stepped, 26.0);
+        assert!((s.trap_ns[TrapClass::Stepped.index()] - 24.0).abs() < 1e-9);
+        assert_eq!(s.trap_ns[TrapClass::Branch.index()], 20.0);
+    }
+
+    /// Each API's hits at its own class's cost: an emulated runtime
+    /// launch (1 us) and a stepped driver launch under it (30 us) cost 31
+    /// us a launch, not twice either.
+    #[test]
+    fn hits_are_priced_by_their_functions_class() {
+        let mut s = Inner { trap_ns: [1000.0, 2000.0, 30_000.0], ..Default::default() };
+        s.api_class.insert(api::LAUNCH, TrapClass::Branch);
+        s.api_class.insert(api::CU_LAUNCH, TrapClass::Stepped);
+        assert_eq!(s.trap_of(api::LAUNCH) + s.trap_of(api::CU_LAUNCH), 31_000.0);
+        // Unknown: priced as stepped.
+        assert_eq!(s.trap_of(api::LAUNCH_EX_C), 30_000.0);
+        s.runs = Runs { runs: 200, trap_ns: 100.0 * 31_000.0, run_ns: 100 * 500, launches: 100 };
+        assert!((s.cost_per_launch() - 31_500.0).abs() < 1e-6);
+        assert!((s.mean_trap_ns() - 15_500.0).abs() < 1e-6);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_target_reads_the_class_of_each_function_from_its_file() {
+        let dir = std::env::temp_dir().join(format!("infertrace-slicer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("lib.bin");
+        // jmp at 0, push %rbp at 8, mov at 16.
+        let mut bytes = vec![0u8; 24];
+        bytes[0] = 0xe9;
+        bytes[8] = 0x55;
+        bytes[16..19].copy_from_slice(&[0x48, 0x89, 0xe5]);
+        std::fs::write(&path, &bytes).expect("write");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let prog: OwnedFd = File::open(&path).expect("open").into();
+        let t = SliceTarget {
+            prog,
+            file,
+            offsets: vec![0, 8, 16, 400],
+            cookies: vec![u64::from(api::LAUNCH), u64::from(api::LAUNCH_PTSZ), u64::from(api::CU_LAUNCH), u64::from(api::CU_LAUNCH_EX)],
+            pid: None,
+            route: None,
+            what: "test".into(),
+        };
+        let got = t.trap_classes();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            got,
+            vec![
+                (api::LAUNCH, TrapClass::Branch),
+                (api::LAUNCH_PTSZ, TrapClass::Push),
+                (api::CU_LAUNCH, TrapClass::Stepped),
+                (api::CU_LAUNCH_EX, TrapClass::Stepped),
+            ]
+        );
     }
 }
