@@ -15,13 +15,7 @@ pub extern "C" fn infertrace_calibration_target(x: u64) -> u64 {
 
 /// ns per call of `n` calls of the target.
 pub fn time_target(n: u32) -> f64 {
-    let t = Instant::now();
-    let mut acc = 0u64;
-    for i in 0..n {
-        acc = acc.wrapping_add(infertrace_calibration_target(black_box(u64::from(i))));
-    }
-    black_box(acc);
-    t.elapsed().as_nanos() as f64 / f64::from(n)
+    time_class(TrapClass::Stepped, n)
 }
 
 /// ns per call of `n` getppid calls.
@@ -97,46 +91,63 @@ core::arch::global_asm!(
     "pop rbp",
     "ret",
     ".size infertrace_trap_push, . - infertrace_trap_push",
+    ".globl infertrace_trap_stepped",
+    ".type infertrace_trap_stepped,@function",
+    "infertrace_trap_stepped:",
+    "lea rax, [rdi + 1]",
+    "ret",
+    ".size infertrace_trap_stepped, . - infertrace_trap_stepped",
 );
 
 #[cfg(target_arch = "x86_64")]
 unsafe extern "C" {
     fn infertrace_trap_branch(x: u64) -> u64;
     fn infertrace_trap_push(x: u64) -> u64;
+    fn infertrace_trap_stepped(x: u64) -> u64;
 }
 
 /// The function of ours that starts with an instruction of `class`.
+#[cfg(target_arch = "x86_64")]
 fn class_target(class: TrapClass) -> extern "C" fn(u64) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        extern "C" fn branch(x: u64) -> u64 {
-            // SAFETY: takes and returns a register, touches nothing else.
-            unsafe { infertrace_trap_branch(x) }
-        }
-        extern "C" fn push(x: u64) -> u64 {
-            // SAFETY: as above (its push is popped before it returns).
-            unsafe { infertrace_trap_push(x) }
-        }
-        match class {
-            TrapClass::Branch => return branch,
-            TrapClass::Push => return push,
-            TrapClass::Stepped => {}
-        }
+    extern "C" fn branch(x: u64) -> u64 {
+        // SAFETY: takes and returns a register, touches nothing else.
+        unsafe { infertrace_trap_branch(x) }
     }
-    let _ = class;
+    extern "C" fn push(x: u64) -> u64 {
+        // SAFETY: as above (its push is popped before it returns).
+        unsafe { infertrace_trap_push(x) }
+    }
+    extern "C" fn stepped(x: u64) -> u64 {
+        // SAFETY: as above.
+        unsafe { infertrace_trap_stepped(x) }
+    }
+    match class {
+        TrapClass::Branch => branch,
+        TrapClass::Push => push,
+        TrapClass::Stepped => stepped,
+    }
+}
+
+/// Elsewhere one function stands for every class.
+#[cfg(not(target_arch = "x86_64"))]
+fn class_target(_class: TrapClass) -> extern "C" fn(u64) -> u64 {
     infertrace_calibration_target
 }
 
 /// The address of the function that starts with an instruction of `class`
 /// (the one to probe; [`class_target`]'s wrappers call it).
+#[cfg(target_arch = "x86_64")]
 fn class_address(class: TrapClass) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    match class {
-        TrapClass::Branch => return infertrace_trap_branch as *const () as usize as u64,
-        TrapClass::Push => return infertrace_trap_push as *const () as usize as u64,
-        TrapClass::Stepped => {}
-    }
-    let _ = class;
+    let f: unsafe extern "C" fn(u64) -> u64 = match class {
+        TrapClass::Branch => infertrace_trap_branch,
+        TrapClass::Push => infertrace_trap_push,
+        TrapClass::Stepped => infertrace_trap_stepped,
+    };
+    f as *const () as usize as u64
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn class_address(_class: TrapClass) -> u64 {
     infertrace_calibration_target as *const () as usize as u64
 }
 
@@ -159,7 +170,7 @@ pub fn class_location(class: TrapClass) -> Result<(String, u64), String> {
 
 /// The file and offset of [`infertrace_calibration_target`] in this process.
 pub fn target_location() -> Result<(String, u64), String> {
-    location_of(infertrace_calibration_target as *const () as usize as u64)
+    class_location(TrapClass::Stepped)
 }
 
 fn location_of(addr: u64) -> Result<(String, u64), String> {
