@@ -26,6 +26,9 @@ Usage: cuda_patterns.py MODE, MODE one of
             over $CUDA_DRIVER)
   memsets_real  cudaMemsetAsync[_ptsz] on the real libcudart (each fails
             without a driver)
+  nodevice_real  device setup on the real libcudart (no driver here):
+            cudaGetDeviceCount x3, cudaSetDevice(0) x1; each return code on
+            stderr (`rc NAME CODE`), the truth of the no-device note
   late      like `patterns`' first phase, loading libcudart only after a delay
   threads   copies from 8 short-lived threads, then from the main thread
   driver    the driver API called directly ($CUDA_DRIVER: tests/cudasim's
@@ -643,6 +646,19 @@ def hot():
     print(f"direct {direct}", file=sys.stderr, flush=True)
 
 
+def nodevice_real():
+    """What torch.cuda.is_available() does first: count the devices (and
+    pick one), on a machine without a driver."""
+    rt = load()
+    wait_for_probes(rt, ["cudaGetDeviceCount", "cudaSetDevice"])
+    n = ctypes.c_int(-1)
+    for _ in range(3):
+        rc = rt.cudaGetDeviceCount(ctypes.byref(n))  # @nodev_count
+        print(f"rc cudaGetDeviceCount {rc}", file=sys.stderr, flush=True)
+    rc = rt.cudaSetDevice(0)  # @nodev_set
+    print(f"rc cudaSetDevice {rc}", file=sys.stderr, flush=True)
+
+
 def late():
     """libcudart is loaded with dlopen well after start (as PyTorch does)."""
     time.sleep(float(os.environ.get("LATE_S", "1.0")))
@@ -654,7 +670,7 @@ def late():
 {
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
-    "memsets": memsets, "memsets_real": memsets_real,
+    "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -109,7 +109,14 @@ pub mod api {
     pub const CU_MEMSET_D32_ASYNC: u32 = 95;
     pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 96;
     pub const CU_CTX_SYNC_V2: u32 = 97;
-    pub const COUNT: u32 = 98;
+    // Device setup (issue 24, part 8): what says a process found no
+    // usable device. Runtime ids after the driver's first block.
+    pub const GET_DEVICE_COUNT: u32 = 98;
+    pub const SET_DEVICE: u32 = 99;
+    pub const CU_INIT: u32 = 100;
+    pub const CU_DEVICE_GET: u32 = 101;
+    pub const CU_DEVICE_GET_COUNT: u32 = 102;
+    pub const COUNT: u32 = 103;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -213,6 +220,11 @@ pub mod api {
         "cuMemsetD32Async",
         "cuMemsetD32Async_ptsz",
         "cuCtxSynchronize_v2",
+        "cudaGetDeviceCount",
+        "cudaSetDevice",
+        "cuInit",
+        "cuDeviceGet",
+        "cuDeviceGetCount",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -261,6 +273,7 @@ pub mod api {
             CU_MEMSET_D8_ASYNC_PTSZ | CU_MEMSET_D32_ASYNC_PTSZ => MEMSET_ASYNC_PTSZ,
             // CUDA 13's libcudart resolves cuCtxSynchronize to this.
             CU_CTX_SYNC_V2 => DEVICE_SYNC,
+            CU_DEVICE_GET_COUNT => GET_DEVICE_COUNT,
             other => other,
         }
     }
@@ -268,7 +281,14 @@ pub mod api {
     /// A driver API function (libcuda).
     #[inline(always)]
     pub fn is_driver(api: u32) -> bool {
-        (FIRST_DRIVER..COUNT).contains(&api)
+        (FIRST_DRIVER..GET_DEVICE_COUNT).contains(&api) || (CU_INIT..COUNT).contains(&api)
+    }
+
+    /// Device setup: counting, choosing and initialising devices (a
+    /// failure says the process found no usable device or driver).
+    #[inline(always)]
+    pub fn is_device_setup(api: u32) -> bool {
+        matches!(canonical(api), GET_DEVICE_COUNT | SET_DEVICE | CU_INIT | CU_DEVICE_GET)
     }
 
     /// A driver API function's name (`cu...`, not `cuda...`).
@@ -596,10 +616,15 @@ mod tests {
 
     #[test]
     fn driver_twins() {
-        for id in api::FIRST_DRIVER..api::COUNT {
+        for id in (api::FIRST_DRIVER..api::COUNT).filter(|id| api::is_driver(*id)) {
             let name = api::NAMES[id as usize];
             assert!(name.starts_with("cu") && !name.starts_with("cuda"), "{name}");
-            assert!(api::is_driver(id) && !api::is_driver(api::canonical(id)), "{name} has no runtime twin");
+            // Driver-only: initialisation and device handles.
+            if matches!(id, api::CU_INIT | api::CU_DEVICE_GET) {
+                assert_eq!(api::canonical(id), id);
+                continue;
+            }
+            assert!(!api::is_driver(api::canonical(id)), "{name} has no runtime twin");
             // The twin's per-thread-stream flavour matches the name's.
             let twin = api::NAMES[api::canonical(id) as usize];
             // (The runtime has no per-thread-stream peer copies; stream-ordered
@@ -639,6 +664,17 @@ mod tests {
         assert!(api::is_memset(api::CU_MEMSET_D32_ASYNC_PTSZ) && !api::is_copy(api::MEMSET_ASYNC));
         assert_eq!((api::memset_unit(api::CU_MEMSET_D32_ASYNC), api::memset_unit(api::MEMSET_ASYNC)), (4, 1));
         assert!(api::is_sync(api::CU_CTX_SYNC_V2) && api::is_driver(api::CU_CTX_SYNC_V2));
+        for id in [api::GET_DEVICE_COUNT, api::SET_DEVICE] {
+            assert!(api::is_device_setup(id) && !api::is_driver(id), "{}", api::NAMES[id as usize]);
+        }
+        for id in [api::CU_INIT, api::CU_DEVICE_GET, api::CU_DEVICE_GET_COUNT] {
+            assert!(api::is_device_setup(id) && api::is_driver(id), "{}", api::NAMES[id as usize]);
+        }
+        assert!(!api::is_copy(api::GET_DEVICE_COUNT) && !api::is_sync(api::CU_INIT) && !api::entry_only(api::CU_DEVICE_GET));
+        // Every name's kind agrees with is_driver.
+        for (id, name) in api::NAMES.iter().enumerate() {
+            assert_eq!(api::is_driver(id as u32), api::is_driver_name(name), "{name}");
+        }
         assert!(api::returns_pointer(api::MALLOC_ASYNC_PTSZ) && api::releases_pointer(api::CU_MEM_FREE_ASYNC));
     }
 }

@@ -37,6 +37,29 @@ impl Site {
     }
 }
 
+/// Names of the `cudaError_t` values a tracer is likely to see.
+pub fn error_name(rc: i32) -> &'static str {
+    match rc {
+        0 => "cudaSuccess",
+        1 => "cudaErrorInvalidValue",
+        2 => "cudaErrorMemoryAllocation",
+        3 => "cudaErrorInitializationError",
+        4 => "cudaErrorCudartUnloading",
+        35 => "cudaErrorInsufficientDriver",
+        46 => "cudaErrorDevicesUnavailable",
+        100 => "cudaErrorNoDevice",
+        101 => "cudaErrorInvalidDevice",
+        400 => "cudaErrorInvalidResourceHandle",
+        600 => "cudaErrorNotReady",
+        700 => "cudaErrorIllegalAddress",
+        712 => "cudaErrorHostMemoryAlreadyRegistered",
+        713 => "cudaErrorHostMemoryNotRegistered",
+        719 => "cudaErrorLaunchFailure",
+        999 => "cudaErrorUnknown",
+        _ => "",
+    }
+}
+
 /// What a CUDA call does, by its API function.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]

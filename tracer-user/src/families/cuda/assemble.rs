@@ -15,7 +15,7 @@ use super::{
     collector::{symbolize_function, Attached, CudaCollector},
     discovery,
     findings::{self, SiteSummary},
-    graphs,
+    graphs, no_device,
     replay::{RawSite, Replay},
 };
 use crate::{
@@ -58,6 +58,9 @@ impl CudaCollector {
         let mut sites = SiteCache { sites: HashMap::new() };
 
         report.calls = calls(&stats, &replay, &mut sites, cx)?;
+        for note in no_device::notes(&report.calls) {
+            cx.sink.note_on(Topic::Gpu, note);
+        }
 
         report.launches = self.launches(&launches, &mut sites, cx, end)?;
         {

@@ -4,8 +4,9 @@
 //! of a recording), [`discovery`] (which mapped files hold CUDA),
 //! [`search`] (which files a target could load CUDA from), [`replay`]
 //! (per-call events in order, drained by a thread of their own: [`drain`]),
-//! [`findings`] (the detector's rules) and [`slicer`] (`--max-overhead`:
-//! the launch probes in time slices).
+//! [`findings`] (the detector's rules), [`slicer`] (`--max-overhead`:
+//! the launch probes in time slices) and [`no_device`] (the note when a
+//! process found no usable device).
 
 mod collector;
 pub mod discovery;
@@ -14,6 +15,7 @@ mod driver_gate;
 pub mod findings;
 mod graph_state;
 mod graphs;
+mod no_device;
 pub mod programs;
 pub mod replay;
 mod assemble;

@@ -221,8 +221,10 @@ struct Inner {
     errors: Vec<String>,
     /// Set by [`LaunchSlicer::finish`]: no slice opens again.
     done: bool,
-    /// Launch probe hits outside the slices (attaching, releasing).
+    /// Launch probe hits outside the slices (attaching, releasing), and
+    /// what they cost the threads (each at the mean trap of its time).
     stray_hits: u64,
+    stray_ns: f64,
 }
 
 impl Inner {
@@ -459,7 +461,11 @@ fn scale_of(s: &Inner, tid: u32, now: u64) -> f64 {
     let (Some(g0), Some(a)) = (s.g0(tid), s.threads.get(&tid)) else { return 1.0 };
     let end = a.end.unwrap_or(now).min(now);
     let span = end.saturating_sub(a.first);
-    let uncounted = span.saturating_sub(a.on) as f64;
+    // Out of its counted time, the part its stray traps took (shared by
+    // the threads in proportion to their launches seen) made no launches.
+    let seen: u64 = s.threads.values().map(|t| t.n).sum();
+    let stray = if seen > 0 { s.stray_ns * a.n as f64 / seen as f64 } else { 0.0 };
+    let uncounted = (span.saturating_sub(a.on) as f64 - stray).max(0.0);
     1.0 + uncounted / (g0 * a.n as f64)
 }
 
@@ -758,7 +764,10 @@ impl Worker {
         };
         release_together(links);
         let stray = self.runs().0.saturating_sub(at_close) + self.open_stray;
-        lock(&self.inner).stray_hits += stray;
+        let mut s = lock(&self.inner);
+        s.stray_hits += stray;
+        s.stray_ns += stray as f64 * s.mean_trap_ns();
+        drop(s);
         (closed, stray)
     }
 
@@ -816,6 +825,16 @@ mod tests {
         // 1 s in all: 3333 seen + 900 ms not counted at 10 us.
         let e = 3333.0 * scale_of(&s, 7, 1_000_000_000);
         assert!((e - 93_333.0).abs() < 300.0, "{e}");
+    }
+
+    /// Stray traps (probes going in and out) took 100 ms of the 900 ms
+    /// not counted: 800 ms at 10 us.
+    #[test]
+    fn time_in_stray_traps_makes_no_launches() {
+        let mut s = inner();
+        s.stray_ns = 100_000_000.0;
+        let e = 3333.0 * scale_of(&s, 7, 1_000_000_000);
+        assert!((e - 83_333.0).abs() < 300.0, "{e}");
     }
 
     #[test]

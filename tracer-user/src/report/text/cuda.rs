@@ -17,28 +17,7 @@ use crate::{
 /// Rows shown per table before "... N more".
 const MAX_ROWS: usize = 20;
 
-/// Names of the `cudaError_t` values a tracer is likely to see.
-pub fn error_name(rc: i32) -> &'static str {
-    match rc {
-        0 => "cudaSuccess",
-        1 => "cudaErrorInvalidValue",
-        2 => "cudaErrorMemoryAllocation",
-        3 => "cudaErrorInitializationError",
-        4 => "cudaErrorCudartUnloading",
-        35 => "cudaErrorInsufficientDriver",
-        46 => "cudaErrorDevicesUnavailable",
-        100 => "cudaErrorNoDevice",
-        101 => "cudaErrorInvalidDevice",
-        400 => "cudaErrorInvalidResourceHandle",
-        600 => "cudaErrorNotReady",
-        700 => "cudaErrorIllegalAddress",
-        712 => "cudaErrorHostMemoryAlreadyRegistered",
-        713 => "cudaErrorHostMemoryNotRegistered",
-        719 => "cudaErrorLaunchFailure",
-        999 => "cudaErrorUnknown",
-        _ => "",
-    }
-}
+pub use crate::recording::cuda::error_name;
 
 fn short_site(s: &Site) -> String {
     let file = s.file.as_deref().map(|f| printable(f.rsplit('/').next().unwrap_or(f)));
