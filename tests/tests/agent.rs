@@ -13,7 +13,7 @@
 //! - CUDA: `tests/workloads/cuda_patterns.py patterns` on NVIDIA's real
 //!   libcudart (the counts its own table gives, as in tests/tests/cuda.rs):
 //!   the windows' CUDA calls add up to them exactly, and so do the
-//!   `infertrace_cuda_calls_total` counters; sync seconds and findings are
+//!   `infertrace_cuda_calls_total` and `infertrace_cuda_launches_total` counters; sync seconds and findings are
 //!   exported with the call site.
 
 use std::io::Write;
@@ -373,6 +373,11 @@ fn agent_exports_exact_cuda_counters_per_window() {
         assert_eq!(got, n, "infertrace_cuda_calls_total of {api} {kind:?}, pid {pid}:\n{text}");
         let errors = counter_sum(&samples, "infertrace_cuda_errors_total", pid, &[("api", api), ("kind", kind)]);
         assert_eq!(errors, n, "every call fails without a driver: {api} {kind:?}");
+    }
+    // Kernel launches by API, as the workload made them (tests/tests/cuda.rs).
+    for (api, n) in [("cudaLaunchKernel", 300.0), ("cudaLaunchKernel_ptsz", 100.0)] {
+        let got = counter_sum(&samples, "infertrace_cuda_launches_total", pid, &[("api", api)]);
+        assert_eq!(got, n, "infertrace_cuda_launches_total of {api}, pid {pid}:\n{text}");
     }
     let bytes = counter_sum(&samples, "infertrace_cuda_bytes_total", pid, &[("api", "cudaMemcpy"), ("kind", "HtoD")]);
     assert_eq!(bytes, ((20u64 << 23) + (64 << 20)) as f64, "cudaMemcpy HtoD bytes");

@@ -58,6 +58,7 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             (d.count > 0).then_some(d)
         })
         .collect();
+    clamp_launches(&mut out.launches, cur, prev);
     out.findings = keyed_delta(&cur.findings, &prev.findings, |f| (f.kind.clone(), f.pid, f.site.clone()), |d, p| {
         d.count = d.count.saturating_sub(p.count);
         d.bytes = d.bytes.saturating_sub(p.bytes);
@@ -119,6 +120,39 @@ fn keyed_delta<T: Clone, K: std::hash::Hash + Eq>(cur: &[T], prev: &[T], key: im
 /// new again. Per (pid, api, kind), the rows' differences are cut down to
 /// the difference of the sums over sites, taken first from the rows whose
 /// site the previous snapshot did not have.
+/// As [`clamp_to_totals`] for launch rows: a row whose kernel or site
+/// reads differently from one window to the next (the process gone, its
+/// names resolved otherwise) would count its launches again; the window's
+/// launches of a (pid, API) are at most the growth of their total, cut
+/// from new rows first.
+fn clamp_launches(rows: &mut Vec<CudaLaunch>, cur: &CudaReport, prev: &CudaReport) {
+    let key = |l: &CudaLaunch| (l.pid, l.kernel.clone(), l.site.clone(), l.api.clone());
+    let sums = |ls: &[CudaLaunch]| {
+        let mut m: HashMap<(u32, String), u64> = HashMap::new();
+        for l in ls {
+            *m.entry((l.pid, l.api.clone())).or_default() += l.count;
+        }
+        m
+    };
+    let (now, before, given) = (sums(&cur.launches), sums(&prev.launches), sums(rows));
+    let known: std::collections::HashSet<_> = prev.launches.iter().map(key).collect();
+    for ((pid, api), given) in given {
+        let grown = now.get(&(pid, api.clone())).copied().unwrap_or(0).saturating_sub(before.get(&(pid, api.clone())).copied().unwrap_or(0));
+        let mut excess = given.saturating_sub(grown);
+        for pass in [false, true] {
+            for r in rows.iter_mut().filter(|r| r.pid == pid && r.api == api) {
+                if excess == 0 || (!pass && known.contains(&key(r))) {
+                    continue;
+                }
+                let cut = excess.min(r.count);
+                r.count -= cut;
+                excess -= cut;
+            }
+        }
+    }
+    rows.retain(|l| l.count > 0);
+}
+
 fn clamp_to_totals(rows: &mut [CudaCall], cur: &CudaReport, prev: &CudaReport) {
     type Group<'a> = (u32, &'a str, Option<&'a str>);
     let sums = |calls: &[CudaCall]| {
@@ -220,6 +254,20 @@ mod tests {
         assert_eq!(d.gpu_samples.len(), 1);
         assert_eq!(d.gpu_samples[0].ts_ns, 500);
         assert_eq!(d.window_ns, 1_000);
+    }
+
+    /// A launch row whose site reads differently in the next window (the
+    /// process gone) counts its launches once.
+    #[test]
+    fn launches_count_once_when_their_site_reads_differently() {
+        let at = |function: &str| Site { function: function.into(), file: None, line: None };
+        let launch = |count, site: Site| CudaLaunch { pid: 4, kernel: "k".into(), count, site, api: "cudaLaunchKernel".into(), estimated: false, sampled: None };
+        let prev = CudaReport { launches: vec![launch(300, at("patterns"))], ..Default::default() };
+        let cur = CudaReport { launches: vec![launch(300, at("[unknown]"))], ..Default::default() };
+        assert!(cuda_delta(&cur, Some(&prev), 0).launches.is_empty());
+        let more = CudaReport { launches: vec![launch(300, at("patterns")), launch(40, at("[unknown]"))], ..Default::default() };
+        let d = cuda_delta(&more, Some(&prev), 0);
+        assert_eq!(d.launches.iter().map(|l| l.count).sum::<u64>(), 40, "{:?}", d.launches);
     }
 
     #[test]

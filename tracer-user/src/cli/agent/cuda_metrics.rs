@@ -1,5 +1,6 @@
 //! The CUDA and GPU part of `/metrics`: per target, CUDA calls, bytes and
-//! seconds by API and copy kind, seconds blocked in synchronize calls,
+//! seconds by API and copy kind, kernel and graph launches by API,
+//! seconds blocked in synchronize calls,
 //! findings by kind and call site; per GPU, NVML's utilisation, memory and
 //! PCIe throughput (gauges: the last sample of the window). Counters grow
 //! by each window's differences (`cuda_delta`). Sites are bounded: at most
@@ -59,6 +60,10 @@ pub struct CudaMetrics {
     bytes: Family<ApiLabels, Counter>,
     seconds: Family<ApiLabels, FCounter>,
     errors: Family<ApiLabels, Counter>,
+    /// Kernel launches (estimates under `--max-overhead`) and graph
+    /// launches, by API (`kind` empty).
+    launches: Family<ApiLabels, Counter>,
+    graph_launches: Family<ApiLabels, Counter>,
     sync_seconds: Family<TargetLabels, FCounter>,
     findings: Family<FindingLabels, Counter>,
     gpu_util: Family<GpuLabels, FGauge>,
@@ -79,6 +84,12 @@ impl CudaMetrics {
         r.register("cuda_bytes", "Bytes copied (copies) or allocated (memory calls) by CUDA calls, by API and kind", self.bytes.clone());
         r.register("cuda_seconds", "Time inside CUDA calls, by API and kind", self.seconds.clone());
         r.register("cuda_errors", "CUDA calls that did not return success, by API and kind", self.errors.clone());
+        r.register(
+            "cuda_launches",
+            "CUDA kernel launches by API (exact, counted in the kernel; estimates under --max-overhead)",
+            self.launches.clone(),
+        );
+        r.register("cuda_graph_launches", "CUDA graph launches (cudaGraphLaunch, cuGraphLaunch) by API", self.graph_launches.clone());
         r.register("cuda_sync_seconds", "Time the target's threads were blocked in CUDA synchronize calls", self.sync_seconds.clone());
         r.register("cuda_findings", "Occurrences of each CUDA finding (docs/cuda.md) by kind and call site", self.findings.clone());
         r.register("gpu_utilization_ratio", "NVML GPU utilisation, last sample of the window (0 to 1)", self.gpu_util.clone());
@@ -101,6 +112,18 @@ impl CudaMetrics {
             }
             if target.pid != "other" {
                 let e = self.series.entry(call.pid).or_default();
+                push_new(&mut e.0, l);
+                e.2 = Some(target);
+            }
+        }
+        let launches = c.launches.iter().map(|l| (l.pid, &l.api, l.count, &self.launches));
+        let graphs = c.graph_launches.iter().map(|l| (l.pid, &l.api, l.count, &self.graph_launches));
+        for (pid, api, count, family) in launches.chain(graphs) {
+            let target = labels(pid);
+            let l = ApiLabels { target: target.clone(), api: api.clone(), kind: String::new() };
+            family.get_or_create(&l).inc_by(count);
+            if target.pid != "other" {
+                let e = self.series.entry(pid).or_default();
                 push_new(&mut e.0, l);
                 e.2 = Some(target);
             }
@@ -157,6 +180,8 @@ impl CudaMetrics {
                 self.bytes.remove(&l);
                 self.seconds.remove(&l);
                 self.errors.remove(&l);
+                self.launches.remove(&l);
+                self.graph_launches.remove(&l);
             }
             for l in findings {
                 self.findings.remove(&l);
@@ -186,7 +211,7 @@ fn site_name(s: &crate::recording::cuda::Site) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::cuda::{CudaCall, Finding, Site};
+    use crate::recording::cuda::{CudaCall, CudaLaunch, Finding, GraphLaunch, Site};
 
     fn labels(pid: u32) -> TargetLabels {
         TargetLabels {
@@ -236,16 +261,42 @@ mod tests {
         };
         m.add_window(&c, &mut labels);
         m.add_window(&c, &mut labels);
+        let launches = CudaReport {
+            launches: vec![CudaLaunch {
+                pid: 9,
+                kernel: "k".into(),
+                count: 70,
+                site: site(2),
+                api: "cudaLaunchKernel".into(),
+                estimated: false,
+                sampled: None,
+            }],
+            graph_launches: vec![GraphLaunch {
+                pid: 9,
+                graph: "g".into(),
+                count: 5,
+                site: site(3),
+                api: "cudaGraphLaunch".into(),
+                captured_at: None,
+            }],
+            ..Default::default()
+        };
+        m.add_window(&launches, &mut labels);
+        m.add_window(&launches, &mut labels);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
         assert!(text.contains(r#"cuda_calls_total{pid="9",comm="python3",container_id="",pod_uid="",container_name="",api="cudaStreamSynchronize",kind=""} 6"#), "{text}");
         assert!(text.contains(r#"cuda_sync_seconds_total{pid="9",comm="python3",container_id="",pod_uid="",container_name=""} 4.0"#), "{text}");
         assert!(text.contains(r#"site="other"} 20"#), "{text}");
+        let who = "pid=\"9\",comm=\"python3\",container_id=\"\",pod_uid=\"\",container_name=\"\"";
+        assert!(text.contains(&format!("cuda_launches_total{{{who},api=\"cudaLaunchKernel\",kind=\"\"}} 140")), "{text}");
+        assert!(text.contains(&format!("cuda_graph_launches_total{{{who},api=\"cudaGraphLaunch\",kind=\"\"}} 10")), "{text}");
         let sites = text.lines().filter(|l| l.starts_with("cuda_findings_total{")).count();
         assert_eq!(sites, MAX_SITES + 1, "{text}");
         m.forget(9);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
         assert!(!text.contains(r#"api="cudaMemcpy""#), "{text}");
+        assert!(!text.contains(r#"api="cudaGraphLaunch""#), "{text}");
     }
 }
