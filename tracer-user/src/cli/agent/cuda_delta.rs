@@ -138,19 +138,29 @@ fn clamp_launches(rows: &mut Vec<CudaLaunch>, cur: &CudaReport, prev: &CudaRepor
     let known: std::collections::HashSet<_> = prev.launches.iter().map(key).collect();
     for ((pid, api), given) in given {
         let grown = now.get(&(pid, api.clone())).copied().unwrap_or(0).saturating_sub(before.get(&(pid, api.clone())).copied().unwrap_or(0));
-        let mut excess = given.saturating_sub(grown);
-        for pass in [false, true] {
-            for r in rows.iter_mut().filter(|r| r.pid == pid && r.api == api) {
-                if excess == 0 || (!pass && known.contains(&key(r))) {
-                    continue;
-                }
-                let cut = excess.min(r.count);
-                r.count -= cut;
+        let mut slots: Vec<(bool, &mut u64)> =
+            rows.iter_mut().filter(|r| r.pid == pid && r.api == api).map(|r| (known.contains(&key(r)), &mut r.count)).collect();
+        cut_excess(given.saturating_sub(grown), &mut slots);
+    }
+    rows.retain(|l| l.count > 0);
+}
+
+/// Takes `excess` off the values of one group's rows: from those new
+/// since the last window first (`(known, value)`, known: false), then
+/// from any.
+fn cut_excess(mut excess: u64, slots: &mut [(bool, &mut u64)]) {
+    for pass in [false, true] {
+        for (known, v) in slots.iter_mut() {
+            if excess == 0 {
+                return;
+            }
+            if pass || !*known {
+                let cut = excess.min(**v);
+                **v -= cut;
                 excess -= cut;
             }
         }
     }
-    rows.retain(|l| l.count > 0);
 }
 
 fn clamp_to_totals(rows: &mut [CudaCall], cur: &CudaReport, prev: &CudaReport) {
@@ -171,25 +181,24 @@ fn clamp_to_totals(rows: &mut [CudaCall], cur: &CudaReport, prev: &CudaReport) {
         let zero = [0; 4];
         let (n, b) = (now.get(&group).unwrap_or(&zero), before.get(&group).unwrap_or(&zero));
         for field in 0..4 {
-            let mut excess = given[field].saturating_sub(n[field].saturating_sub(b[field]));
+            let excess = given[field].saturating_sub(n[field].saturating_sub(b[field]));
             let g: Group = (group.0, group.1.as_str(), group.2.as_deref());
             // New sites first, then any row of the group.
-            for pass in [false, true] {
-                for r in rows.iter_mut().filter(|r| (r.pid, r.api.as_str(), r.kind.as_deref()) == g) {
-                    if excess == 0 || (!pass && known.contains(&call_key(r))) {
-                        continue;
-                    }
+            let mut slots: Vec<(bool, &mut u64)> = rows
+                .iter_mut()
+                .filter(|r| (r.pid, r.api.as_str(), r.kind.as_deref()) == g)
+                .map(|r| {
+                    let known = known.contains(&call_key(r));
                     let v = match field {
                         0 => &mut r.count,
                         1 => &mut r.bytes,
                         2 => &mut r.total_ns,
                         _ => &mut r.errors,
                     };
-                    let cut = excess.min(*v);
-                    *v -= cut;
-                    excess -= cut;
-                }
-            }
+                    (known, v)
+                })
+                .collect();
+            cut_excess(excess, &mut slots);
         }
     }
 }

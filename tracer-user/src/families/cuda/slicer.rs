@@ -29,7 +29,8 @@
 //! that comes into use is seen at the next re-check; its launches before
 //! it go uncounted.
 //!
-//! A slice's probes are released together (see [`Worker::close`]), and
+//! A slice's probes are released together (`release_all`, see
+//! [`Worker::close`]), and
 //! the time off is sized by the time they were really in, release
 //! included.
 //!
@@ -153,7 +154,7 @@ impl SliceTarget {
 struct Runs {
     /// Probe hits (launch API hits in the slices), and their traps' cost
     /// (each hit priced by its function's [`TrapClass`]).
-    runs: u64,
+    hits: u64,
     trap_ns: f64,
     run_ns: u64,
     launches: u64,
@@ -212,8 +213,10 @@ struct Inner {
     trap_ns: [f64; 3],
     trap_samples: [u64; 3],
     /// The class of each launch API's first instruction (the costlier
-    /// where two libraries differ).
+    /// where two libraries differ), and its hits (`CUDA_SLICE_API_HITS`)
+    /// already taken into the accounts.
     api_class: HashMap<u32, TrapClass>,
+    api_taken: HashMap<u32, u64>,
     duty: f64,
     /// The largest share of a thread's time the probes took while on.
     share: f64,
@@ -240,8 +243,8 @@ impl Inner {
     /// The mean trap cost of the hits so far (the stepped class's before
     /// any).
     fn mean_trap_ns(&self) -> f64 {
-        if self.runs.runs > 0 {
-            self.runs.trap_ns / self.runs.runs as f64
+        if self.runs.hits > 0 {
+            self.runs.trap_ns / self.runs.hits as f64
         } else {
             self.trap_ns[TrapClass::Stepped.index()]
         }
@@ -363,7 +366,6 @@ impl LaunchSlicer {
             hits,
             route,
             api_hits,
-            api_taken: HashMap::new(),
             budget: budget_pct / 100.0,
             launch_progs,
             rechecked: 0,
@@ -475,10 +477,8 @@ struct Worker {
     slice: Array<MapData, u64>,
     hits: BpfHashMap<MapData, u32, u64>,
     route: BpfHashMap<MapData, u64, [u64; 2]>,
-    /// Per launch API id, its hits in slices (`CUDA_SLICE_API_HITS`), and
-    /// those already taken into the accounts.
+    /// Per launch API id, its hits in slices (`CUDA_SLICE_API_HITS`).
     api_hits: PerCpuArray<MapData, u64>,
-    api_taken: HashMap<u32, u64>,
     budget: f64,
     launch_progs: Vec<OwnedFd>,
     /// When the driver launches left out were last put in a slice.
@@ -487,21 +487,6 @@ struct Worker {
     /// programs' hits while they did (before it opened).
     attach_started: u64,
     open_stray: u64,
-}
-
-/// Closes `links` at once, one thread each (their waits overlap).
-fn release_together(links: Vec<OwnedFd>) {
-    if links.len() < 2 {
-        drop(links);
-        return;
-    }
-    std::thread::scope(|scope| {
-        for link in links {
-            // A thread that cannot start drops its closure: the link is
-            // closed here then.
-            let _ = std::thread::Builder::new().name("cuda-release".into()).spawn_scoped(scope, move || drop(link));
-        }
-    });
 }
 
 impl Worker {
@@ -617,16 +602,17 @@ impl Worker {
     }
 
     /// The launch API hits since the last call, and their traps' cost.
-    fn take_api_hits(&mut self, s: &Inner) -> (u64, f64) {
+    fn take_api_hits(&self, s: &mut Inner) -> (u64, f64) {
         let mut hits = 0;
         let mut trap_ns = 0.0;
-        for api in s.api_class.keys() {
-            let now = self.api_hits_of(*api);
-            let taken = self.api_taken.entry(*api).or_default();
+        let apis: Vec<u32> = s.api_class.keys().copied().collect();
+        for api in apis {
+            let now = self.api_hits_of(api);
+            let taken = s.api_taken.entry(api).or_default();
             let fresh = now.saturating_sub(*taken);
             *taken = now;
             hits += fresh;
-            trap_ns += fresh as f64 * s.trap_of(*api);
+            trap_ns += fresh as f64 * s.trap_of(api);
         }
         (hits, trap_ns)
     }
@@ -712,24 +698,23 @@ impl Worker {
     /// opening or its last check) into the accounts; returns the largest
     /// share of a thread's time the probes took then. `closing`: the slice
     /// closed, it counts as one.
-    fn take(&mut self, (since, (_, run_ns0)): (u64, (u64, u64)), closing: bool) -> f64 {
+    fn take(&self, (since, (_, run_ns0)): (u64, (u64, u64)), closing: bool) -> f64 {
         let now = clock::monotonic_ns();
         let (_, run_ns) = self.runs();
-        let inner = self.inner.clone();
-        let mut s = lock(&inner);
+        let mut s = lock(&self.inner);
         let fresh = self.new_hits(&s.seen);
         let launches: u64 = fresh.values().sum();
         // This part's own traps per launch (a driver launch probed too, or
         // not; each API at its class's cost) and its programs' run time.
-        let (hits, trap_ns) = self.take_api_hits(&s);
-        let part = Runs { runs: hits, trap_ns, run_ns: run_ns.saturating_sub(run_ns0), launches };
+        let (hits, trap_ns) = self.take_api_hits(&mut s);
+        let part = Runs { hits, trap_ns, run_ns: run_ns.saturating_sub(run_ns0), launches };
         let per_launch = part
             .per_launch()
             .or_else(|| s.runs.per_launch())
             .unwrap_or((s.trap_ns[TrapClass::Stepped.index()], 1000.0));
         let cost = per_launch.0 + per_launch.1;
         if launches > 0 {
-            s.runs.runs += part.runs;
+            s.runs.hits += part.hits;
             s.runs.trap_ns += part.trap_ns;
             s.runs.run_ns += part.run_ns;
             s.runs.launches += launches;
@@ -762,7 +747,8 @@ impl Worker {
             s.open_since = None;
             std::mem::take(&mut s.links)
         };
-        release_together(links);
+        // Released together (their waits overlap), quietly: a slice's few.
+        crate::engine::release::release_all(links, "CUDA launch slice probes", true);
         let stray = self.runs().0.saturating_sub(at_close) + self.open_stray;
         let mut s = lock(&self.inner);
         s.stray_hits += stray;
@@ -810,7 +796,7 @@ mod tests {
             off_phases: 1,
             slices: 1,
             threads: [(7, acc)].into_iter().collect(),
-            runs: Runs { runs: 6666, trap_ns: 6666.0 * 8000.0, run_ns: 3333 * 4000, launches: 3333 },
+            runs: Runs { hits: 6666, trap_ns: 6666.0 * 8000.0, run_ns: 3333 * 4000, launches: 3333 },
             trap_ns: [8000.0; 3],
             ..Default::default()
         }
@@ -893,7 +879,7 @@ mod tests {
         assert_eq!(s.trap_of(api::LAUNCH) + s.trap_of(api::CU_LAUNCH), 31_000.0);
         // Unknown: priced as stepped.
         assert_eq!(s.trap_of(api::LAUNCH_EX_C), 30_000.0);
-        s.runs = Runs { runs: 200, trap_ns: 100.0 * 31_000.0, run_ns: 100 * 500, launches: 100 };
+        s.runs = Runs { hits: 200, trap_ns: 100.0 * 31_000.0, run_ns: 100 * 500, launches: 100 };
         assert!((s.cost_per_launch() - 31_500.0).abs() < 1e-6);
         assert!((s.mean_trap_ns() - 15_500.0).abs() < 1e-6);
     }
