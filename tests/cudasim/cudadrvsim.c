@@ -20,7 +20,10 @@
  *     takes under a tracer's uprobes, so that work queues up as on a GPU).
  *   - The synchronous copies: the async form on stream 0, then a sync.
  *   - cuStreamSynchronize sleeps until the stream is idle;
- *     cuCtxSynchronize until every stream is.
+ *     cuCtxSynchronize until every stream is; cuEventRecord marks the end
+ *     of its stream's queued work, cuEventSynchronize sleeps until then,
+ *     cuEventQuery / cuStreamQuery answer CUDA_ERROR_NOT_READY (600)
+ *     before it, cuStreamWaitEvent delays the stream's later work.
  *   - cuMemAlloc hands out fake device addresses (never dereferenced);
  *     cuMemHostAlloc/cuMemAllocHost return real, page-aligned host memory.
  * Build: gcc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 cudadrvsim.c -lpthread
@@ -38,7 +41,7 @@ typedef void *CUevent;
 typedef void *CUfunction;
 typedef unsigned long long CUdeviceptr;
 
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2 };
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_NOT_READY = 600 };
 enum { HtoH = 0, HtoD = 1, DtoH = 2, DtoD = 3, Default = 4 };
 
 #define PINNED_BPS 12e9
@@ -214,10 +217,76 @@ static CUresult ctx_synchronize(void) {
     sleep_until(t);
     return CUDA_SUCCESS;
 }
-CUresult cuEventSynchronize(CUevent e) {
-    (void)e;
-    return cuCtxSynchronize();
+/* Events: an event is any non-null handle (cuEventCreate hands out real
+ * heap pointers); cuEventRecord marks the end of its stream's work queued
+ * so far. A never-recorded event is complete. cuEventSynchronize(NULL)
+ * waits for every stream (the older stand-in's behaviour). */
+#define EVENTS 256
+static struct { CUevent e; double at; } events[EVENTS];
+static double *event_at(CUevent e) { /* under mu; NULL when the table is full */
+    int free_slot = -1;
+    for (int i = 0; i < EVENTS; i++) {
+        if (events[i].e == e) return &events[i].at;
+        if (!events[i].e && free_slot < 0) free_slot = i;
+    }
+    if (free_slot < 0) return NULL;
+    events[free_slot].e = e;
+    events[free_slot].at = 0;
+    return &events[free_slot].at;
 }
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    *e = calloc(1, 16);
+    return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult event_record(CUevent e, CUstream s) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    double *at = event_at(e);
+    if (at) *at = busy_until[slot(s)];
+    pthread_mutex_unlock(&mu);
+    return at ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s); }
+CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record(e, s); }
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned flags) { (void)flags; return event_record(e, s); }
+CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned flags) { (void)flags; return event_record(e, s); }
+static double event_time(CUevent e) {
+    pthread_mutex_lock(&mu);
+    double *at = event_at(e);
+    double t = at ? *at : 0;
+    pthread_mutex_unlock(&mu);
+    return t;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    if (!e) return ctx_synchronize();
+    sleep_until(event_time(e));
+    return CUDA_SUCCESS;
+}
+CUresult cuEventQuery(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    return now_ns() >= event_time(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+static CUresult stream_query(CUstream s) {
+    pthread_mutex_lock(&mu);
+    double t = busy_until[slot(s)];
+    pthread_mutex_unlock(&mu);
+    return now_ns() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+CUresult cuStreamQuery(CUstream s) { return stream_query(s); }
+CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s); }
+/* The stream's later work starts after the event's. */
+static CUresult stream_wait_event(CUstream s, CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    double t = event_time(e);
+    pthread_mutex_lock(&mu);
+    if (busy_until[slot(s)] < t) busy_until[slot(s)] = t;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) { (void)flags; return stream_wait_event(s, e); }
+CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags) { (void)flags; return stream_wait_event(s, e); }
 
 /* Launches. The runtime stand-in passes its kernel's host stub as `f`.
  * The _ptsz forms call internal functions, never tail-call the exported

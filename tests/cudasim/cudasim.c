@@ -37,6 +37,16 @@ int cuMemcpyPeerAsync(CUdeviceptr, void *, CUdeviceptr, void *, size_t, void *);
 int cuStreamSynchronize(void *);
 int cuCtxSynchronize(void);
 int cuEventSynchronize(void *);
+int cuEventCreate(void **, unsigned);
+int cuEventRecord(void *, void *);
+int cuEventRecord_ptsz(void *, void *);
+int cuEventRecordWithFlags(void *, void *, unsigned);
+int cuEventRecordWithFlags_ptsz(void *, void *, unsigned);
+int cuEventQuery(void *);
+int cuStreamQuery(void *);
+int cuStreamQuery_ptsz(void *);
+int cuStreamWaitEvent(void *, void *, unsigned);
+int cuStreamWaitEvent_ptsz(void *, void *, unsigned);
 int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
                    void **);
 int cuLaunchCooperativeKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
@@ -134,6 +144,23 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cuStreamSynchronize(s
 cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return cuStreamSynchronize(s); }
 cudaError_t cudaDeviceSynchronize(void) { return cuCtxSynchronize(); }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cuEventSynchronize(e); }
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cuEventCreate(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { return cuEventCreate(e, flags); }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { return cuEventRecord(e, s); }
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) { return cuEventRecord_ptsz(e, s); }
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned flags) {
+    return cuEventRecordWithFlags(e, s, flags);
+}
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t e, cudaStream_t s, unsigned flags) {
+    return cuEventRecordWithFlags_ptsz(e, s, flags);
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cuEventQuery(e); }
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cuStreamQuery(s); }
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return cuStreamQuery_ptsz(s); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) { return cuStreamWaitEvent(s, e, flags); }
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    return cuStreamWaitEvent_ptsz(s, e, flags);
+}
 
 /* Launches reach the driver through internal functions, as in the real
  * runtime (never a tail call of an exported launch function: that would

@@ -131,7 +131,7 @@ for _ in sys.stdin:
     print(f"{sum(ctypes.string_at(a, 1) == int3 for a in addrs)}/3", flush=True)
 "#;
 
-/// After `record -p` of a process with CUDA libraries probed (98
+/// After `record -p` of a process with CUDA libraries probed (116
 /// functions: tests/cudasim's stand-ins) ends, no breakpoint is left in
 /// the process and no link or program of the tracer is left in the kernel.
 /// `perf_events`: the probes a kernel without multi-uprobe links gets (one
@@ -198,15 +198,15 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
         .lines()
         .filter_map(|l| l.strip_suffix(" functions probed")?.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
-    // The stand-ins export every probed function: 43 of the runtime, 55 of
-    // the driver.
-    assert_eq!(functions, 98, "{test}\n{}", r.describe());
+    // The stand-ins export every probed function: 52 of the runtime, 64 of
+    // the driver (each with 9 event and query functions).
+    assert_eq!(functions, 116, "{test}\n{}", r.describe());
     // Multi-uprobe links: one per program for the runtime's file (8 programs),
     // and one per function and kind for the driver, pid-scoped so that a
     // driver function can be taken off per process (docs/cuda.md): at most
-    // 2 x 55; perf events take one per function and kind for both.
+    // 2 x 64; perf events take one per function and kind for both.
     if !perf_events {
-        assert!(linked <= 8 + 2 * 55, "{test}: {linked} links\n{}", r.describe());
+        assert!(linked <= 8 + 2 * 64, "{test}: {linked} links\n{}", r.describe());
     }
     // Released before exit: no breakpoint left in the target...
     assert_eq!(probed(), "0/3", "{test}: breakpoints left after infertrace exited\n{}", r.describe());

@@ -26,6 +26,14 @@ Usage: cuda_patterns.py MODE, MODE one of
             over $CUDA_DRIVER)
   memsets_real  cudaMemsetAsync[_ptsz] on the real libcudart (each fails
             without a driver)
+  events    events and queries ($CUDART: the stand-in, over $CUDA_DRIVER):
+            torch's non_blocking copy + event record + synchronize, vLLM's
+            token return, uploads waited for through events, an event
+            recorded on another stream, spins on cudaEventQuery and
+            cudaStreamQuery_ptsz, a once-per-step check, and the driver's
+            forms called directly; stderr `poll NAME NOT_READY WAITS S`
+  events_real  each event and query function on the real libcudart, twice
+            (each fails without a driver; stderr `rc NAME CODE`)
   nodevice_real  device setup on the real libcudart (no driver here):
             cudaGetDeviceCount x3, cudaSetDevice(0) x1; each return code on
             stderr (`rc NAME CODE`), the truth of the no-device note
@@ -578,6 +586,145 @@ def memsets_real():
         rt.cudaMemsetAsync_ptsz(DEV, 0, size(100), None)  # @real_ms_ptsz
 
 
+RT_EVENTS = [
+    "cudaEventRecord", "cudaEventRecord_ptsz", "cudaEventRecordWithFlags", "cudaEventRecordWithFlags_ptsz",
+    "cudaStreamWaitEvent", "cudaStreamWaitEvent_ptsz", "cudaEventQuery", "cudaStreamQuery", "cudaStreamQuery_ptsz",
+    "cudaEventSynchronize", "cudaMemcpyAsync",
+]
+DRV_EVENTS = [
+    "cuEventRecord", "cuEventRecord_ptsz", "cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz",
+    "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", "cuEventQuery", "cuStreamQuery", "cuStreamQuery_ptsz",
+]
+
+
+def event_types(rt):
+    for name in ("cudaEventRecordWithFlags", "cudaEventRecordWithFlags_ptsz", "cudaStreamWaitEvent",
+                 "cudaStreamWaitEvent_ptsz"):
+        getattr(rt, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+
+
+def events():
+    """Events and queries ($CUDART: the stand-in, over $CUDA_DRIVER).
+    stderr: `poll NAME NOT_READY WAITS SECONDS` per polling site (the
+    workload's own count: the oracle)."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    event_types(rt)
+    for name in ("cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"):
+        getattr(drv, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, RT_EVENTS)
+    wait_for_probes(drv, DRV_EVENTS)
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    main, side = ctypes.c_void_p(0x7A0), ctypes.c_void_p(0x7B0)
+    ev, ev2 = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.cudaEventCreate(ctypes.byref(ev))
+    rt.cudaEventCreate(ctypes.byref(ev2))
+    pinned = ctypes.c_void_p()
+    rt.cudaHostAlloc(ctypes.byref(pinned), 1 << 20, 0)
+    # The driver's, called directly (first: a driver function reached only
+    # through the runtime would have its probes taken off): each counted
+    # once, as driver calls.
+    dev_ev = ctypes.c_void_p()
+    drv.cuEventCreate(ctypes.byref(dev_ev), 0)
+    for _ in range(3):
+        drv.cuEventRecord(dev_ev, main)  # @ev_drv_record
+        drv.cuEventRecord_ptsz(dev_ev, main)  # @ev_drv_record_ptsz
+        drv.cuEventRecordWithFlags(dev_ev, main, 0)  # @ev_drv_record_flags
+        drv.cuEventRecordWithFlags_ptsz(dev_ev, main, 0)  # @ev_drv_record_flags_ptsz
+        drv.cuStreamWaitEvent(side, dev_ev, 0)  # @ev_drv_wait
+        drv.cuStreamWaitEvent_ptsz(side, dev_ev, 0)  # @ev_drv_wait_ptsz
+        drv.cuEventSynchronize(dev_ev)
+        drv.cuEventQuery(dev_ev)  # @ev_drv_query
+        drv.cuStreamQuery(side)  # @ev_drv_stream_query
+        drv.cuStreamQuery_ptsz(side)  # @ev_drv_stream_query_ptsz
+    # torch: loss.to("cpu", non_blocking=True); event.record(); event.synchronize()
+    for _ in range(40):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, main)
+        rt.cudaMemcpyAsync(pinned, DEV, size(4), DtoH, main)  # @ev_torch_copy
+        rt.cudaEventRecord(ev, main)  # @ev_torch_record
+        rt.cudaEventSynchronize(ev)  # @ev_torch_sync
+    # vLLM's token return: the side stream waits for the main one, copies
+    # the tokens, records; the host synchronizes later, after more work.
+    for _ in range(30):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, main)
+        rt.cudaEventRecord(ev2, main)  # @ev_vllm_record_main
+        rt.cudaStreamWaitEvent(side, ev2, 0)  # @ev_vllm_wait
+        rt.cudaMemcpyAsync(pinned, DEV, size(256), DtoH, side)  # @ev_vllm_copy
+        rt.cudaEventRecordWithFlags(ev, side, 0)  # @ev_vllm_record
+        for _ in range(3):
+            rt.cudaLaunchKernel(vec, grid, block, None, zero, main)  # @ev_vllm_next
+        rt.cudaEventSynchronize(ev)  # @ev_vllm_sync
+    # Pinned uploads, each waited for through an event: sync_after_copy.
+    for i in range(20):
+        ctypes.memset(pinned, i, 8)
+        rt.cudaMemcpyAsync(DEV, pinned, size(65536), HtoD, side)  # @ev_upload_copy
+        rt.cudaEventRecord_ptsz(ev, side)  # @ev_upload_record
+        rt.cudaEventSynchronize(ev)  # @ev_upload_sync
+    # Recorded on another stream than the copy's: the sync waits for nothing of it.
+    for _ in range(20):
+        rt.cudaMemcpyAsync(pinned, DEV, size(4), DtoH, side)  # @ev_other_copy
+        rt.cudaEventRecordWithFlags_ptsz(ev2, main, 0)  # @ev_other_record
+        rt.cudaEventSynchronize(ev2)  # @ev_other_sync
+    rt.cudaStreamWaitEvent_ptsz(main, ev, 0)  # @ev_wait_ptsz
+    # Spinning on an event, then on a stream: 20 kernels (2 ms) each time.
+    polls = {"event": [0, 0, 0.0], "stream": [0, 0, 0.0]}
+    for _ in range(30):
+        for _ in range(20):
+            rt.cudaLaunchKernel(vec, grid, block, None, zero, main)
+        rt.cudaEventRecord(ev, main)
+        t0, n = time.monotonic(), 0
+        while rt.cudaEventQuery(ev) == 600:  # @ev_poll_event
+            n += 1
+        secs = time.monotonic() - t0
+        polls["event"][0] += n
+        polls["event"][1] += n > 0
+        polls["event"][2] += secs
+    for _ in range(20):
+        for _ in range(20):
+            rt.cudaLaunchKernel(vec, grid, block, None, zero, side)
+        t0, n = time.monotonic(), 0
+        while rt.cudaStreamQuery_ptsz(side) == 600:  # @ev_poll_stream
+            n += 1
+        secs = time.monotonic() - t0
+        polls["stream"][0] += n
+        polls["stream"][1] += n > 0
+        polls["stream"][2] += secs
+    # A check once per step of other work: not a spin.
+    ready = 0
+    for _ in range(20):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, main)
+        time.sleep(0.002)
+        ready += rt.cudaStreamQuery(main) == 0  # @ev_poll_check
+    for name, (n, w, secs) in polls.items():
+        print(f"poll {name} {n} {w} {secs:.6f}", file=sys.stderr, flush=True)
+    print(f"check ready {ready}", file=sys.stderr, flush=True)
+
+
+def events_real():
+    """Event and query calls on the real libcudart: each fails without a
+    driver (stderr: `rc NAME CODE`), but is entered."""
+    rt = load()
+    event_types(rt)
+    wait_for_probes(rt, RT_EVENTS[:-2])
+    ev, s = ctypes.c_void_p(0x1230), ctypes.c_void_p(0x6A0)
+    calls = [
+        ("cudaEventRecord", lambda: rt.cudaEventRecord(ev, s)),  # @real_ev_record
+        ("cudaEventRecord_ptsz", lambda: rt.cudaEventRecord_ptsz(ev, s)),  # @real_ev_record_ptsz
+        ("cudaEventRecordWithFlags", lambda: rt.cudaEventRecordWithFlags(ev, s, 0)),  # @real_ev_record_flags
+        ("cudaEventRecordWithFlags_ptsz", lambda: rt.cudaEventRecordWithFlags_ptsz(ev, s, 0)),  # @real_ev_record_flags_ptsz
+        ("cudaStreamWaitEvent", lambda: rt.cudaStreamWaitEvent(s, ev, 0)),  # @real_ev_wait
+        ("cudaStreamWaitEvent_ptsz", lambda: rt.cudaStreamWaitEvent_ptsz(s, ev, 0)),  # @real_ev_wait_ptsz
+        ("cudaEventQuery", lambda: rt.cudaEventQuery(ev)),  # @real_ev_query
+        ("cudaStreamQuery", lambda: rt.cudaStreamQuery(s)),  # @real_ev_stream_query
+        ("cudaStreamQuery_ptsz", lambda: rt.cudaStreamQuery_ptsz(s)),  # @real_ev_stream_query_ptsz
+    ]
+    for name, call in calls:
+        for _ in range(2):
+            print(f"rc {name} {call()}", file=sys.stderr, flush=True)
+
+
 def handshake(name):
     """With $HOT_SYNC_DIR: creates DIR/NAME.ready, waits for DIR/NAME.go
     (the test reads the kernel's counters in between)."""
@@ -671,6 +818,7 @@ def late():
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
     "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
+    "events": events, "events_real": events_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -8,7 +8,8 @@
 /// Which CUDA runtime function a probe sits on. It is the uprobe's attach
 /// cookie, so one program serves every function of the same shape.
 pub mod api {
-    // CUDA runtime (libcudart). The ids are internal (reports carry names).
+    // CUDA runtime (libcudart): ids 0..FIRST_DRIVER. The ids are internal
+    // (reports and recordings carry names), so they may be renumbered.
     pub const MEMCPY: u32 = 0;
     pub const MEMCPY_PTDS: u32 = 1;
     pub const MEMCPY_ASYNC: u32 = 2;
@@ -52,71 +53,92 @@ pub mod api {
     pub const END_CAPTURE_PTSZ: u32 = 40;
     pub const MEMSET_ASYNC: u32 = 41;
     pub const MEMSET_ASYNC_PTSZ: u32 = 42;
-    // CUDA driver API (libcuda). Copies take (dst, src, bytes[, stream]);
-    // the direction is in the name.
-    pub const CU_MEMCPY: u32 = 43;
-    pub const CU_MEMCPY_ASYNC: u32 = 44;
-    pub const CU_MEMCPY_HTOD: u32 = 45;
-    pub const CU_MEMCPY_DTOH: u32 = 46;
-    pub const CU_MEMCPY_DTOD: u32 = 47;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 48;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 49;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 50;
-    pub const CU_MEMCPY_PTDS: u32 = 51;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 52;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 53;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 54;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 55;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 56;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 57;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 58;
-    pub const CU_MEMCPY_PEER: u32 = 59;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 60;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 61;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 62;
-    pub const CU_STREAM_SYNC: u32 = 63;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 64;
-    pub const CU_CTX_SYNC: u32 = 65;
-    pub const CU_EVENT_SYNC: u32 = 66;
-    pub const CU_LAUNCH: u32 = 67;
-    pub const CU_LAUNCH_PTSZ: u32 = 68;
-    pub const CU_LAUNCH_EX: u32 = 69;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 70;
-    pub const CU_MEM_ALLOC: u32 = 71;
-    pub const CU_MEM_FREE: u32 = 72;
-    pub const CU_MEM_HOST_ALLOC: u32 = 73;
-    pub const CU_MEM_ALLOC_HOST: u32 = 74;
-    pub const CU_MEM_HOST_REGISTER: u32 = 75;
-    pub const CU_MEM_FREE_HOST: u32 = 76;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 77;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 78;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 79;
-    pub const CU_MEM_FREE_ASYNC: u32 = 80;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 81;
-    pub const CU_LAUNCH_COOP: u32 = 82;
-    pub const CU_LAUNCH_COOP_PTSZ: u32 = 83;
-    pub const CU_GRAPH_LAUNCH: u32 = 84;
-    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 85;
-    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 86;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 87;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 88;
-    pub const CU_BEGIN_CAPTURE: u32 = 89;
-    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 90;
-    pub const CU_END_CAPTURE: u32 = 91;
-    pub const CU_END_CAPTURE_PTSZ: u32 = 92;
-    pub const CU_MEMSET_D8_ASYNC: u32 = 93;
-    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 94;
-    pub const CU_MEMSET_D32_ASYNC: u32 = 95;
-    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 96;
-    pub const CU_CTX_SYNC_V2: u32 = 97;
-    // Device setup (issue 24, part 8): what says a process found no
-    // usable device. Runtime ids after the driver's first block.
-    pub const GET_DEVICE_COUNT: u32 = 98;
-    pub const SET_DEVICE: u32 = 99;
-    pub const CU_INIT: u32 = 100;
-    pub const CU_DEVICE_GET: u32 = 101;
-    pub const CU_DEVICE_GET_COUNT: u32 = 102;
-    pub const COUNT: u32 = 103;
+    // Device setup (issue 24, part 8): what says a process found no usable device.
+    pub const GET_DEVICE_COUNT: u32 = 43;
+    pub const SET_DEVICE: u32 = 44;
+    // Events and queries (issue 24, part 3): `(event, stream[, flags])`,
+    // `(stream, event, flags)`, `(event)`, `(stream)`.
+    pub const EVENT_RECORD: u32 = 45;
+    pub const EVENT_RECORD_PTSZ: u32 = 46;
+    pub const EVENT_RECORD_FLAGS: u32 = 47;
+    pub const EVENT_RECORD_FLAGS_PTSZ: u32 = 48;
+    pub const STREAM_WAIT_EVENT: u32 = 49;
+    pub const STREAM_WAIT_EVENT_PTSZ: u32 = 50;
+    pub const EVENT_QUERY: u32 = 51;
+    pub const STREAM_QUERY: u32 = 52;
+    pub const STREAM_QUERY_PTSZ: u32 = 53;
+    // CUDA driver API (libcuda): ids FIRST_DRIVER..COUNT. Copies take
+    // (dst, src, bytes[, stream]); the direction is in the name.
+    pub const CU_MEMCPY: u32 = 54;
+    pub const CU_MEMCPY_ASYNC: u32 = 55;
+    pub const CU_MEMCPY_HTOD: u32 = 56;
+    pub const CU_MEMCPY_DTOH: u32 = 57;
+    pub const CU_MEMCPY_DTOD: u32 = 58;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 59;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 60;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 61;
+    pub const CU_MEMCPY_PTDS: u32 = 62;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 63;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 64;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 65;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 66;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 67;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 68;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 69;
+    pub const CU_MEMCPY_PEER: u32 = 70;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 71;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 72;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 73;
+    pub const CU_STREAM_SYNC: u32 = 74;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 75;
+    pub const CU_CTX_SYNC: u32 = 76;
+    pub const CU_EVENT_SYNC: u32 = 77;
+    pub const CU_LAUNCH: u32 = 78;
+    pub const CU_LAUNCH_PTSZ: u32 = 79;
+    pub const CU_LAUNCH_EX: u32 = 80;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 81;
+    pub const CU_MEM_ALLOC: u32 = 82;
+    pub const CU_MEM_FREE: u32 = 83;
+    pub const CU_MEM_HOST_ALLOC: u32 = 84;
+    pub const CU_MEM_ALLOC_HOST: u32 = 85;
+    pub const CU_MEM_HOST_REGISTER: u32 = 86;
+    pub const CU_MEM_FREE_HOST: u32 = 87;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 88;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 89;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 90;
+    pub const CU_MEM_FREE_ASYNC: u32 = 91;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 92;
+    pub const CU_LAUNCH_COOP: u32 = 93;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 94;
+    pub const CU_GRAPH_LAUNCH: u32 = 95;
+    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 96;
+    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 97;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 98;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 99;
+    pub const CU_BEGIN_CAPTURE: u32 = 100;
+    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 101;
+    pub const CU_END_CAPTURE: u32 = 102;
+    pub const CU_END_CAPTURE_PTSZ: u32 = 103;
+    pub const CU_MEMSET_D8_ASYNC: u32 = 104;
+    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 105;
+    pub const CU_MEMSET_D32_ASYNC: u32 = 106;
+    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 107;
+    pub const CU_CTX_SYNC_V2: u32 = 108;
+    // Device setup.
+    pub const CU_INIT: u32 = 109;
+    pub const CU_DEVICE_GET: u32 = 110;
+    pub const CU_DEVICE_GET_COUNT: u32 = 111;
+    // Events and queries.
+    pub const CU_EVENT_RECORD: u32 = 112;
+    pub const CU_EVENT_RECORD_PTSZ: u32 = 113;
+    pub const CU_EVENT_RECORD_FLAGS: u32 = 114;
+    pub const CU_EVENT_RECORD_FLAGS_PTSZ: u32 = 115;
+    pub const CU_STREAM_WAIT_EVENT: u32 = 116;
+    pub const CU_STREAM_WAIT_EVENT_PTSZ: u32 = 117;
+    pub const CU_EVENT_QUERY: u32 = 118;
+    pub const CU_STREAM_QUERY: u32 = 119;
+    pub const CU_STREAM_QUERY_PTSZ: u32 = 120;
+    pub const COUNT: u32 = 121;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -165,6 +187,17 @@ pub mod api {
         "cudaStreamEndCapture_ptsz",
         "cudaMemsetAsync",
         "cudaMemsetAsync_ptsz",
+        "cudaGetDeviceCount",
+        "cudaSetDevice",
+        "cudaEventRecord",
+        "cudaEventRecord_ptsz",
+        "cudaEventRecordWithFlags",
+        "cudaEventRecordWithFlags_ptsz",
+        "cudaStreamWaitEvent",
+        "cudaStreamWaitEvent_ptsz",
+        "cudaEventQuery",
+        "cudaStreamQuery",
+        "cudaStreamQuery_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -220,11 +253,18 @@ pub mod api {
         "cuMemsetD32Async",
         "cuMemsetD32Async_ptsz",
         "cuCtxSynchronize_v2",
-        "cudaGetDeviceCount",
-        "cudaSetDevice",
         "cuInit",
         "cuDeviceGet",
         "cuDeviceGetCount",
+        "cuEventRecord",
+        "cuEventRecord_ptsz",
+        "cuEventRecordWithFlags",
+        "cuEventRecordWithFlags_ptsz",
+        "cuStreamWaitEvent",
+        "cuStreamWaitEvent_ptsz",
+        "cuEventQuery",
+        "cuStreamQuery",
+        "cuStreamQuery_ptsz",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -274,6 +314,15 @@ pub mod api {
             // CUDA 13's libcudart resolves cuCtxSynchronize to this.
             CU_CTX_SYNC_V2 => DEVICE_SYNC,
             CU_DEVICE_GET_COUNT => GET_DEVICE_COUNT,
+            CU_EVENT_RECORD => EVENT_RECORD,
+            CU_EVENT_RECORD_PTSZ => EVENT_RECORD_PTSZ,
+            CU_EVENT_RECORD_FLAGS => EVENT_RECORD_FLAGS,
+            CU_EVENT_RECORD_FLAGS_PTSZ => EVENT_RECORD_FLAGS_PTSZ,
+            CU_STREAM_WAIT_EVENT => STREAM_WAIT_EVENT,
+            CU_STREAM_WAIT_EVENT_PTSZ => STREAM_WAIT_EVENT_PTSZ,
+            CU_EVENT_QUERY => EVENT_QUERY,
+            CU_STREAM_QUERY => STREAM_QUERY,
+            CU_STREAM_QUERY_PTSZ => STREAM_QUERY_PTSZ,
             other => other,
         }
     }
@@ -281,7 +330,7 @@ pub mod api {
     /// A driver API function (libcuda).
     #[inline(always)]
     pub fn is_driver(api: u32) -> bool {
-        (FIRST_DRIVER..GET_DEVICE_COUNT).contains(&api) || (CU_INIT..COUNT).contains(&api)
+        (FIRST_DRIVER..COUNT).contains(&api)
     }
 
     /// Device setup: counting, choosing and initialising devices (a
@@ -400,6 +449,33 @@ pub mod api {
         if matches!(api, CU_MEMSET_D32_ASYNC | CU_MEMSET_D32_ASYNC_PTSZ) { 4 } else { 1 }
     }
 
+    /// `cudaEventRecord[WithFlags][_ptsz](event, stream[, flags])`,
+    /// `cuEventRecord*`: the event marks the stream's work so far.
+    #[inline(always)]
+    pub fn is_event_record(api: u32) -> bool {
+        matches!(canonical(api), EVENT_RECORD | EVENT_RECORD_PTSZ | EVENT_RECORD_FLAGS | EVENT_RECORD_FLAGS_PTSZ)
+    }
+
+    /// `cudaStreamWaitEvent[_ptsz](stream, event, flags)`,
+    /// `cuStreamWaitEvent*`: a stream waits on the device, not the host.
+    #[inline(always)]
+    pub fn is_stream_wait_event(api: u32) -> bool {
+        matches!(canonical(api), STREAM_WAIT_EVENT | STREAM_WAIT_EVENT_PTSZ)
+    }
+
+    /// `cudaEventQuery(event)`, `cudaStreamQuery[_ptsz](stream)` and the
+    /// driver's: whether the work is done, without waiting
+    /// ([`NOT_READY`] when not). Hot in polling loops: aggregated in the
+    /// kernel; only a call that fails sends a per-call event.
+    #[inline(always)]
+    pub fn is_query(api: u32) -> bool {
+        matches!(canonical(api), EVENT_QUERY | STREAM_QUERY | STREAM_QUERY_PTSZ)
+    }
+
+    /// `cudaErrorNotReady` / `CUDA_ERROR_NOT_READY`: what a query returns
+    /// while the work is still running (not an error).
+    pub const NOT_READY: i32 = 600;
+
     /// Capture and instantiation: what names a graph.
     #[inline(always)]
     pub fn is_graph_setup(api: u32) -> bool {
@@ -455,6 +531,16 @@ pub struct CudaStats {
     pub sync_pairs: u64,
     /// Time of the syncs counted in `sync_pairs`.
     pub sync_pair_ns: u64,
+    /// Queries (`api::is_query`) that found the work still running
+    /// (`api::NOT_READY`; not counted in `errors`): polls.
+    pub not_ready: u64,
+    /// Waits that polling ended: a query that found the work done after
+    /// one or more not-ready answers on the same thread.
+    pub poll_waits: u64,
+    /// Wall time of those waits, from the start of the first not-ready
+    /// query to the end of the query that ended the wait: how long the
+    /// thread spun.
+    pub poll_ns: u64,
 }
 
 impl CudaStats {
@@ -467,6 +553,9 @@ impl CudaStats {
         self.errors += other.errors;
         self.sync_pairs += other.sync_pairs;
         self.sync_pair_ns += other.sync_pair_ns;
+        self.not_ready += other.not_ready;
+        self.poll_waits += other.poll_waits;
+        self.poll_ns += other.poll_ns;
     }
 }
 
@@ -497,6 +586,16 @@ pub struct CudaCapture {
     /// Copies and memsets captured, and their bytes.
     pub copies: u64,
     pub copy_bytes: u64,
+}
+
+/// Key of `CUDA_EVENT_COPY`: one CUDA event (`cudaEvent_t`, `CUevent`) of
+/// one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    pub pid: u32,
+    pub _pad: u32,
+    pub event: u64,
 }
 
 /// A call in flight on one thread (`CUDA_INFLIGHT`, keyed by tid).
@@ -534,6 +633,9 @@ pub struct CudaInflight {
     /// The `CUDA_STATS` key and the stream of that copy.
     pub last_copy: CudaKey,
     pub last_copy_stream: u64,
+    /// Start of the thread's first not-ready query since its last query
+    /// that found the work done (0: not polling; kept across calls).
+    pub poll_start: u64,
 }
 
 /// One finished call, sent through `CUDA_EVENTS` (not for launches).
@@ -577,6 +679,7 @@ mod pod {
     unsafe impl aya::Pod for super::CudaInflight {}
     unsafe impl aya::Pod for super::CudaEvent {}
     unsafe impl aya::Pod for super::CudaCapture {}
+    unsafe impl aya::Pod for super::EventKey {}
 }
 
 #[cfg(test)]
@@ -586,19 +689,20 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(core::mem::size_of::<CudaKey>(), 40);
-        assert_eq!(core::mem::size_of::<CudaStats>(), 48);
+        assert_eq!(core::mem::size_of::<CudaStats>(), 72);
+        assert_eq!(core::mem::size_of::<EventKey>(), 16);
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
-        assert_eq!(core::mem::size_of::<CudaInflight>(), 144);
+        assert_eq!(core::mem::size_of::<CudaInflight>(), 152);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
         assert_eq!(core::mem::size_of::<CudaCapture>(), 32);
     }
 
     #[test]
     fn stats_merge_adds_every_field() {
-        let mut a = CudaStats { count: 1, bytes: 2, total_ns: 3, errors: 4, sync_pairs: 5, sync_pair_ns: 6 };
-        let b = CudaStats { count: 10, bytes: 20, total_ns: 30, errors: 40, sync_pairs: 50, sync_pair_ns: 60 };
+        let mut a = CudaStats { count: 1, bytes: 2, total_ns: 3, errors: 4, sync_pairs: 5, sync_pair_ns: 6, not_ready: 7, poll_waits: 8, poll_ns: 9 };
+        let b = CudaStats { count: 10, bytes: 20, total_ns: 30, errors: 40, sync_pairs: 50, sync_pair_ns: 60, not_ready: 70, poll_waits: 80, poll_ns: 90 };
         a.merge(&b);
-        assert_eq!(a, CudaStats { count: 11, bytes: 22, total_ns: 33, errors: 44, sync_pairs: 55, sync_pair_ns: 66 });
+        assert_eq!(a, CudaStats { count: 11, bytes: 22, total_ns: 33, errors: 44, sync_pairs: 55, sync_pair_ns: 66, not_ready: 77, poll_waits: 88, poll_ns: 99 });
         a.merge(&CudaStats::default());
         assert_eq!(a.count, 11);
         let mut z = CudaStats::default();
@@ -671,6 +775,11 @@ mod tests {
             assert!(api::is_device_setup(id) && api::is_driver(id), "{}", api::NAMES[id as usize]);
         }
         assert!(!api::is_copy(api::GET_DEVICE_COUNT) && !api::is_sync(api::CU_INIT) && !api::entry_only(api::CU_DEVICE_GET));
+        assert!(api::is_event_record(api::CU_EVENT_RECORD_FLAGS_PTSZ) && api::is_event_record(api::EVENT_RECORD));
+        assert!(api::is_stream_wait_event(api::CU_STREAM_WAIT_EVENT_PTSZ) && !api::is_sync(api::STREAM_WAIT_EVENT));
+        assert!(api::is_query(api::CU_STREAM_QUERY_PTSZ) && api::is_query(api::EVENT_QUERY) && !api::is_sync(api::STREAM_QUERY));
+        // Runtime ids first, then the driver's: one range each.
+        assert!((0..api::FIRST_DRIVER).all(|id| !api::is_driver_name(api::NAMES[id as usize])));
         // Every name's kind agrees with is_driver.
         for (id, name) in api::NAMES.iter().enumerate() {
             assert_eq!(api::is_driver(id as u32), api::is_driver_name(name), "{name}");

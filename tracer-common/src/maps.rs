@@ -46,6 +46,7 @@ pub const CUDA_STATS: &str = "CUDA_STATS";
 pub const CUDA_LAUNCHES: &str = "CUDA_LAUNCHES";
 pub const CUDA_INFLIGHT: &str = "CUDA_INFLIGHT";
 pub const CUDA_CAPTURE: &str = "CUDA_CAPTURE";
+pub const CUDA_EVENT_COPY: &str = "CUDA_EVENT_COPY";
 pub const CUDA_TEXT: &str = "CUDA_TEXT";
 pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
@@ -88,6 +89,7 @@ pub const ALL: &[&str] = &[
     CUDA_LAUNCHES,
     CUDA_INFLIGHT,
     CUDA_CAPTURE,
+    CUDA_EVENT_COPY,
     CUDA_TEXT,
     CUDA_DRV_ROUTE,
     CUDA_SLICE,

@@ -51,7 +51,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaStats, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaStats, EventKey, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use aya_log_ebpf::warn;
@@ -73,6 +73,16 @@ pub static CUDA_INFLIGHT: HashMap<u32, CudaInflight> = HashMap::with_max_entries
 /// run: counted here, not as launches or copies.
 #[map]
 pub static CUDA_CAPTURE: HashMap<u32, CudaCapture> = HashMap::with_max_entries(4096, 0);
+
+/// Per (pid, event): the async copy an event was recorded behind (the
+/// recording thread's last async copy, on the event's stream): an event
+/// synchronize waits for that copy, as a stream synchronize would
+/// (`cudaMemcpyAsync(..., s)`, `cudaEventRecord(e, s)`, later
+/// `cudaEventSynchronize(e)`: PyTorch's `non_blocking` copy + event, vLLM's
+/// token return). Removed when the event is synchronized or recorded again
+/// without a copy behind it.
+#[map]
+pub static CUDA_EVENT_COPY: HashMap<EventKey, CudaKey> = HashMap::with_max_entries(8192, 0);
 
 /// Per process: the code ranges `[start, end)` of its probed runtime
 /// (`[0..2]`) and driver (`[2..4]`) libraries, set by userspace.
@@ -397,6 +407,15 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
         (0, arg1, 0, arg0)
     } else if api::is_capture_begin(a) {
         (0, 0, 0, arg0)
+    } else if api::is_event_record(a) {
+        // (event, stream[, flags])
+        (0, arg0, 0, arg1)
+    } else if api::is_stream_wait_event(a) {
+        // (stream, event, flags)
+        (0, arg1, 0, arg0)
+    } else if api::is_query(a) {
+        // (event) or (stream)
+        (0, 0, 0, arg0)
     } else if api::is_sync(a) {
         (0, 0, 0, if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 })
     } else if api::releases_pointer(a) {
@@ -628,7 +647,18 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         caller: call.caller,
     };
     let bytes = if api::releases_pointer(call.api) || api::is_sync(call.api) { 0 } else { call.bytes };
-    account(&key, bytes, ns, rc != 0);
+    if api::is_query(call.api) {
+        // Queries are aggregated only (no event: polling loops are hot),
+        // not-ready apart from errors; only an error goes out as an event.
+        // SAFETY: map value owned by this thread.
+        let spun = unsafe { poll_wait(&mut *slot, rc, call.start_ns, now) };
+        account_query(&key, ns, rc, spun);
+        if rc == 0 || rc == api::NOT_READY {
+            return 0;
+        }
+    } else {
+        account(&key, bytes, ns, rc != 0);
+    }
     // Copy -> sync pairs, in the kernel too: the detector's main pattern
     // stays exact when per-call events are lost.
     if api::is_copy(call.api) {
@@ -641,16 +671,29 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
                 (*slot).last_copy_stream = call.stream;
             }
         }
-    } else if api::is_sync(call.api) && call.last_copy_active != 0 {
-        unsafe { (*slot).last_copy_active = 0 };
-        let covers = match api::canonical(call.api) {
-            api::DEVICE_SYNC => true,
-            api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => call.stream == call.last_copy_stream,
-            _ => false,
-        };
-        if covers {
-            add_pair(&call.last_copy, ns);
+    } else if api::is_event_record(call.api) {
+        if rc == 0 {
+            // SAFETY: map value owned by this thread.
+            unsafe { record_event(&mut *slot, &call, tgid) };
+        }
+    } else if api::is_sync(call.api) {
+        let event_copy = if api::canonical(call.api) == api::EVENT_SYNC { event_copy(tgid, call.stream) } else { None };
+        if let Some(copy) = event_copy {
+            // The event was recorded behind a copy: this sync waited for it.
+            add_pair(&copy, ns);
             add_pair(&key, ns);
+        }
+        if call.last_copy_active != 0 {
+            unsafe { (*slot).last_copy_active = 0 };
+            let covers = match api::canonical(call.api) {
+                api::DEVICE_SYNC => true,
+                api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => call.stream == call.last_copy_stream,
+                _ => false,
+            };
+            if covers && event_copy.is_none() {
+                add_pair(&call.last_copy, ns);
+                add_pair(&key, ns);
+            }
         }
     }
     if global(&CUDA_EVENTS_ENABLED) == 0 {
@@ -685,6 +728,86 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     });
     entry.submit(0);
     0
+}
+
+/// `cudaEventRecord(event, stream)` returned 0 on this thread (`slot`):
+/// the thread's pending async copy, when it is on the event's stream,
+/// passes to the event (its sync now waits for it); otherwise the event
+/// covers no copy (it may have covered one before).
+#[inline(never)]
+fn record_event(slot: &mut CudaInflight, call: &CudaInflight, tgid: u32) {
+    let ek = EventKey { pid: tgid, _pad: 0, event: call.dst };
+    if call.last_copy_active != 0 && call.stream == call.last_copy_stream {
+        slot.last_copy_active = 0;
+        if CUDA_EVENT_COPY.insert(&ek, &call.last_copy, 0).is_err() {
+            count_drop(counters::CUDA_LOST);
+        }
+    } else {
+        let _ = CUDA_EVENT_COPY.remove(&ek);
+    }
+}
+
+/// The copy event `event` of process `tgid` was recorded behind, taken
+/// (a second synchronize of the event does not wait for it again).
+#[inline(never)]
+fn event_copy(tgid: u32, event: u64) -> Option<CudaKey> {
+    let ek = EventKey { pid: tgid, _pad: 0, event };
+    let copy = unsafe { CUDA_EVENT_COPY.get(&ek) }.copied()?;
+    let _ = CUDA_EVENT_COPY.remove(&ek);
+    Some(copy)
+}
+
+/// A query answered `rc` on this thread (`slot`): a not-ready answer
+/// starts (or continues) a wait; a ready one ends it. Returns the wall
+/// time of the wait it ended, else 0.
+#[inline(never)]
+fn poll_wait(slot: &mut CudaInflight, rc: i32, start_ns: u64, now: u64) -> u64 {
+    if rc == api::NOT_READY {
+        if slot.poll_start == 0 {
+            slot.poll_start = start_ns;
+        }
+        return 0;
+    }
+    let started = slot.poll_start;
+    slot.poll_start = 0;
+    if rc == 0 && started != 0 { now.saturating_sub(started) } else { 0 }
+}
+
+/// One query (`cudaEventQuery`, `cudaStreamQuery`): not-ready answers are
+/// polls, counted apart from errors; `spun`: the wall time of the wait
+/// this answer ended (0: none).
+#[inline(always)]
+fn account_query(key: &CudaKey, ns: u64, rc: i32, spun: u64) {
+    let poll = rc == api::NOT_READY;
+    let error = rc != 0 && !poll;
+    let waits = (spun != 0) as u64;
+    match CUDA_STATS.get_ptr_mut(key) {
+        // SAFETY: per-thread key: this thread is the only writer.
+        Some(p) => unsafe {
+            (*p).count += 1;
+            (*p).total_ns += ns;
+            (*p).errors += error as u64;
+            (*p).not_ready += poll as u64;
+            (*p).poll_waits += waits;
+            (*p).poll_ns += spun;
+        },
+        None => {
+            let fresh = CudaStats {
+                count: 1,
+                bytes: 0,
+                total_ns: ns,
+                errors: error as u64,
+                sync_pairs: 0,
+                sync_pair_ns: 0,
+                not_ready: poll as u64,
+                poll_waits: waits,
+                poll_ns: spun,
+            };
+            if CUDA_STATS.insert(key, &fresh, 0).is_err() {
+                count_drop(counters::CUDA_LOST);
+            }
+        }
+    }
 }
 
 /// Whether `call` is a copy or memset made while thread `tid` captures:
@@ -736,7 +859,7 @@ fn account(key: &CudaKey, bytes: u64, ns: u64, error: bool) {
             (*p).errors += error as u64;
         },
         None => {
-            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64, sync_pairs: 0, sync_pair_ns: 0 };
+            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64, sync_pairs: 0, sync_pair_ns: 0, not_ready: 0, poll_waits: 0, poll_ns: 0 };
             if CUDA_STATS.insert(key, &fresh, 0).is_err() {
                 count_drop(counters::CUDA_LOST);
             }

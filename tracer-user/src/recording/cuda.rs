@@ -104,8 +104,13 @@ impl CallClass {
 
     /// The class of a native stack frame's function: a probed function's
     /// ([`of_name`](Self::of_name)); another CUDA copy (`cudaMemcpy*`,
-    /// `cuMemcpy*`) or synchronize (`cu*Synchronize*`) by its name.
+    /// `cuMemcpy*`) or synchronize (`cu*Synchronize*`) by its name. A
+    /// thread inside a query (`cudaEventQuery`, `cudaStreamQuery`) is
+    /// polling the GPU: a sync, for what the thread's time is.
     pub fn of_symbol(name: &str) -> CallClass {
+        if api::NAMES.iter().position(|n| *n == name).is_some_and(|id| api::is_query(id as u32)) {
+            return CallClass::Sync;
+        }
         match CallClass::of_name(name) {
             CallClass::Other if name.starts_with("cu") && name.contains("Synchronize") => CallClass::Sync,
             CallClass::Other if name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy") => CallClass::Copy,
@@ -147,12 +152,35 @@ pub struct CudaCall {
     /// `pageable` miss them, and the detector did not see them.
     #[serde(default)]
     pub events_lost: u64,
+    /// Queries (`cudaEventQuery`, `cudaStreamQuery` and the driver's;
+    /// schema 1.x addition, absent for other calls): the calls that found
+    /// the work still running (`cudaErrorNotReady`, 600; not counted in
+    /// `errors`): polls. `poll_waits`: the waits polling ended (a query
+    /// that found the work done after not-ready answers on its thread),
+    /// and `poll_ns` their wall time, from the first not-ready query to
+    /// the one that found the work done: how long threads spun. Queries
+    /// send a per-call event only when they fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_waits: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_ns: Option<u64>,
 }
 
 impl CudaCall {
     /// What the call does: as recorded, else (format 1) by its API name.
     pub fn class(&self) -> CallClass {
         self.class.unwrap_or_else(|| CallClass::of_name(&self.api))
+    }
+
+    /// An event record, a stream's wait on an event, or a query (by its
+    /// API name).
+    pub fn is_event_or_query(&self) -> bool {
+        api::NAMES
+            .iter()
+            .position(|n| *n == self.api)
+            .is_some_and(|id| api::is_event_record(id as u32) || api::is_stream_wait_event(id as u32) || api::is_query(id as u32))
     }
 }
 
@@ -289,7 +317,7 @@ pub struct GpuSample {
 pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
-    /// `device_memory_leak`, `graph_recaptured`.
+    /// `device_memory_leak`, `graph_recaptured`, `sync_polling`.
     pub kind: String,
     /// `high`, `medium` or `low`.
     pub severity: String,
@@ -342,6 +370,10 @@ pub struct Finding {
     pub window_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub site_time_ns: Option<u64>,
+    /// `sync_polling`: the waits the not-ready queries (`count`) were
+    /// spent in; `time_ns` is their wall time (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits: Option<u64>,
 }
 
 impl Finding {
@@ -453,7 +485,8 @@ mod tests {
         for id in 0..api::COUNT + 2 {
             let name = api_name(id);
             assert_eq!(CallClass::of_name(&name), CallClass::of_api(id), "{name}");
-            assert_eq!(CallClass::of_symbol(&name), CallClass::of_api(id), "{name}");
+            let polls = id < api::COUNT && api::is_query(id);
+            assert_eq!(CallClass::of_symbol(&name), if polls { CallClass::Sync } else { CallClass::of_api(id) }, "{name}");
             // What the name tests said before the class was stored.
             let sync = name.starts_with("cu") && name.contains("Synchronize");
             let copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");

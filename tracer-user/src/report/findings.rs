@@ -22,6 +22,8 @@ const ADVICE_SHARE: &str = "Overlap transfers with compute and remove waits: pin
 const ADVICE_RECAPTURED: &str = "Capture the graph once, outside the loop, and replay it (torch.cuda.CUDAGraph.replay(), or keep the torch.compile(mode=\"reduce-overhead\") function and its input shapes stable): copy new inputs into the captured static tensors instead of capturing again.";
 const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTorch drop the references that keep device tensors alive (e.g. a list of outputs or losses that also keeps the autograd graph: store loss.item() or .detach()). Watch torch.cuda.memory_allocated() over time to confirm.";
 
+const ADVICE_POLLING: &str = "Wait instead of spinning: cudaEventSynchronize / torch.cuda.Event.synchronize() or stream.synchronize() (with the event created blocking, cudaEventBlockingSync / torch.cuda.Event(blocking=True), the thread sleeps instead of burning a CPU), or do useful host work between the queries (event.query() once per step, not in a tight loop).";
+
 const ADVICE_LOOP_CPU: &str =
     "move the CPU work to a process pool (loop.run_in_executor with a ProcessPoolExecutor), or split it with awaits";
 const ADVICE_LOOP_BLOCKING: &str = "move the blocking call to a thread (await asyncio.to_thread(...) / loop.run_in_executor) or await an async version (asyncio.sleep, an async client)";
@@ -100,6 +102,15 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
             f.count,
             fmt_ns(f.time_ns)
         ),
+        "sync_polling" => {
+            let waits = f.waits.unwrap_or(0);
+            let per_wait = if waits > 0 { format!(" ({} per wait)", f.count / waits) } else { String::new() };
+            format!(
+                "{} queries from this line found the GPU work not done{per_wait}: the thread spun {} polling in {waits} waits{failed}",
+                f.count,
+                fmt_ns(f.time_ns)
+            )
+        }
         "copy_time_share" => {
             let window_ns = f.window_ns.unwrap_or(0);
             format!(
@@ -129,6 +140,7 @@ pub fn cuda_advice(f: &Finding) -> &str {
         "copy_time_share" => ADVICE_SHARE,
         "device_memory_leak" => ADVICE_LEAK,
         "graph_recaptured" => ADVICE_RECAPTURED,
+        "sync_polling" => ADVICE_POLLING,
         _ => "",
     }
 }

@@ -223,6 +223,9 @@ mod tests {
             pinned: None,
             pageable: Some(count),
             events_lost: 0,
+            not_ready: None,
+            poll_waits: None,
+            poll_ns: None,
         }
     }
 

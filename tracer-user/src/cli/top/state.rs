@@ -381,6 +381,9 @@ pub mod tests {
             pinned: None,
             pageable: None,
             events_lost: 0,
+            not_ready: None,
+            poll_waits: None,
+            poll_ns: None,
         };
         let finding = Finding {
             kind: "pageable_copy".into(),

@@ -174,12 +174,16 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
                 pinned: None,
                 pageable: None,
                 events_lost: 0,
+                not_ready: api::is_query(key.1).then_some(v.not_ready),
+                poll_waits: api::is_query(key.1).then_some(v.poll_waits),
+                poll_ns: api::is_query(key.1).then_some(v.poll_ns),
             };
             (key, c)
         })
         .collect();
     for (key, raws) in &raw_of_call {
         let c = calls.get_mut(key).expect("call key");
+
         let mut events = 0;
         for raw in raws {
             if let Some(codes) = replay.return_codes.get(&(*raw, key.1, key.2)) {
@@ -193,7 +197,19 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
                 *c.pageable.get_or_insert(0) += q;
             }
         }
-        c.events_lost = c.count.saturating_sub(events);
+        if api::is_query(key.1) {
+            // Only errors send an event: the rest are the kernel's counts.
+            let not_ready = c.not_ready.unwrap_or(0);
+            let ok = c.count.saturating_sub(c.errors).saturating_sub(not_ready);
+            for (rc, n) in [(0, ok), (tracer_common::cuda::api::NOT_READY, not_ready)] {
+                if n > 0 {
+                    *c.return_codes.entry(rc).or_default() += n;
+                }
+            }
+            c.events_lost = c.errors.saturating_sub(events);
+        } else {
+            c.events_lost = c.count.saturating_sub(events);
+        }
     }
     let mut calls: Vec<CudaCall> = calls.into_values().collect();
     calls.sort_by(|a, b| {
@@ -230,6 +246,17 @@ fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut S
     // or larger: it also gives `cudaMemcpyDefault` copies a direction.)
     let mut kernel: BTreeMap<(u32, Site), SiteSummary> = BTreeMap::new();
     for (k, v) in stats {
+        if api::is_query(k.api) {
+            // Only the kernel counts queries.
+            let key = summary(RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: k.caller }, sites, cx)?;
+            let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+            s.polls.queries += v.count;
+            s.polls.not_ready += v.not_ready;
+            s.polls.waits += v.poll_waits;
+            s.polls.wait_ns += v.poll_ns;
+            s.polls.errors += v.errors;
+            continue;
+        }
         let copy = api::is_copy(k.api) && k.kind != KIND_DEFAULT;
         if !copy && !api::is_sync(k.api) {
             continue;

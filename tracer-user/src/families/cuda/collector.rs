@@ -570,6 +570,12 @@ impl CudaCollector {
         for k in &gone_keys {
             let _ = route.remove(k);
         }
+        let mut event_copy: BpfHashMap<_, tracer_common::cuda::EventKey, CudaKey> =
+            probe::hash_map(ebpf, tracer_common::maps::CUDA_EVENT_COPY)?;
+        let gone_events: Vec<tracer_common::cuda::EventKey> = event_copy.keys().filter_map(Result::ok).filter(|k| gone(k.pid)).collect();
+        for k in &gone_events {
+            let _ = event_copy.remove(k);
+        }
         if let Some(ev) = &self.events {
             ev.with(|r| r.forget_threads(&dead));
         }

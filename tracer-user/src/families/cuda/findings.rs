@@ -7,7 +7,7 @@
 //! One function per rule, named after the kind of finding it makes
 //! (`small_htod_copies`, `sync_after_copy`, `pageable_copy`,
 //! `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
-//! `device_memory_leak`); [`detect`] runs them all and ranks the findings.
+//! `device_memory_leak`, `sync_polling`); [`detect`] runs them all and ranks the findings.
 //! A finding holds numbers only: its sentence and advice are written by the
 //! report (`crate::report::findings`).
 
@@ -47,6 +47,11 @@ pub struct Thresholds {
     pub leak_min_live: u64,
     /// ...of which at least this share was made in the second half of the window.
     pub leak_min_late_share: f64,
+    /// `sync_polling`: at least this many not-ready queries from a site...
+    pub poll_min_not_ready: u64,
+    /// ...at least this many per wait on average (a loop that checks once
+    /// per step of other work is not spinning).
+    pub poll_min_per_wait: u64,
     /// Severity from the share of wall time a finding costs: high from this...
     pub high_share: f64,
     /// ...medium from this.
@@ -66,6 +71,8 @@ impl Default for Thresholds {
             time_share_min_ns: 10_000_000,
             leak_min_live: 16,
             leak_min_late_share: 0.25,
+            poll_min_not_ready: 100,
+            poll_min_per_wait: 8,
             high_share: 0.10,
             medium_share: 0.02,
         }
@@ -81,6 +88,20 @@ pub struct SiteSummary {
     pub copies: BTreeMap<u32, CopyObs>,
     pub syncs: SyncObs,
     pub allocs: AllocObs,
+    pub polls: PollObs,
+}
+
+/// Queries from one site (`cudaEventQuery`, `cudaStreamQuery`): the
+/// kernel's aggregates (queries send no per-call event).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PollObs {
+    pub queries: u64,
+    /// Answers "not ready" (`cudaErrorNotReady`).
+    pub not_ready: u64,
+    /// Waits polling ended, and their wall time.
+    pub waits: u64,
+    pub wait_ns: u64,
+    pub errors: u64,
 }
 
 impl SiteSummary {
@@ -118,7 +139,7 @@ type Rule = fn(&[SiteSummary], u64, &Thresholds) -> Vec<Finding>;
 
 /// Every rule. Each keeps the order of `sites`, which [`detect`]'s stable
 /// sort keeps among findings it ranks equal.
-const RULES: [Rule; 7] = [
+const RULES: [Rule; 8] = [
     small_htod_copies,
     sync_after_copy,
     pageable_copy,
@@ -126,6 +147,7 @@ const RULES: [Rule; 7] = [
     repeated_upload,
     copy_time_share,
     device_memory_leak,
+    sync_polling,
 ];
 
 /// Runs every rule, most severe findings first (then by time, calls, kind).
@@ -308,6 +330,32 @@ fn device_memory_leak(sites: &[SiteSummary], _window_ns: u64, t: &Thresholds) ->
     out
 }
 
+/// `sync_polling`: a site's queries (`cudaEventQuery`, `cudaStreamQuery`)
+/// answered "not ready" again and again in each wait: a thread spinning on
+/// the GPU, a CPU burnt for nothing. Cost: the waits' wall time.
+fn sync_polling(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for s in sites {
+        let p = &s.polls;
+        if p.not_ready < t.poll_min_not_ready || p.not_ready < t.poll_min_per_wait * p.waits.max(1) {
+            continue;
+        }
+        out.push(Finding {
+            kind: "sync_polling".into(),
+            severity: severity(p.wait_ns, window_ns, t).into(),
+            pid: s.pid,
+            site: s.site.clone(),
+            count: p.not_ready,
+            bytes: 0,
+            time_ns: p.wait_ns,
+            waits: Some(p.waits),
+            errors: Some(p.errors),
+            ..Default::default()
+        });
+    }
+    out
+}
+
 /// `copy_time_share`: per process, the time of repeated copies and syncs
 /// against the window, reported at the site that spent the most.
 fn copy_time_share(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
@@ -471,6 +519,28 @@ mod tests {
         assert_eq!(
             words("copy_time_share"),
             "host/device copies and synchronizations took 26% of the wall time (51.0 ms of 200.0 ms); this line alone 50.0 ms"
+        );
+    }
+
+    /// A spin on `cudaEventQuery` (hundreds of not-ready answers per wait)
+    /// is a finding; a loop that checks once per step is not.
+    #[test]
+    fn polling_spins_only() {
+        let t = Thresholds::default();
+        let spin = PollObs { queries: 5_050, not_ready: 5_000, waits: 50, wait_ns: 100_000_000, errors: 0 };
+        let check = PollObs { queries: 400, not_ready: 200, waits: 200, wait_ns: 2_000_000_000, errors: 0 };
+        let sites = vec![
+            SiteSummary { pid: 1, site: site(60), polls: spin, ..Default::default() },
+            SiteSummary { pid: 1, site: site(61), polls: check, ..Default::default() },
+        ];
+        let f = detect(&sites, 1_000_000_000, &t);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!((f[0].kind.as_str(), f[0].site.line, f[0].count, f[0].time_ns, f[0].waits), ("sync_polling", Some(60), 5_000, 100_000_000, Some(50)));
+        assert_eq!(f[0].severity, "high");
+        assert!(!crate::report::findings::cuda_advice(&f[0]).is_empty());
+        assert_eq!(
+            crate::report::findings::cuda_message(&f[0]),
+            "5000 queries from this line found the GPU work not done (100 per wait): the thread spun 100.0 ms polling in 50 waits"
         );
     }
 

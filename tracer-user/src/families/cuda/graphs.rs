@@ -90,16 +90,7 @@ pub(super) fn recaptured(captures: &[GraphCapture], window_ns: u64, t: &Threshol
             count: c.captures,
             bytes: c.copy_bytes,
             time_ns: c.capture_ns,
-            message: None,
-            advice: None,
-            events_lost: 0,
-            copy_kind: None,
-            copies: None,
-            errors: None,
-            max_bytes: None,
-            allocs: None,
-            window_ns: None,
-            site_time_ns: None,
+            ..Default::default()
         })
         .collect()
 }

@@ -80,6 +80,9 @@ mod tests {
             pinned: None,
             pageable: None,
             events_lost: 0,
+            not_ready: None,
+            poll_waits: None,
+            poll_ns: None,
         }
     }
 

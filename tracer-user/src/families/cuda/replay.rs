@@ -186,6 +186,9 @@ pub struct Replay {
     /// pid -> device pointer -> allocation.
     device: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
     last_copy: HashMap<u32, LastCopy>,
+    /// (pid, event) -> the async copy the event was recorded behind (the
+    /// kernel's `CUDA_EVENT_COPY`).
+    event_copy: HashMap<(u32, u64), (RawSite, u32)>,
 }
 
 fn in_ranges<V>(m: Option<&BTreeMap<u64, V>>, addr: u64, end_of: impl Fn(u64, &V) -> u64) -> bool {
@@ -229,6 +232,8 @@ impl Replay {
             self.sync(site, e);
         } else if api::is_graph_setup(e.api) {
             self.graphs.apply(site, e);
+        } else if api::is_event_record(e.api) {
+            self.record_event(e);
         } else {
             self.memory(site, e);
         }
@@ -278,19 +283,44 @@ impl Replay {
         }
     }
 
+    /// `cudaEventRecord(event, stream)` (`dst` the event): the thread's
+    /// pending async copy on that stream passes to the event, as in the
+    /// kernel (`record_event`).
+    fn record_event(&mut self, e: &CudaEvent) {
+        if e.rc != 0 {
+            return;
+        }
+        match self.last_copy.get(&e.tid) {
+            Some(last) if last.stream == e.stream => {
+                self.event_copy.insert((e.pid, e.dst), last.key);
+                self.last_copy.remove(&e.tid);
+            }
+            _ => {
+                self.event_copy.remove(&(e.pid, e.dst));
+            }
+        }
+    }
+
     fn sync(&mut self, site: RawSite, e: &CudaEvent) {
         let s = self.syncs.entry((site, e.api)).or_default();
         s.count += 1;
         s.ns += e.dur_ns;
-        let Some(last) = self.last_copy.remove(&e.tid) else { return };
-        let covers = match api::canonical(e.api) {
-            api::DEVICE_SYNC => true,
-            api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => e.stream == last.stream,
-            _ => false,
-        };
-        if covers {
+        // An event synchronize (`stream` is the event) waits for the copy
+        // the event was recorded behind.
+        let by_event = if api::canonical(e.api) == api::EVENT_SYNC { self.event_copy.remove(&(e.pid, e.stream)) } else { None };
+        let last = self.last_copy.remove(&e.tid);
+        let covered = by_event.or_else(|| {
+            let last = last?;
+            let covers = match api::canonical(e.api) {
+                api::DEVICE_SYNC => true,
+                api::STREAM_SYNC | api::STREAM_SYNC_PTSZ => e.stream == last.stream,
+                _ => false,
+            };
+            covers.then_some(last.key)
+        });
+        if let Some(key) = covered {
             s.after_copy += 1;
-            if let Some(o) = self.copies.get_mut(&last.key) {
+            if let Some(o) = self.copies.get_mut(&key) {
                 o.sync_pairs += 1;
                 o.sync_pair_ns += e.dur_ns;
             }
@@ -380,6 +410,31 @@ mod tests {
         r.apply(&ev(api::MEMCPY, KIND_HTOD, 100, 0xd000, 0x1800, 0, 1));
         assert_eq!(r.copies[&(site, KIND_HTOD)].pageable, 2);
         assert_eq!(r.host_memory[&(site, api::MEMCPY_ASYNC, KIND_HTOD)], (1, 1));
+    }
+
+    /// torch's `x.to("cpu", non_blocking=True)` + `event.record()` +
+    /// `event.synchronize()`, and vLLM's (the sync later, other calls in
+    /// between): the event's synchronize waits for the copy.
+    #[test]
+    fn event_sync_covers_the_copy_recorded_behind() {
+        let mut r = Replay::default();
+        let site = RawSite { pid: 1, py_stack: 1, ..Default::default() };
+        for _ in 0..3 {
+            r.apply(&ev(api::MEMCPY_ASYNC, KIND_DTOH, 4, 0x1000, 0xd000, 7, 1));
+            r.apply(&ev(api::EVENT_RECORD, KIND_NONE, 0, 0xe0, 0, 7, 2));
+            r.apply(&ev(api::MALLOC, KIND_NONE, 64, 0x2000, 0, 0, 5));
+            r.apply(&ev(api::EVENT_SYNC, KIND_NONE, 0, 0, 0, 0xe0, 3));
+        }
+        // Recorded on another stream: covers nothing; a second sync of the
+        // same event waits for nothing more.
+        r.apply(&ev(api::MEMCPY_ASYNC, KIND_DTOH, 4, 0x1000, 0xd000, 7, 1));
+        r.apply(&ev(api::CU_EVENT_RECORD, KIND_NONE, 0, 0xe0, 0, 8, 2));
+        r.apply(&ev(api::EVENT_SYNC, KIND_NONE, 0, 0, 0, 0xe0, 3));
+        r.apply(&ev(api::EVENT_SYNC, KIND_NONE, 0, 0, 0, 0xe0, 3));
+        let o = &r.copies[&(site, KIND_DTOH)];
+        assert_eq!((o.count, o.sync_pairs), (4, 3));
+        let s = &r.syncs[&(RawSite { pid: 1, py_stack: 3, ..Default::default() }, api::EVENT_SYNC)];
+        assert_eq!((s.count, s.after_copy), (5, 3));
     }
 
     /// The kernel's exact figures raise the replay's (events lost), never

@@ -183,8 +183,10 @@ fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
         incomplete(out, cuda, &syncs, "the failed-call codes");
     }
 
+    events_section(out, cuda);
+
     let memory: Vec<&CudaCall> =
-        cuda.calls.iter().filter(|c| c.kind.is_none() && c.class() != CallClass::Sync).collect();
+        cuda.calls.iter().filter(|c| c.kind.is_none() && c.class() != CallClass::Sync && !c.is_event_or_query()).collect();
     if !memory.is_empty() {
         let _ = writeln!(out, "\nmemory calls by site:");
         let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7}  {:<20} SITE", "CALLS", "BYTES", "TIME", "ERRORS", "API");
@@ -203,6 +205,34 @@ fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
         more(out, memory.len());
         incomplete(out, cuda, &memory, "the failed-call codes and the leak finding");
     }
+}
+
+/// Event records, waits on events and queries by site: the queries'
+/// not-ready answers (polls), the waits polling ended and their time.
+fn events_section(out: &mut String, cuda: &CudaReport) {
+    let rows: Vec<&CudaCall> = cuda.calls.iter().filter(|c| c.is_event_or_query()).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nevents and queries by site:");
+    let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7} {:>10} {:>7}  {:<30} SITE", "CALLS", "TIME", "NOT READY", "WAITS", "SPUN", "ERRORS", "API");
+    let dash = || "-".to_owned();
+    for c in rows.iter().take(MAX_ROWS) {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>10} {:>10} {:>7} {:>10} {:>7}  {:<30} {}",
+            c.count,
+            fmt_ns(c.total_ns),
+            c.not_ready.map_or_else(dash, |n| n.to_string()),
+            c.poll_waits.map_or_else(dash, |n| n.to_string()),
+            c.poll_ns.map_or_else(dash, fmt_ns),
+            c.errors,
+            printable(&c.api),
+            short_site(&c.site)
+        );
+    }
+    more(out, rows.len());
+    incomplete(out, cuda, &rows, "the failed-call codes");
 }
 
 /// Kernel launches by kernel and site, then the failed calls by code.
@@ -228,7 +258,9 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
 
     let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
     for c in &cuda.calls {
-        for (rc, n) in c.return_codes.iter().filter(|(rc, _)| **rc != 0) {
+        // A query's "not ready" is an answer, not a failure.
+        let answer = |rc: i32| rc == 0 || (rc == tracer_common::cuda::api::NOT_READY && c.not_ready.is_some());
+        for (rc, n) in c.return_codes.iter().filter(|(rc, _)| !answer(**rc)) {
             let total = codes.entry(*rc).or_default();
             *total = total.saturating_add(*n);
         }
@@ -307,6 +339,9 @@ mod tests {
                 pinned: Some(0),
                 pageable: Some(100),
                 events_lost: 0,
+                not_ready: None,
+                poll_waits: None,
+                poll_ns: None,
             }],
             launches: vec![CudaLaunch { pid: 7, kernel: "k".into(), count: 5, site: site.clone(), api: "cudaLaunchKernel".into(), estimated: false, sampled: None }],
             findings: vec![Finding {
@@ -353,6 +388,9 @@ mod tests {
             pinned: None,
             pageable: None,
             events_lost: 0,
+            not_ready: None,
+            poll_waits: None,
+            poll_ns: None,
         };
         let mut samples = vec![gpu(10, 0, 37.0, 1 << 30, Some((1_024_000, 2_048_000))), gpu(20, 1, 81.0, 3 << 30, None)];
         samples[0].name = Some("nvmlsim GPU 0 (fake)".into());

@@ -243,7 +243,12 @@ fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
         let (Some(file), Some(line)) = (c.site.file.as_deref(), c.site.line) else { continue };
         let key = (base(file).to_owned(), line);
         let e = m.entry(c.pid).or_default();
+        // A line whose queries found the work not done polls the GPU.
+        let polls = c.not_ready.unwrap_or(0) > 0;
         match c.class() {
+            _ if polls => {
+                e.sync.insert(key);
+            }
             CallClass::Sync => {
                 e.sync.insert(key);
             }

@@ -112,6 +112,9 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
             pinned: None,
             pageable: None,
             events_lost: 0,
+            not_ready: None,
+            poll_waits: None,
+            poll_ns: None,
         }],
         findings: vec![Finding {
             kind: "tiny_dtoh_sync".into(),
