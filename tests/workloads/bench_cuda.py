@@ -11,6 +11,8 @@ what infertrace's probes add to each call:
           probed on entry only
   graph   cudaGraphLaunch(exec, stream) of a graph captured once (10
           kernels) before the loop: a graph launch, probed on entry only
+  event   cudaEventRecord(event, stream): an event record (torch's
+          Event.record()), probed on entry and on return
   step    a launch and STEP_WORK (300) iterations of Python arithmetic, a
           model step's framework work between launches (`record
           --max-overhead`): in 5 chunks, each long enough (~2 s) to hold
@@ -24,7 +26,7 @@ the call path and the probes, not a simulated GPU. Kernel host stubs come
 from $FAKE_KERNELS (tests/cudasim/kernels.c). Any tracer's uprobes on the
 library file count, so the bench builds a private copy for itself.
 
-Usage: bench_cuda.py copy|launch|graph|step ITERATIONS [--wait] [--probed]
+Usage: bench_cuda.py copy|launch|graph|event|step ITERATIONS [--wait] [--probed]
 
 With --probed the timed loop starts only once the probed function's first
 byte is int3 (the uprobe is in place; as in cuda_patterns.py), then
@@ -43,7 +45,13 @@ import time
 import benchlib
 
 DtoD = 3
-FUNCTIONS = {"copy": "cudaMemcpyAsync", "launch": "cudaLaunchKernel", "graph": "cudaGraphLaunch", "step": "cudaLaunchKernel"}
+FUNCTIONS = {
+    "copy": "cudaMemcpyAsync",
+    "launch": "cudaLaunchKernel",
+    "graph": "cudaGraphLaunch",
+    "event": "cudaEventRecord",
+    "step": "cudaLaunchKernel",
+}
 STEP_WORK = 300
 STEP_CHUNKS = 5
 
@@ -107,6 +115,15 @@ def graph_launches(lib, exe, stream, n):
         f(exe, stream)
 
 
+def event_records(lib, n):
+    f = lib.cudaEventRecord
+    event = ctypes.c_void_p()
+    lib.cudaEventCreate(ctypes.byref(event))
+    stream = ctypes.c_void_p(0x6C0)
+    for _ in range(n):
+        f(event, stream)
+
+
 def main() -> int:
     if len(sys.argv) < 3 or sys.argv[1] not in FUNCTIONS:
         print(__doc__, file=sys.stderr)
@@ -126,6 +143,8 @@ def main() -> int:
     elif what == "graph":
         exe, stream = captured_graph(lib, kernel)
         loop = lambda n: graph_launches(lib, exe, stream, n)  # noqa: E731
+    elif what == "event":
+        loop = lambda n: event_records(lib, n)  # noqa: E731
     else:
         loop = lambda n: launches(lib, kernel, n, STEP_WORK)  # noqa: E731
 

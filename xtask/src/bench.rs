@@ -20,7 +20,7 @@
 //!   pipes, context-switch heavy; both processes are traced
 //!   (goal: infertrace <= 1.3x); also with --no-offcpu-stacks and
 //!   --no-sched, to show where the cost goes.
-//! - `cuda copy` / `cuda launch` (bench_cuda.py), with libcudart over
+//! - `cuda copy` / `cuda launch` / `cuda graph` / `cuda event` (bench_cuda.py), with libcudart over
 //!   libcuda probed (the default) and with `--no-cuda-driver`: a 0-byte
 //!   `cudaMemcpyAsync` (probed on entry and return) or a `cudaLaunchKernel`
 //!   (probed on entry only) through ctypes, against tests/cudasim's stand-in
@@ -364,6 +364,16 @@ const BENCHES: &[Bench] = &[
             CUDA_MODES,
         )
     },
+    Bench {
+        args: &["event"],
+        floor: Some(Kind::Floor(Floor::UprobeUretprobe)),
+        cuda_probe: Some("event record probe (entry+return)"),
+        ..workload(
+            "cuda event",
+            "bench_cuda.py",
+            CUDA_MODES,
+        )
+    },
     // Issue 14: `--max-overhead 2` on a launch-heavy step (a launch and
     // ~4 us of Python here), against untraced and against the default probes.
     Bench {
@@ -409,6 +419,7 @@ const LEGEND: &[&str] = &[
      libcudart (tests/cudasim), median of 20 chunks",
     "cuda launch  = ctypes cudaLaunchKernel on the stand-in libcudart, median of 20 chunks",
     "cuda graph   = ctypes cudaGraphLaunch of a graph captured once (10 kernels) on the stand-in libcudart, median of 20 chunks",
+    "cuda event   = ctypes cudaEventRecord(event, stream) on the stand-in libcudart, median of 20 chunks",
     "cuda budget  = a cudaLaunchKernel as above and 300 iterations of Python arithmetic, median \
      of 5 chunks of ~2 s (each holds whole 1 s slicing periods of --max-overhead)",
     "cuda burst   = one CUDA call of 4 C threads (pinned 256 B cudaMemcpyAsync + \

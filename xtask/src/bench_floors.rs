@@ -56,6 +56,7 @@ pub fn cuda_function(bench_args: &[&str]) -> Option<&'static str> {
         Some("copy") => Some("cudaMemcpyAsync"),
         Some("launch") => Some("cudaLaunchKernel"),
         Some("graph") => Some("cudaGraphLaunch"),
+        Some("event") => Some("cudaEventRecord"),
         _ => None,
     }
 }

@@ -47,10 +47,12 @@ commands:
              ping-pong     two processes over pipes: infertrace (<= 1.3x),
                            --no-offcpu-stacks, --no-sched, perf record -g,
                            bpftrace offcputime
-             cuda copy,    cudaMemcpyAsync / cudaLaunchKernel on the
-             cuda launch   tests/cudasim stand-in: infertrace's cost per
-                           call (copy: entry+return probes; launch: entry)
-           and under the table the time from SIGINT to exit with 98 CUDA
+             cuda copy,    cudaMemcpyAsync / cudaLaunchKernel /
+             cuda launch,  cudaGraphLaunch / cudaEventRecord on the
+             cuda graph,   tests/cudasim stand-in: infertrace's cost per
+             cuda event    call (copy, event: entry+return probes;
+                           launch, graph: entry)
+           and under the table the time from SIGINT to exit with 116 CUDA
            functions probed (goal <= 1.5 s) and with --no-cuda
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
