@@ -357,6 +357,28 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, 
     return rc;
 }
 
+/* Kernel handles (Triton, NVRTC, cuBLAS look kernels up by name): a
+ * CUfunction or CUkernel is a heap block holding the name (or, for a
+ * CUfunction got from a CUkernel, the kernel). Launches take either. */
+typedef void *CUmodule;
+typedef void *CUlibrary;
+typedef void *CUkernel;
+static CUresult name_handle(void **out, const char *name) {
+    if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+    *out = strdup(name);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { (void)m; return name_handle(f, name); }
+CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) { (void)l; return name_handle(k, name); }
+CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
+    if (!f || !k) return CUDA_ERROR_INVALID_VALUE;
+    void **h = malloc(sizeof(void *));
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    *h = k;
+    *f = h;
+    return CUDA_SUCCESS;
+}
+
 /* Memory. */
 static CUresult device_alloc(CUdeviceptr *p, size_t n) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;

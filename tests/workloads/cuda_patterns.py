@@ -32,6 +32,11 @@ Usage: cuda_patterns.py MODE, MODE one of
             recorded on another stream, spins on cudaEventQuery and
             cudaStreamQuery_ptsz, a once-per-step check, and the driver's
             forms called directly; stderr `poll NAME NOT_READY WAITS S`
+  kernels   driver kernel handles named by cuModuleGetFunction,
+            cuLibraryGetKernel and cuKernelGetFunction, launched with
+            cuLaunchKernel ($CUDA_DRIVER: the stand-in), then
+            $KERNELS_BULK_N (5000) runtime launches from one line
+            (launch-bound); stderr `bulk N SECONDS`
   events_real  each event and query function on the real libcudart, twice
             (each fails without a driver; stderr `rc NAME CODE`)
   nodevice_real  device setup on the real libcudart (no driver here):
@@ -702,6 +707,47 @@ def events():
     print(f"check ready {ready}", file=sys.stderr, flush=True)
 
 
+def kernels():
+    """Driver kernels named by their lookups, and a launch-bound line
+    ($CUDA_DRIVER: the stand-in; $CUDART over it)."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    drv.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+    drv.cuLibraryGetKernel.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+    drv.cuKernelGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    kernels = ctypes.CDLL(os.environ["FAKE_KERNELS"])
+    vec = ctypes.cast(kernels.vector_add_kernel, ctypes.c_void_p)
+    wait_for_probes(rt, ["cudaLaunchKernel"])
+    wait_for_probes(drv, ["cuLaunchKernel", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction"])
+    module, library = ctypes.c_void_p(0x4D0), ctypes.c_void_p(0x4E0)
+    f_vec, f_triton, k_gelu, f_gelu = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    drv.cuModuleGetFunction(ctypes.byref(f_vec), module, b"_Z10vec_kernelPfS_i")  # @kn_get_vec
+    drv.cuModuleGetFunction(ctypes.byref(f_triton), module, b"triton_poi_fused_add_0")  # @kn_get_triton
+    drv.cuLibraryGetKernel(ctypes.byref(k_gelu), library, b"_ZN3ops11gelu_kernelIfEEvPT_i")  # @kn_get_kernel
+    drv.cuKernelGetFunction(ctypes.byref(f_gelu), k_gelu)  # @kn_get_function
+    missing = ctypes.c_void_p()
+    drv.cuModuleGetFunction(ctypes.byref(missing), module, None)  # @kn_get_fails
+    go = drv.cuLaunchKernel
+    for _ in range(30):
+        go(f_vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @kn_launch_vec
+    for _ in range(20):
+        go(f_triton, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @kn_launch_triton
+    for _ in range(5):
+        go(k_gelu, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @kn_launch_kernel
+    for _ in range(7):
+        go(f_gelu, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @kn_launch_function
+    for _ in range(3):
+        go(vec, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # @kn_launch_unnamed
+    # Launch-bound: many small kernels from one line, as fast as it goes.
+    grid, block, zero = dim3(1, 1, 1), dim3(32, 1, 1), size(0)
+    t0 = time.monotonic()
+    n = int(os.environ.get("KERNELS_BULK_N", "5000"))
+    for _ in range(n):
+        rt.cudaLaunchKernel(vec, grid, block, None, zero, None)  # @kn_bulk
+    print(f"bulk {n} {time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
+
+
 def events_real():
     """Event and query calls on the real libcudart: each fails without a
     driver (stderr: `rc NAME CODE`), but is entered."""
@@ -818,7 +864,7 @@ def late():
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
     "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
-    "events": events, "events_real": events_real,
+    "events": events, "events_real": events_real, "kernels": kernels,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

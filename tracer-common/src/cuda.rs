@@ -138,7 +138,13 @@ pub mod api {
     pub const CU_EVENT_QUERY: u32 = 118;
     pub const CU_STREAM_QUERY: u32 = 119;
     pub const CU_STREAM_QUERY_PTSZ: u32 = 120;
-    pub const COUNT: u32 = 121;
+    // Kernel handles and their names (issue 24, part 6): `(CUfunction *,
+    // CUmodule, const char *name)`, `(CUkernel *, CUlibrary, const char
+    // *name)`, `(CUfunction *, CUkernel)`.
+    pub const CU_MODULE_GET_FUNCTION: u32 = 121;
+    pub const CU_LIBRARY_GET_KERNEL: u32 = 122;
+    pub const CU_KERNEL_GET_FUNCTION: u32 = 123;
+    pub const COUNT: u32 = 124;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -265,6 +271,9 @@ pub mod api {
         "cuEventQuery",
         "cuStreamQuery",
         "cuStreamQuery_ptsz",
+        "cuModuleGetFunction",
+        "cuLibraryGetKernel",
+        "cuKernelGetFunction",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -472,6 +481,20 @@ pub mod api {
         matches!(canonical(api), EVENT_QUERY | STREAM_QUERY | STREAM_QUERY_PTSZ)
     }
 
+    /// `cuModuleGetFunction(&f, module, name)`, `cuLibraryGetKernel(&k,
+    /// library, name)`: a kernel handle made for a name (driver only).
+    #[inline(always)]
+    pub fn is_kernel_lookup(api: u32) -> bool {
+        matches!(api, CU_MODULE_GET_FUNCTION | CU_LIBRARY_GET_KERNEL)
+    }
+
+    /// Returns a kernel handle through its first argument: a lookup by
+    /// name, or `cuKernelGetFunction(&f, kernel)`.
+    #[inline(always)]
+    pub fn returns_handle(api: u32) -> bool {
+        is_kernel_lookup(api) || api == CU_KERNEL_GET_FUNCTION
+    }
+
     /// `cudaErrorNotReady` / `CUDA_ERROR_NOT_READY`: what a query returns
     /// while the work is still running (not an error).
     pub const NOT_READY: i32 = 600;
@@ -598,6 +621,22 @@ pub struct EventKey {
     pub event: u64,
 }
 
+/// Bytes of a kernel name kept (`CudaName`); longer names are cut.
+pub const NAME_BYTES: usize = 256;
+
+/// A kernel handle and its name, sent through `CUDA_NAMES` when
+/// `cuModuleGetFunction` / `cuLibraryGetKernel` return 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaName {
+    pub pid: u32,
+    /// Bytes of `name` read (with the NUL), 0 when unreadable.
+    pub len: u32,
+    /// The `CUfunction` or `CUkernel` made.
+    pub handle: u64,
+    pub name: [u8; NAME_BYTES],
+}
+
 /// A call in flight on one thread (`CUDA_INFLIGHT`, keyed by tid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -660,8 +699,11 @@ pub struct CudaEvent {
     pub bytes: u64,
     /// Copies: destination. Allocations: the pointer returned (0 on
     /// failure). Frees and host registration: the pointer argument.
+    /// Events: the event. Kernel handle calls: the handle made (0 on
+    /// failure).
     pub dst: u64,
-    /// Copies: source.
+    /// Copies: source. `cuModuleGetFunction`, `cuLibraryGetKernel`: the
+    /// name's address; `cuKernelGetFunction`: the `CUkernel`.
     pub src: u64,
     pub stream: u64,
     /// H2D copies: FNV-1a of the first `FINGERPRINT_BYTES` bytes of the
@@ -680,6 +722,7 @@ mod pod {
     unsafe impl aya::Pod for super::CudaEvent {}
     unsafe impl aya::Pod for super::CudaCapture {}
     unsafe impl aya::Pod for super::EventKey {}
+    unsafe impl aya::Pod for super::CudaName {}
 }
 
 #[cfg(test)]
@@ -691,6 +734,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<CudaKey>(), 40);
         assert_eq!(core::mem::size_of::<CudaStats>(), 72);
         assert_eq!(core::mem::size_of::<EventKey>(), 16);
+        assert_eq!(core::mem::size_of::<CudaName>(), 16 + NAME_BYTES);
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
         assert_eq!(core::mem::size_of::<CudaInflight>(), 152);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
@@ -724,7 +768,7 @@ mod tests {
             let name = api::NAMES[id as usize];
             assert!(name.starts_with("cu") && !name.starts_with("cuda"), "{name}");
             // Driver-only: initialisation and device handles.
-            if matches!(id, api::CU_INIT | api::CU_DEVICE_GET) {
+            if matches!(id, api::CU_INIT | api::CU_DEVICE_GET) || api::returns_handle(id) {
                 assert_eq!(api::canonical(id), id);
                 continue;
             }
@@ -778,6 +822,8 @@ mod tests {
         assert!(api::is_event_record(api::CU_EVENT_RECORD_FLAGS_PTSZ) && api::is_event_record(api::EVENT_RECORD));
         assert!(api::is_stream_wait_event(api::CU_STREAM_WAIT_EVENT_PTSZ) && !api::is_sync(api::STREAM_WAIT_EVENT));
         assert!(api::is_query(api::CU_STREAM_QUERY_PTSZ) && api::is_query(api::EVENT_QUERY) && !api::is_sync(api::STREAM_QUERY));
+        assert!(api::is_kernel_lookup(api::CU_LIBRARY_GET_KERNEL) && api::returns_handle(api::CU_KERNEL_GET_FUNCTION));
+        assert!(!api::is_kernel_lookup(api::CU_KERNEL_GET_FUNCTION) && api::is_driver(api::CU_MODULE_GET_FUNCTION));
         // Runtime ids first, then the driver's: one range each.
         assert!((0..api::FIRST_DRIVER).all(|id| !api::is_driver_name(api::NAMES[id as usize])));
         // Every name's kind agrees with is_driver.

@@ -57,7 +57,11 @@ pub mod counters {
     pub const SYSCALL_ENTER_UNSEEN: u32 = 12;
     /// An exec event for the agent's selection was dropped (`AGENT_EXECS` full).
     pub const AGENT_EXECS_FULL: u32 = 13;
-    pub const COUNT: u32 = 14;
+    /// A kernel name was dropped (`CUDA_NAMES` ring buffer full): launches
+    /// of that handle show it (`CUfunction 0x...`), not its name. Counted,
+    /// nothing else is missing.
+    pub const CUDA_NAMES_LOST: u32 = 14;
+    pub const COUNT: u32 = 15;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -74,12 +78,13 @@ pub mod counters {
         "python_code_copies_map_full",
         "syscall_enter_unseen",
         "agent_execs_full",
+        "cuda_names_lost",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events
     /// that were kept but reported, like truncated stacks).
     pub const fn is_loss(idx: u32) -> bool {
-        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL && idx != SYSCALL_ENTER_UNSEEN
+        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL && idx != SYSCALL_ENTER_UNSEEN && idx != CUDA_NAMES_LOST
     }
 }
 

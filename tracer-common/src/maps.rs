@@ -42,6 +42,7 @@ pub const TIMELINE_EVENTS: &str = "TIMELINE_EVENTS";
 pub const TIMELINE_LOST: &str = "TIMELINE_LOST";
 // cuda
 pub const CUDA_EVENTS: &str = "CUDA_EVENTS";
+pub const CUDA_NAMES: &str = "CUDA_NAMES";
 pub const CUDA_STATS: &str = "CUDA_STATS";
 pub const CUDA_LAUNCHES: &str = "CUDA_LAUNCHES";
 pub const CUDA_INFLIGHT: &str = "CUDA_INFLIGHT";
@@ -85,6 +86,7 @@ pub const ALL: &[&str] = &[
     TIMELINE_EVENTS,
     TIMELINE_LOST,
     CUDA_EVENTS,
+    CUDA_NAMES,
     CUDA_STATS,
     CUDA_LAUNCHES,
     CUDA_INFLIGHT,

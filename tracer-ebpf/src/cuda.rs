@@ -20,6 +20,10 @@
 //!   &graph)`, `cudaGraphInstantiate*(&exec, graph, ...)` and their driver
 //!   twins, and memsets; graph launches (`cudaGraphLaunch*(exec, stream)`,
 //!   `cuGraphLaunch*`) go through `cuda_launch`, entry only
+//! - `cuda_generic_enter` also takes events, queries and the kernel
+//!   handle calls (`cuModuleGetFunction`, `cuLibraryGetKernel`,
+//!   `cuKernelGetFunction`: the handle made is read at return, and the
+//!   name of a lookup goes out through `CUDA_NAMES`)
 //! - `cuda_return`: the uretprobe of everything but launches.
 //!
 //! A thread between a successful `cudaStreamBeginCapture` and its
@@ -51,7 +55,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaStats, EventKey, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, EventKey, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use aya_log_ebpf::warn;
@@ -122,6 +126,11 @@ pub static CUDA_SLICE_API_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries
 
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
+
+/// Kernel handles and their names (`cuModuleGetFunction`,
+/// `cuLibraryGetKernel`): what names driver launches. Rare (module loads).
+#[map]
+pub static CUDA_NAMES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// 1 with `--max-overhead`: launches may be sampled (`CUDA_SLICE`). 0, the
 /// default: the verifier drops the slice's read from every launch.
@@ -416,6 +425,12 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
     } else if api::is_query(a) {
         // (event) or (stream)
         (0, 0, 0, arg0)
+    } else if api::is_kernel_lookup(a) {
+        // (CUfunction *out, CUmodule, const char *name): the name in `src`.
+        (0, arg0, ctx.arg::<u64>(2).unwrap_or(0), 0)
+    } else if api::returns_handle(a) {
+        // cuKernelGetFunction(CUfunction *out, CUkernel)
+        (0, arg0, arg1, 0)
     } else if api::is_sync(a) {
         (0, 0, 0, if api::canonical(a) == api::DEVICE_SYNC { 0 } else { arg0 })
     } else if api::releases_pointer(a) {
@@ -699,11 +714,15 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     if global(&CUDA_EVENTS_ENABLED) == 0 {
         return 0;
     }
-    let dst = if api::returns_pointer(call.api) || api::is_capture_end(call.api) || api::is_instantiate(call.api) {
+    let returns = api::returns_pointer(call.api) || api::is_capture_end(call.api) || api::is_instantiate(call.api) || api::returns_handle(call.api);
+    let dst = if returns {
         if rc == 0 { read_user_u64(call.dst, "the pointer returned") } else { 0 }
     } else {
         call.dst
     };
+    if api::is_kernel_lookup(call.api) && dst != 0 {
+        send_name(tgid, dst, call.src);
+    }
     let capture_end = api::is_capture_end(call.api);
     let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
         count_drop(counters::CUDA_EVENTS_LOST);
@@ -728,6 +747,29 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     });
     entry.submit(0);
     0
+}
+
+/// Sends kernel handle `handle` of process `tgid` and the name at `name`
+/// (user memory; cut at `NAME_BYTES`) through `CUDA_NAMES`.
+#[inline(never)]
+fn send_name(tgid: u32, handle: u64, name: u64) {
+    let Some(mut entry) = CUDA_NAMES.reserve::<CudaName>(0) else {
+        count_drop(counters::CUDA_NAMES_LOST);
+        return;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: the reserved entry, written field by field before submit.
+    unsafe {
+        (*p).pid = tgid;
+        (*p).handle = handle;
+        let len = aya_ebpf::helpers::generated::bpf_probe_read_user_str(
+            (*p).name.as_mut_ptr().cast(),
+            tracer_common::cuda::NAME_BYTES as u32,
+            name as *const core::ffi::c_void,
+        );
+        (*p).len = if len > 0 { len as u32 } else { 0 };
+    }
+    entry.submit(0);
 }
 
 /// `cudaEventRecord(event, stream)` returned 0 on this thread (`slot`):

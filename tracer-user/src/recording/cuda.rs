@@ -317,7 +317,8 @@ pub struct GpuSample {
 pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
-    /// `device_memory_leak`, `graph_recaptured`, `sync_polling`.
+    /// `device_memory_leak`, `graph_recaptured`, `sync_polling`,
+    /// `launch_bound`.
     pub kind: String,
     /// `high`, `medium` or `low`.
     pub severity: String,
@@ -374,6 +375,13 @@ pub struct Finding {
     /// spent in; `time_ns` is their wall time (schema 1.x addition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits: Option<u64>,
+    /// `launch_bound`: the distinct kernels the launches (`count`) were
+    /// of, and launches per second of the window; `time_ns` is their
+    /// estimated host time (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_s: Option<f64>,
 }
 
 impl Finding {

@@ -24,6 +24,8 @@ const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTor
 
 const ADVICE_POLLING: &str = "Wait instead of spinning: cudaEventSynchronize / torch.cuda.Event.synchronize() or stream.synchronize() (with the event created blocking, cudaEventBlockingSync / torch.cuda.Event(blocking=True), the thread sleeps instead of burning a CPU), or do useful host work between the queries (event.query() once per step, not in a tight loop).";
 
+const ADVICE_LAUNCH_BOUND: &str = "Launch fewer, bigger kernels: capture the step in a CUDA graph and replay it (torch.cuda.CUDAGraph, torch.compile(mode=\"reduce-overhead\")) so one launch runs them all, or fuse the small ops (torch.compile; fused or foreach optimizers, optim.AdamW(fused=True)); larger batches amortize each launch.";
+
 const ADVICE_LOOP_CPU: &str =
     "move the CPU work to a process pool (loop.run_in_executor with a ProcessPoolExecutor), or split it with awaits";
 const ADVICE_LOOP_BLOCKING: &str = "move the blocking call to a thread (await asyncio.to_thread(...) / loop.run_in_executor) or await an async version (asyncio.sleep, an async client)";
@@ -102,6 +104,14 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
             f.count,
             fmt_ns(f.time_ns)
         ),
+        "launch_bound" => format!(
+            "{} kernel launches from this line ({} kernels, {:.0}/s): many small kernels issued one by one, the GPU likely waits for the CPU between them (~{} of launch overhead at ~{} each)",
+            f.count,
+            f.kernels.unwrap_or(0),
+            f.per_s.unwrap_or(0.0),
+            fmt_ns(f.time_ns),
+            fmt_ns(f.time_ns / f.count.max(1))
+        ),
         "sync_polling" => {
             let waits = f.waits.unwrap_or(0);
             let per_wait = if waits > 0 { format!(" ({} per wait)", f.count / waits) } else { String::new() };
@@ -141,6 +151,7 @@ pub fn cuda_advice(f: &Finding) -> &str {
         "device_memory_leak" => ADVICE_LEAK,
         "graph_recaptured" => ADVICE_RECAPTURED,
         "sync_polling" => ADVICE_POLLING,
+        "launch_bound" => ADVICE_LAUNCH_BOUND,
         _ => "",
     }
 }

@@ -15,7 +15,7 @@ use super::{
     collector::{symbolize_function, Attached, CudaCollector},
     discovery,
     findings::{self, SiteSummary},
-    graphs, no_device,
+    graphs, kernel_names, no_device,
     replay::{RawSite, Replay},
 };
 use crate::{
@@ -62,7 +62,14 @@ impl CudaCollector {
             cx.sink.note_on(Topic::Gpu, note);
         }
 
-        report.launches = self.launches(&launches, &mut sites, cx, end)?;
+        report.launches = self.launches(&launches, &replay, &mut sites, cx, end)?;
+        let names_lost = probe::counter(&mut cx.kernel.ebpf, counters::CUDA_NAMES_LOST)?;
+        if names_lost > 0 {
+            cx.sink.note_on(
+                Topic::Gpu,
+                format!("{names_lost} kernel names lost (CUDA_NAMES ring full): launches of those kernels show their handle (CUfunction 0x...)"),
+            );
+        }
         {
             let mut resolve = |r: RawSite| sites.resolve(r, cx);
             report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut resolve)?;
@@ -75,6 +82,7 @@ impl CudaCollector {
         let summaries = site_summaries(&stats, &replay, &mut sites, cx)?;
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
         report.findings.extend(graphs::recaptured(&report.graph_captures, window_ns, &self.thresholds));
+        report.findings.extend(findings::launch_bound(&report.launches, window_ns, &self.thresholds));
         findings::rank(&mut report.findings);
         attribute_lost_events(&mut report);
 
@@ -86,14 +94,15 @@ impl CudaCollector {
     }
 
     /// Launches by (pid, kernel, site, API), counted (or estimated, when sliced).
-    fn launches(&mut self, launches: &[(LaunchKey, u64)], sites: &mut SiteCache, cx: &mut Cx<'_>, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
+    fn launches(&mut self, launches: &[(LaunchKey, u64)], replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>, end: u64) -> Result<Vec<CudaLaunch>, ProbeError> {
         let mut by_kernel: BTreeMap<(u32, String, Site, u32), (u64, f64)> = BTreeMap::new();
         for (k, n) in launches.iter().filter(|(k, _)| !api::is_graph_launch(k.api)) {
             let raw = RawSite { pid: k.pid, user_stack: k.user_stack, py_stack: k.py_stack, caller: 0 };
             let site = sites.resolve(raw, cx)?;
             let name = if api::is_driver(k.api) {
-                // A driver launch passes a CUfunction handle, not code.
-                format!("CUfunction {:#x}", k.func)
+                // A driver launch passes a CUfunction handle, not code:
+                // named by the lookup that made it.
+                kernel_names::driver_kernel(replay, k.pid, k.func)
             } else {
                 match self.kernel_names.get(&(k.pid, k.func)) {
                     Some(n) => n.clone(),

@@ -515,7 +515,9 @@ impl CudaCollector {
         if self.events.is_none() {
             let map = cx.kernel.ebpf.take_map(tracer_common::maps::CUDA_EVENTS).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_EVENTS))?;
             let ring = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_EVENTS, e))?;
-            self.events = Some(EventDrain::start(ring).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
+            let map = cx.kernel.ebpf.take_map(tracer_common::maps::CUDA_NAMES).ok_or(ProbeError::MissingMap(tracer_common::maps::CUDA_NAMES))?;
+            let names = RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::CUDA_NAMES, e))?;
+            self.events = Some(EventDrain::start(ring, names).map_err(|e| ProbeError::Io("starting the CUDA event thread", e))?);
             if let (Some(ev), Some(limit)) = (&self.events, self.opts.timeline_limit) {
                 ev.keep_timeline(limit);
             }

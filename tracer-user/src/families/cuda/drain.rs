@@ -19,7 +19,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::cuda::CudaEvent;
+use tracer_common::cuda::{CudaEvent, CudaName};
 
 use super::replay::Replay;
 use crate::engine::{ring::Records, Sink};
@@ -29,6 +29,8 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 struct Shared {
     ring: Records<CudaEvent>,
+    /// Kernel handles and their names (`CUDA_NAMES`), into the replay.
+    names: Records<CudaName>,
     replay: Replay,
     /// `record --timeline`: a copy of every event, bounded (None: off).
     timeline: Option<crate::engine::Bounded<CudaEvent>>,
@@ -37,6 +39,8 @@ struct Shared {
 impl Shared {
     /// Applies every event in the ring; returns how many.
     fn drain(&mut self) -> u64 {
+        let replay = &mut self.replay;
+        self.names.drain(|n| replay.add_name(&n));
         let (replay, timeline) = (&mut self.replay, &mut self.timeline);
         self.ring.drain(|ev| {
             replay.apply(&ev);
@@ -61,10 +65,11 @@ fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 }
 
 impl EventDrain {
-    /// Starts draining `ring` every [`DRAIN_EVERY`].
-    pub fn start(ring: RingBuf<MapData>) -> std::io::Result<Self> {
+    /// Starts draining `ring` (the events) and `names` every [`DRAIN_EVERY`].
+    pub fn start(ring: RingBuf<MapData>, names: RingBuf<MapData>) -> std::io::Result<Self> {
         let ring = Records::new(ring, "cuda_short_records");
-        let shared = Arc::new(Mutex::new(Shared { ring, replay: Replay::default(), timeline: None }));
+        let names = Records::new(names, "cuda_short_name_records");
+        let shared = Arc::new(Mutex::new(Shared { ring, names, replay: Replay::default(), timeline: None }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
@@ -92,7 +97,9 @@ impl EventDrain {
 
     /// Sets the count of items too short to be an event in `sink` (drained from the thread, which has no sink).
     pub fn report(&self, sink: &mut Sink) {
-        lock(&self.shared).ring.report(sink);
+        let s = lock(&self.shared);
+        s.ring.report(sink);
+        s.names.report(sink);
     }
 
     /// Drains what is in the ring now, then runs `f` on the replay.

@@ -18,7 +18,7 @@ use tracer_common::cuda::{KIND_DTOH, KIND_HTOD};
 
 use super::{
     replay::{AllocObs, CopyObs, SyncObs},
-    Finding, Site,
+    CudaLaunch, Finding, Site,
 };
 use crate::recording::cuda::kind_name;
 
@@ -52,6 +52,13 @@ pub struct Thresholds {
     /// ...at least this many per wait on average (a loop that checks once
     /// per step of other work is not spinning).
     pub poll_min_per_wait: u64,
+    /// `launch_bound`: at least this many kernel launches from one site...
+    pub launch_bound_min: u64,
+    /// ...at this rate or more (per second of the window)...
+    pub launch_bound_rate: f64,
+    /// ...each priced at this much host time (the launch probe has no
+    /// return: a typical CUDA launch's cost on the CPU, 3-6 us).
+    pub launch_host_ns: u64,
     /// Severity from the share of wall time a finding costs: high from this...
     pub high_share: f64,
     /// ...medium from this.
@@ -73,6 +80,9 @@ impl Default for Thresholds {
             leak_min_late_share: 0.25,
             poll_min_not_ready: 100,
             poll_min_per_wait: 8,
+            launch_bound_min: 2000,
+            launch_bound_rate: 1000.0,
+            launch_host_ns: 5000,
             high_share: 0.10,
             medium_share: 0.02,
         }
@@ -356,6 +366,41 @@ fn sync_polling(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Fi
     out
 }
 
+/// `launch_bound`: many kernel launches from one site at a high rate
+/// (small kernels issued one by one: the GPU waits for the CPU between
+/// them). From the launches by kernel and site; the cost is their
+/// estimated host time (`launch_host_ns` each).
+pub fn launch_bound(launches: &[CudaLaunch], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
+    let mut by_site: BTreeMap<(u32, &Site), (u64, u64)> = BTreeMap::new();
+    for l in launches {
+        let e = by_site.entry((l.pid, &l.site)).or_default();
+        e.0 += l.count;
+        e.1 += 1;
+    }
+    let secs = window_ns as f64 / 1e9;
+    let mut out = Vec::new();
+    for ((pid, site), (count, kernels)) in by_site {
+        let rate = if secs > 0.0 { count as f64 / secs } else { 0.0 };
+        if count < t.launch_bound_min || rate < t.launch_bound_rate {
+            continue;
+        }
+        let time_ns = count.saturating_mul(t.launch_host_ns);
+        out.push(Finding {
+            kind: "launch_bound".into(),
+            severity: severity(time_ns, window_ns, t).into(),
+            pid,
+            site: site.clone(),
+            count,
+            bytes: 0,
+            time_ns,
+            kernels: Some(kernels),
+            per_s: Some((rate * 10.0).round() / 10.0),
+            ..Default::default()
+        });
+    }
+    out
+}
+
 /// `copy_time_share`: per process, the time of repeated copies and syncs
 /// against the window, reported at the site that spent the most.
 fn copy_time_share(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Finding> {
@@ -542,6 +587,33 @@ mod tests {
             crate::report::findings::cuda_message(&f[0]),
             "5000 queries from this line found the GPU work not done (100 per wait): the thread spun 100.0 ms polling in 50 waits"
         );
+    }
+
+    #[test]
+    fn launch_bound_needs_many_launches_at_a_rate() {
+        let t = Thresholds::default();
+        let l = |line: u32, kernel: &str, count: u64| CudaLaunch {
+            pid: 1,
+            kernel: kernel.into(),
+            count,
+            site: site(line),
+            api: "cudaLaunchKernel".into(),
+            estimated: false,
+            sampled: None,
+        };
+        let launches = vec![l(70, "a", 3000), l(70, "b", 1000), l(71, "c", 2500), l(72, "d", 100)];
+        // 2 s: line 70 at 2000/s, line 71 at 1250/s; line 72 too few.
+        let f = launch_bound(&launches, 2_000_000_000, &t);
+        let got: Vec<(u32, u64, Option<u64>, Option<f64>)> = f.iter().map(|f| (f.site.line.unwrap(), f.count, f.kernels, f.per_s)).collect();
+        assert_eq!(got, vec![(70, 4000, Some(2), Some(2000.0)), (71, 2500, Some(1), Some(1250.0))]);
+        assert_eq!(f[0].time_ns, 4000 * 5000);
+        // The same launches over 10 s: below the rate.
+        assert!(launch_bound(&launches, 10_000_000_000, &t).is_empty());
+        assert_eq!(
+            crate::report::findings::cuda_message(&f[0]),
+            "4000 kernel launches from this line (2 kernels, 2000/s): many small kernels issued one by one, the GPU likely waits for the CPU between them (~20.0 ms of launch overhead at ~5.0 µs each)"
+        );
+        assert!(!crate::report::findings::cuda_advice(&f[0]).is_empty());
     }
 
     #[test]

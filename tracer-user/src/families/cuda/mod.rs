@@ -5,8 +5,9 @@
 //! [`search`] (which files a target could load CUDA from), [`replay`]
 //! (per-call events in order, drained by a thread of their own: [`drain`]),
 //! [`findings`] (the detector's rules), [`slicer`] (`--max-overhead`:
-//! the launch probes in time slices) and [`no_device`] (the note when a
-//! process found no usable device).
+//! the launch probes in time slices), [`no_device`] (the note when a
+//! process found no usable device) and [`kernel_names`] (driver kernel
+//! handles named, C++ names demangled).
 
 mod collector;
 pub mod discovery;
@@ -15,6 +16,7 @@ mod driver_gate;
 pub mod findings;
 mod graph_state;
 mod graphs;
+mod kernel_names;
 mod no_device;
 pub mod programs;
 pub mod replay;

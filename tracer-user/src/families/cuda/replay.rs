@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tracer_common::cuda::{api, CudaEvent, KIND_DEFAULT, KIND_DTOD, KIND_DTOH, KIND_HTOD, KIND_HTOH};
+use tracer_common::cuda::{api, CudaEvent, CudaName, KIND_DEFAULT, KIND_DTOD, KIND_DTOH, KIND_HTOD, KIND_HTOH};
 
 use super::graph_state::GraphState;
 
@@ -189,6 +189,12 @@ pub struct Replay {
     /// (pid, event) -> the async copy the event was recorded behind (the
     /// kernel's `CUDA_EVENT_COPY`).
     event_copy: HashMap<(u32, u64), (RawSite, u32)>,
+    /// (pid, kernel handle) -> its name as the lookup passed it
+    /// (`cuModuleGetFunction`, `cuLibraryGetKernel`; `CUDA_NAMES`).
+    names: HashMap<(u32, u64), String>,
+    /// (pid, `CUfunction`) -> the `CUkernel` it was got from
+    /// (`cuKernelGetFunction`): named by the kernel's name.
+    kernel_of: HashMap<(u32, u64), u64>,
 }
 
 fn in_ranges<V>(m: Option<&BTreeMap<u64, V>>, addr: u64, end_of: impl Fn(u64, &V) -> u64) -> bool {
@@ -234,9 +240,38 @@ impl Replay {
             self.graphs.apply(site, e);
         } else if api::is_event_record(e.api) {
             self.record_event(e);
+        } else if e.api == api::CU_KERNEL_GET_FUNCTION {
+            if e.rc == 0 && e.dst != 0 {
+                self.kernel_of.insert((e.pid, e.dst), e.src);
+            }
         } else {
             self.memory(site, e);
         }
+    }
+
+    /// A kernel handle's name (`CUDA_NAMES`); names cut at the kernel's
+    /// `NAME_BYTES` keep their start.
+    pub fn add_name(&mut self, n: &CudaName) {
+        let len = (n.len as usize).min(n.name.len());
+        if len == 0 {
+            return;
+        }
+        let bytes = &n.name[..len];
+        let bytes = bytes.split(|b| *b == 0).next().unwrap_or(bytes);
+        if bytes.is_empty() {
+            return;
+        }
+        self.names.insert((n.pid, n.handle), String::from_utf8_lossy(bytes).into_owned());
+    }
+
+    /// The name of driver kernel handle `handle` (a `CUfunction`, or a
+    /// `CUkernel` used as one) of process `pid`, as looked up (mangled).
+    pub fn kernel_name(&self, pid: u32, handle: u64) -> Option<&str> {
+        if let Some(n) = self.names.get(&(pid, handle)) {
+            return Some(n);
+        }
+        let kernel = self.kernel_of.get(&(pid, handle))?;
+        self.names.get(&(pid, *kernel)).map(String::as_str)
     }
 
     fn copy(&mut self, site: RawSite, e: &CudaEvent) {
@@ -435,6 +470,31 @@ mod tests {
         assert_eq!((o.count, o.sync_pairs), (4, 3));
         let s = &r.syncs[&(RawSite { pid: 1, py_stack: 3, ..Default::default() }, api::EVENT_SYNC)];
         assert_eq!((s.count, s.after_copy), (5, 3));
+    }
+
+    #[test]
+    fn driver_kernels_are_named_by_their_lookup() {
+        let mut r = Replay::default();
+        let name = |pid: u32, handle: u64, s: &str| {
+            let mut n = CudaName { pid, len: s.len() as u32 + 1, handle, name: [0; tracer_common::cuda::NAME_BYTES] };
+            n.name[..s.len()].copy_from_slice(s.as_bytes());
+            n
+        };
+        r.add_name(&name(1, 0xf1, "triton_poi_fused_add_0"));
+        r.add_name(&name(1, 0xa1, "_Z6kernelPfi"));
+        let mut e = ev(api::CU_KERNEL_GET_FUNCTION, KIND_NONE, 0, 0xf2, 0xa1, 0, 1);
+        r.apply(&e);
+        assert_eq!(r.kernel_name(1, 0xf1), Some("triton_poi_fused_add_0"));
+        assert_eq!(r.kernel_name(1, 0xf2), Some("_Z6kernelPfi"), "a CUfunction got from a named CUkernel");
+        assert_eq!(r.kernel_name(1, 0xa1), Some("_Z6kernelPfi"), "a CUkernel launched as a CUfunction");
+        assert_eq!(r.kernel_name(2, 0xf1), None, "handles are per process");
+        e.rc = 500;
+        e.dst = 0xf3;
+        r.apply(&e);
+        assert_eq!(r.kernel_name(1, 0xf3), None);
+        // An unreadable name (len 0) names nothing.
+        r.add_name(&CudaName { pid: 1, len: 0, handle: 0xf4, name: [0; tracer_common::cuda::NAME_BYTES] });
+        assert_eq!(r.kernel_name(1, 0xf4), None);
     }
 
     /// The kernel's exact figures raise the replay's (events lost), never

@@ -245,10 +245,12 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
         if let Some(s) = cuda.launch_sampling.as_ref() {
             let _ = writeln!(out, "  {}", launch_sampling_line(s));
         }
-        let _ = writeln!(out, "  {:>8}  {:<48} SITE", "CALLS", "KERNEL");
+        let _ = writeln!(out, "  {:>8} {:>9}  {:<48} SITE", "CALLS", "PER S", "KERNEL");
+        let secs = cuda.window_ns as f64 / 1e9;
         for l in cuda.launches.iter().take(MAX_ROWS) {
             let count = if l.estimated { format!("~{}", l.count) } else { l.count.to_string() };
-            let _ = writeln!(out, "  {:>8}  {:<48} {}", count, printable(&l.kernel), short_site(&l.site));
+            let rate = if secs > 0.0 { format!("{:.0}", l.count as f64 / secs) } else { "-".to_owned() };
+            let _ = writeln!(out, "  {:>8} {:>9}  {:<48} {}", count, rate, printable(&l.kernel), short_site(&l.site));
         }
         more(out, cuda.launches.len());
         incomplete(out, cuda, &[], "");
