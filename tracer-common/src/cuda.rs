@@ -611,6 +611,13 @@ pub struct CudaCapture {
     pub copy_bytes: u64,
 }
 
+/// Code ranges per process in `CUDA_TEXT`: its probed runtimes (a
+/// `libcudart`, and the copies linked statically into other libraries:
+/// CuPy has 5, JAX 11) and its driver.
+pub const TEXT_RANGES: usize = 16;
+/// Value of `CUDA_TEXT`: `[start, end)` pairs, unused ones zero.
+pub type CudaText = [u64; 2 * TEXT_RANGES];
+
 /// Key of `CUDA_EVENT_COPY`: one CUDA event (`cudaEvent_t`, `CUevent`) of
 /// one process.
 #[repr(C)]

@@ -55,7 +55,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, EventKey, LaunchKey, FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, CudaText, EventKey, LaunchKey, FINGERPRINT_BYTES, TEXT_RANGES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use aya_log_ebpf::warn;
@@ -88,10 +88,11 @@ pub static CUDA_CAPTURE: HashMap<u32, CudaCapture> = HashMap::with_max_entries(4
 #[map]
 pub static CUDA_EVENT_COPY: HashMap<EventKey, CudaKey> = HashMap::with_max_entries(8192, 0);
 
-/// Per process: the code ranges `[start, end)` of its probed runtime
-/// (`[0..2]`) and driver (`[2..4]`) libraries, set by userspace.
+/// Per process: the code ranges `[start, end)` of its probed runtimes
+/// (shared, or linked statically into other libraries) and driver, set by
+/// userspace (`TEXT_RANGES` pairs, unused ones zero).
 #[map]
-pub static CUDA_TEXT: HashMap<u32, [u64; 4]> = HashMap::with_max_entries(16384, 0);
+pub static CUDA_TEXT: HashMap<u32, CudaText> = HashMap::with_max_entries(16384, 0);
 
 /// Per (pid << 32 | driver API id): `[calls made inside a probed call
 /// (runtime -> driver), direct calls]`, while that driver function is
@@ -482,7 +483,14 @@ fn nested_launch(ctx: &ProbeContext, a: u32, tgid: u32) -> bool {
     }
     let Some(r) = (unsafe { CUDA_TEXT.get(&tgid) }) else { return false };
     let ret = return_address(ctx);
-    (r[0] <= ret && ret < r[1]) || (r[2] <= ret && ret < r[3])
+    let mut i = 0;
+    while i < TEXT_RANGES {
+        if r[2 * i] <= ret && ret < r[2 * i + 1] {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 /// Where a launch falls under `--max-overhead` (`CUDA_SLICE`).

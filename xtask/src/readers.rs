@@ -4,8 +4,9 @@
 //! speedscope schema's validator) and the `speedscope` npm package (its
 //! file-format schema). `go tool pprof` comes from Debian's `golang-go`
 //! (in `setup::APT_PACKAGES`). Also `onnxruntime`, `onnx` and `numpy` for
-//! the native worker pool test (tests/tests/verdict_pools.rs). Each is
-//! installed only when missing.
+//! the native worker pool test (tests/tests/verdict_pools.rs), and
+//! `cupy-cuda12x` (tests/tests/cuda_static.rs). Each is installed only when
+//! missing.
 use std::process::Command;
 
 use anyhow::{bail, Result};
@@ -23,6 +24,9 @@ const PY_MODULES: &[(&str, &str)] = &[
     ("onnxruntime", "onnxruntime"),
     ("onnx", "onnx"),
     ("numpy", "numpy"),
+    // Real CuPy, whose extension modules link the CUDA runtime statically
+    // (tests/tests/cuda_static.rs; runs without a GPU: its calls fail).
+    ("cupy-cuda12x", "cupy"),
 ];
 
 fn py_importable(module: &str) -> bool {

@@ -145,6 +145,59 @@ pub fn section_and_segments(file: &File, shown: &str, name: &str) -> Result<(Opt
     Ok((section, found.unwrap_or_default()))
 }
 
+/// The largest string table [`has_symbol_names`] reads.
+pub const SCAN_LIMIT: u64 = 16 << 20;
+
+/// Whether the string tables of the file's symbol tables (`.dynsym`'s,
+/// `.symtab`'s) hold every one of `names`, as a string or a string's tail
+/// (where the linker shares it): the cheap
+/// test before a [`lookup`] (one read of at most [`SCAN_LIMIT`] per table,
+/// no symbol parsed). Quiet: a file that is not ELF, a table out of
+/// bounds or over the limit says `false`, counted nowhere (most files
+/// asked about are not what is looked for).
+pub fn has_symbol_names(file: &File, names: &[&str]) -> bool {
+    let Ok(reader) = BlockReader::new(file) else { return false };
+    if !reader.regular {
+        return false;
+    }
+    let len = reader.len;
+    let cache = ReadCache::new(reader);
+    let left = Cell::new(READ_BUDGET);
+    let data = Bounded { cache: &cache, left: &left };
+    match object::FileKind::parse(data) {
+        Ok(object::FileKind::Elf64) => names_in::<elf::FileHeader64<Endianness>>(data, len, names),
+        Ok(object::FileKind::Elf32) => names_in::<elf::FileHeader32<Endianness>>(data, len, names),
+        _ => false,
+    }
+}
+
+fn names_in<Elf: FileHeader<Endian = Endianness>>(data: Bounded<'_>, len: u64, names: &[&str]) -> bool {
+    let Ok(header) = Elf::parse(data) else { return false };
+    let Ok(endian) = header.endian() else { return false };
+    let Ok(sections) = header.sections(endian, data) else { return false };
+    // A name ends with its NUL; it may start inside a longer string (the
+    // linker shares a string's tail: `cudaLaunchKernel` in
+    // `__cudaLaunchKernel`), so only its end is anchored.
+    let patterns: Vec<Vec<u8>> = names.iter().map(|n| [n.as_bytes(), &[0u8][..]].concat()).collect();
+    let mut seen = vec![false; names.len()];
+    for section in sections.iter() {
+        let kind = section.sh_type(endian);
+        if kind != elf::SHT_SYMTAB && kind != elf::SHT_DYNSYM {
+            continue;
+        }
+        let Ok(strings) = sections.section(object::SectionIndex(section.sh_link(endian) as usize)) else { continue };
+        let (offset, size): (u64, u64) = (strings.sh_offset(endian).into(), strings.sh_size(endian).into());
+        if size > SCAN_LIMIT || offset.checked_add(size).is_none_or(|end| end > len) {
+            continue;
+        }
+        let Ok(bytes) = strings.data(endian, data) else { continue };
+        for (i, p) in patterns.iter().enumerate() {
+            seen[i] |= bytes.windows(p.len()).any(|w| w == p.as_slice());
+        }
+    }
+    seen.iter().all(|s| *s)
+}
+
 /// What [`with_elf`] reads beyond the headers.
 #[derive(Clone, Copy)]
 enum Want<'w> {
@@ -416,6 +469,17 @@ mod tests {
         let e = lookup(&File::open("/dev/null").unwrap(), "/dev/null", &["x"]).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn symbol_names_are_found_as_whole_strings() {
+        let f = File::open("/proc/self/exe").unwrap();
+        // Our own test binary has a `.symtab` naming this test.
+        assert!(has_symbol_names(&f, &["main"]));
+        assert!(!has_symbol_names(&f, &["cudaLaunchKernel"]));
+        assert!(!has_symbol_names(&f, &["mai"]), "a name's start is not the name");
+        let not_elf = File::open("/proc/self/cmdline").unwrap();
+        assert!(!has_symbol_names(&not_elf, &["main"]));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, RingBuf},
     Ebpf,
 };
-use tracer_common::cuda::{api, CudaKey, CudaStats, LaunchKey};
+use tracer_common::cuda::{api, CudaKey, CudaStats, CudaText, LaunchKey, TEXT_RANGES};
 
 use super::{
     discovery,
@@ -152,14 +152,19 @@ fn hash_text(s: &str) -> u64 {
 
 /// Writes the code ranges of `pid`'s probed runtime ([0]) and driver ([1])
 /// to `CUDA_TEXT` (a driver launch returning into the runtime's is nested).
-fn publish_text(cx: &mut Cx<'_>, pid: u32, text: &[Option<(u64, u64)>; 2]) -> Result<(), ProbeError> {
-    let flat = [
-        text[0].map_or(0, |r| r.0),
-        text[0].map_or(0, |r| r.1),
-        text[1].map_or(0, |r| r.0),
-        text[1].map_or(0, |r| r.1),
-    ];
-    let mut map: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_TEXT)?;
+fn publish_text(cx: &mut Cx<'_>, pid: u32, text: &[(u64, u64)]) -> Result<(), ProbeError> {
+    let mut flat: CudaText = [0; 2 * TEXT_RANGES];
+    for (i, (start, end)) in text.iter().take(TEXT_RANGES).enumerate() {
+        flat[2 * i] = *start;
+        flat[2 * i + 1] = *end;
+    }
+    if text.len() > TEXT_RANGES {
+        cx.sink.note_on(
+            Topic::Gpu,
+            format!("pid {pid}: {} probed CUDA libraries, more than the {TEXT_RANGES} whose code is told apart: driver launches from the others' runtimes may be counted twice", text.len()),
+        );
+    }
+    let mut map: BpfHashMap<_, u32, CudaText> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::CUDA_TEXT)?;
     if let Err(e) = map.insert(pid, flat, 0) {
         cx.sink.note_on(Topic::Gpu, format!("pid {pid}: driver launches made inside runtime calls may be counted twice: {e}"));
     }
@@ -294,8 +299,8 @@ impl CudaCollector {
         let libpython = maps.iter().find(|m| m.basename().starts_with("libpython")).map(|m| m.path().to_owned());
         let exe = procfs::exe(pid).map(|p| p.trim_end_matches(" (deleted)").to_owned());
         let mut uses = false;
-        // Code ranges of the probed runtime ([0]) and driver ([1]) libraries.
-        let mut text: [Option<(u64, u64)>; 2] = [None, None];
+        // Code ranges of the probed runtimes and driver.
+        let mut text: Vec<(u64, u64)> = Vec::new();
         let driver = self.opts.driver;
         let mut cands: Vec<discovery::Candidate> = discovery::candidates(&maps, exe.as_deref())
             .into_iter()
@@ -325,9 +330,8 @@ impl CudaCollector {
             // (For a runtime linked into the executable that is the
             // whole program's code: a driver launch the program
             // itself makes is then taken for the runtime's.)
-            let slot = if a.functions.iter().any(|f| api::is_driver_name(f)) { 1 } else { 0 };
-            if let Some(r) = discovery::text_range(&maps, &cand.line) {
-                text[slot] = Some(r);
+            if let Some(r) = discovery::text_range(&maps, &cand.line).filter(|r| !text.contains(r)) {
+                text.push(r);
                 publish_text(cx, pid, &text)?;
             }
         }
@@ -362,7 +366,7 @@ impl CudaCollector {
         let (opened, attach_path) = match discovery::open_mapped(pid, &cand.line) {
             Ok(o) => o,
             Err(e) => {
-                if !cand.is_exe {
+                if !cand.linked_in {
                     cx.sink.note_on(Topic::Gpu, format!("pid {pid}: cannot open {shown} to probe CUDA: {e}"));
                 }
                 return Ok(None);
@@ -371,17 +375,35 @@ impl CudaCollector {
         if self.attached.contains_key(&opened.identity) {
             return Ok(Some(opened.identity));
         }
-        let symbols = match discovery::cuda_symbols(&opened.file, &shown) {
+        if cand.linked_in {
+            if discovery::is_stripped_runtime_carrier(cand.line.basename()) {
+                cx.sink.note_on(Topic::Gpu, format!(
+                    "pid {pid}: {shown} carries its own CUDA runtime, stripped (no names to probe): its work is seen only as the driver calls it makes (its kernels as driver launches; none with --no-cuda-driver)"
+                ));
+                return Ok(None);
+            }
+            // A runtime linked in statically (CuPy, JAX), told by the
+            // names in its symbol tables before they are looked up.
+            if !crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_RUNTIME_NAMES) {
+                return Ok(None);
+            }
+        }
+        let mut symbols = match discovery::cuda_symbols(&opened.file, &shown) {
             Ok(s) => s,
             Err(e) => {
-                if !cand.is_exe {
+                if !cand.linked_in {
                     cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: not a readable ELF file ({e}); CUDA not traced"));
                 }
                 return Ok(None);
             }
         };
-        if cand.is_exe && !discovery::is_runtime(&symbols) {
-            return Ok(None);
+        if cand.linked_in {
+            // Its runtime's functions only: a static runtime reaches the
+            // driver through libcuda.
+            symbols.retain(|(id, _)| !api::is_driver(*id));
+            if !discovery::is_runtime(&symbols) {
+                return Ok(None);
+            }
         }
         if symbols.is_empty() {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown} exports none of the CUDA runtime functions traced"));
@@ -408,7 +430,7 @@ impl CudaCollector {
         cx.sink.note_on(Topic::Gpu, format!(
             "pid {pid}: CUDA {} {shown}{}: {} functions probed{late}",
             if driver { "driver" } else { "runtime" },
-            if cand.is_exe { " (linked statically)" } else { "" },
+            if cand.linked_in { " (linked statically)" } else { "" },
             functions.len()
         ));
         self.attached.insert(
@@ -562,7 +584,7 @@ impl CudaCollector {
         for t in &ended {
             let _ = capture.remove(t);
         }
-        let mut text: BpfHashMap<_, u32, [u64; 4]> = probe::hash_map(ebpf, tracer_common::maps::CUDA_TEXT)?;
+        let mut text: BpfHashMap<_, u32, CudaText> = probe::hash_map(ebpf, tracer_common::maps::CUDA_TEXT)?;
         let gone_pids: Vec<u32> = text.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
         for p in &gone_pids {
             let _ = text.remove(p);

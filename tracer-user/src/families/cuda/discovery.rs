@@ -53,27 +53,42 @@ pub fn is_driver_name(basename: &str) -> bool {
 pub struct Candidate {
     /// The mapping to open it through.
     pub line: MapsLine,
-    /// The process's executable (checked for a static cudart) rather than a
-    /// `libcudart` by name.
-    pub is_exe: bool,
+    /// Not a `libcudart`/`libcuda` by name: the executable or another
+    /// library with code, checked for a runtime linked in statically
+    /// (CuPy's and JAX's extension modules carry their own), quietly.
+    pub linked_in: bool,
 }
 
 /// The files of `maps` worth examining: every `libcudart` and `libcuda` by
-/// name, and the executable (`exe_path`, as the process sees it).
+/// name, then the executable (`exe_path`, as the process sees it) and
+/// every other file mapped with code.
 pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
         let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename());
         let is_exe = exe_path.is_some_and(|e| e == m.path());
-        if !by_name && !is_exe {
+        if !by_name && !is_exe && !maps.iter().any(|x| x.executable && x.dev == m.dev && x.inode == m.inode) {
             continue;
         }
         if out.iter().any(|c| c.line.dev == m.dev && c.line.inode == m.inode) {
             continue;
         }
-        out.push(Candidate { line: m.clone(), is_exe: is_exe && !by_name });
+        out.push(Candidate { line: m.clone(), linked_in: !by_name });
     }
     out
+}
+
+/// Names a static CUDA runtime's symbol table has: what is checked
+/// ([`crate::os::elf::has_symbol_names`], one read of the string tables)
+/// before a library's symbols are looked up.
+pub const STATIC_RUNTIME_NAMES: [&str; 2] = ["cudaLaunchKernel", "cudaMemcpyAsync"];
+
+/// Libraries that carry a CUDA runtime of their own, stripped (no symbol
+/// names to probe): their calls reach the GPU through the driver only.
+pub fn is_stripped_runtime_carrier(basename: &str) -> bool {
+    ["libcublas", "libcublasLt", "libcufft", "libcusparse", "libcusolver", "libcurand", "libnccl", "libcudnn"]
+        .iter()
+        .any(|p| basename.strip_prefix(p).is_some_and(|rest| rest.starts_with(".so") || rest.starts_with('-') || rest.starts_with('_')))
 }
 
 /// The span of `file`'s executable mappings in `maps` (same device and
@@ -110,8 +125,9 @@ pub fn cuda_symbols(file: &File, shown: &str) -> Result<Vec<(u32, u64)>, String>
     Ok(out)
 }
 
-/// Whether the symbols found make a CUDA runtime (for executables, which
-/// are only probed when they link cudart statically).
+/// Whether the symbols found make a CUDA runtime (for executables and
+/// other libraries, which are only probed when they link cudart
+/// statically).
 pub fn is_runtime(symbols: &[(u32, u64)]) -> bool {
     let has = |id| symbols.iter().any(|(a, _)| *a == id);
     has(api::MEMCPY_ASYNC) && has(api::LAUNCH)
@@ -168,6 +184,17 @@ mod tests {
         assert!(m[1].deleted && m[1].path() == "/tmp/x/libcudart-1a2b.so.12");
         let c = candidates(&m, Some("/usr/bin/python3.11"));
         assert_eq!(c.len(), 2);
+        assert!(!c[0].linked_in && !c[1].linked_in);
+        // Any other file with code is checked for a runtime linked in.
+        let m = parse_maps(
+            "7f00-7f10 r-xp 00000000 fd:01 50 /venv/cupy_backends/cuda/api/runtime.so\n\
+             7f10-7f20 r--p 00000000 fd:01 51 /venv/data.bin\n",
+        );
+        let c = candidates(&m, None);
+        assert_eq!(c.len(), 1);
+        assert!(c[0].linked_in);
+        assert!(is_stripped_runtime_carrier("libcublasLt.so.12") && is_stripped_runtime_carrier("libnccl.so.2"));
+        assert!(!is_stripped_runtime_carrier("libcublasfoo.so") && !is_stripped_runtime_carrier("libcudart.so.12"));
     }
 
     #[test]
