@@ -56,7 +56,9 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_cuda: bool,
     /// Probe libcudart only, not the driver API (libcuda): runtime calls, which each enter the driver,
-    /// then hit one probe pair instead of two, but driver calls made directly (cuBLAS, Triton...) go unseen.
+    /// then hit one probe pair instead of two, but driver calls made directly (Triton, CuPy's kernels...)
+    /// go unseen, and so does all the work of libraries that carry a stripped runtime of their own
+    /// (cuBLAS, cuDNN, NCCL: their kernels are seen only as driver launches).
     #[arg(long)]
     pub no_cuda_driver: bool,
     /// GPU utilization, memory and PCIe samples per second through NVML, 1 to 10 (when NVML is present).
