@@ -403,6 +403,36 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
     return device_alloc(p, n);
 }
+/* Pools: as the stream-ordered allocator. */
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
+    (void)pool, (void)s;
+    return device_alloc(p, n);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
+    (void)pool, (void)s;
+    return device_alloc(p, n);
+}
+/* Virtual memory management: a physical allocation is a handle (a
+ * counter), mapped into and out of address ranges. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+static CUmemGenericAllocationHandle next_handle = 0x1000;
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const void *prop, unsigned long long flags) {
+    (void)prop, (void)flags;
+    if (!h || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *h = next_handle++;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuMemMap(CUdeviceptr p, size_t n, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
+    (void)n, (void)offset, (void)flags;
+    return p && h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuMemUnmap(CUdeviceptr p, size_t n) {
+    (void)n;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     (void)p, (void)s;
     return CUDA_SUCCESS;

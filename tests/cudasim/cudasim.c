@@ -77,6 +77,7 @@ int cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, void *);
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemAllocAsync(CUdeviceptr *, size_t, void *);
+int cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
 int cuMemFreeAsync(CUdeviceptr, void *);
 int cuMemHostAlloc(void **, size_t, unsigned);
 int cuMemFreeHost(void *);
@@ -241,6 +242,22 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
     return rc;
 }
 cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s) { return cudaMallocAsync(p, n, s); }
+static __attribute__((noinline)) cudaError_t pool_alloc(void **p, size_t n, void *pool, cudaStream_t s) {
+    CUdeviceptr d = 0;
+    int rc = cuMemAllocFromPoolAsync(&d, n, pool, s);
+    if (rc == 0 && p) *p = (void *)(uintptr_t)d;
+    return rc;
+}
+/* Not tail calls of each other (an exported function entered at its
+ * caller's stack pointer would look like a call whose return was missed). */
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, void *pool, cudaStream_t s) {
+    cudaError_t rc = pool_alloc(p, n, pool, s);
+    return rc;
+}
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t n, void *pool, cudaStream_t s) {
+    cudaError_t rc = pool_alloc(p, n, pool, s);
+    return rc;
+}
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return cuMemFreeAsync(D(p), s); }
 cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) { return cuMemFreeAsync(D(p), s); }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) { return cuMemHostAlloc(p, n, flags); }

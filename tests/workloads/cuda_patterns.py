@@ -37,6 +37,10 @@ Usage: cuda_patterns.py MODE, MODE one of
             cuLaunchKernel ($CUDA_DRIVER: the stand-in), then
             $KERNELS_BULK_N (5000) runtime launches from one line
             (launch-bound); stderr `bulk N SECONDS`
+  pools     pool allocations (runtime and driver) and the driver's virtual
+            memory (cuMemCreate/Map/Unmap/Release), with leaks at two lines
+  pools_real  cudaMallocFromPoolAsync[_ptsz] on the real libcudart
+            (each fails without a driver; stderr `rc NAME CODE`)
   events_real  each event and query function on the real libcudart, twice
             (each fails without a driver; stderr `rc NAME CODE`)
   nodevice_real  device setup on the real libcudart (no driver here):
@@ -748,6 +752,65 @@ def kernels():
     print(f"bulk {n} {time.monotonic() - t0:.3f}", file=sys.stderr, flush=True)
 
 
+def pools():
+    """Pool allocations and the driver's virtual memory ($CUDART: the
+    stand-in, over $CUDA_DRIVER): both halves of each seen, the leaks at
+    their lines."""
+    rt = load()
+    drv = ctypes.CDLL(os.environ["CUDA_DRIVER"])
+    rt.cudaMallocFromPoolAsync.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+    rt.cudaMallocFromPoolAsync_ptsz.argtypes = rt.cudaMallocFromPoolAsync.argtypes
+    drv.cuMemAllocFromPoolAsync.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+    drv.cuMemCreate.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong]
+    drv.cuMemRelease.argtypes = [ctypes.c_ulonglong]
+    drv.cuMemMap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    drv.cuMemUnmap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t]
+    drv.cuMemFreeAsync.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p]
+    wait_for_probes(rt, ["cudaMallocFromPoolAsync", "cudaMallocFromPoolAsync_ptsz", "cudaFreeAsync"])
+    wait_for_probes(drv, ["cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap"])
+    pool, stream = ctypes.c_void_p(0x9A0), ctypes.c_void_p(0x9B0)
+    p = ctypes.c_void_p()
+    ptrs = []
+    for _ in range(40):
+        rt.cudaMallocFromPoolAsync(ctypes.byref(p), 1 << 16, pool, stream)  # @pool_alloc
+        ptrs.append(p.value)
+    for q in ptrs[:10]:
+        rt.cudaFreeAsync(ctypes.c_void_p(q), stream)  # @pool_free
+    for _ in range(3):
+        rt.cudaMallocFromPoolAsync_ptsz(ctypes.byref(p), 4096, pool, stream)  # @pool_alloc_ptsz
+        rt.cudaFreeAsync(p, stream)  # @pool_free_ptsz
+    d = ctypes.c_ulonglong()
+    for _ in range(5):
+        drv.cuMemAllocFromPoolAsync(ctypes.byref(d), 8192, pool, stream)  # @drv_pool_alloc
+        drv.cuMemFreeAsync(d.value, stream)  # @drv_pool_free
+    # expandable_segments: physical chunks created, mapped, unmapped, released.
+    h = ctypes.c_ulonglong()
+    va = 0x7F0000000000
+    for i in range(20):
+        drv.cuMemCreate(ctypes.byref(h), 2 << 20, None, 0)  # @vmm_create
+        drv.cuMemMap(va + i * (2 << 20), 2 << 20, 0, h.value, 0)  # @vmm_map
+        drv.cuMemUnmap(va + i * (2 << 20), 2 << 20)  # @vmm_unmap
+        drv.cuMemRelease(h.value)  # @vmm_release
+    for _ in range(18):
+        drv.cuMemCreate(ctypes.byref(h), 2 << 20, None, 0)  # @vmm_leak
+
+
+def pools_real():
+    """cudaMallocFromPoolAsync[_ptsz] on the real libcudart: each fails
+    without a driver (stderr `rc NAME CODE`), but is entered."""
+    rt = load()
+    rt.cudaMallocFromPoolAsync.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+    rt.cudaMallocFromPoolAsync_ptsz.argtypes = rt.cudaMallocFromPoolAsync.argtypes
+    wait_for_probes(rt, ["cudaMallocFromPoolAsync", "cudaMallocFromPoolAsync_ptsz"])
+    p = ctypes.c_void_p()
+    for _ in range(3):
+        rc = rt.cudaMallocFromPoolAsync(ctypes.byref(p), 4096, ctypes.c_void_p(0x9A0), None)  # @real_pool_alloc
+        print(f"rc cudaMallocFromPoolAsync {rc}", file=sys.stderr)
+    for _ in range(2):
+        rc = rt.cudaMallocFromPoolAsync_ptsz(ctypes.byref(p), 4096, ctypes.c_void_p(0x9A0), None)  # @real_pool_alloc_ptsz
+        print(f"rc cudaMallocFromPoolAsync_ptsz {rc}", file=sys.stderr)
+
+
 def events_real():
     """Event and query calls on the real libcudart: each fails without a
     driver (stderr: `rc NAME CODE`), but is entered."""
@@ -864,7 +927,7 @@ def late():
     "patterns": patterns, "sim": sim, "late": late, "threads": threads, "driver": driver, "hot": hot,
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
     "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
-    "events": events, "events_real": events_real, "kernels": kernels,
+    "events": events, "events_real": events_real, "kernels": kernels, "pools": pools, "pools_real": pools_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -67,84 +67,98 @@ pub mod api {
     pub const EVENT_QUERY: u32 = 51;
     pub const STREAM_QUERY: u32 = 52;
     pub const STREAM_QUERY_PTSZ: u32 = 53;
+    // Pools and virtual memory (issue 24, part 7): `(void **ptr, size, pool,
+    // stream)`.
+    pub const MALLOC_FROM_POOL_ASYNC: u32 = 54;
+    pub const MALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 55;
     // CUDA driver API (libcuda): ids FIRST_DRIVER..COUNT. Copies take
     // (dst, src, bytes[, stream]); the direction is in the name.
-    pub const CU_MEMCPY: u32 = 54;
-    pub const CU_MEMCPY_ASYNC: u32 = 55;
-    pub const CU_MEMCPY_HTOD: u32 = 56;
-    pub const CU_MEMCPY_DTOH: u32 = 57;
-    pub const CU_MEMCPY_DTOD: u32 = 58;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 59;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 60;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 61;
-    pub const CU_MEMCPY_PTDS: u32 = 62;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 63;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 64;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 65;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 66;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 67;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 68;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 69;
-    pub const CU_MEMCPY_PEER: u32 = 70;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 71;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 72;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 73;
-    pub const CU_STREAM_SYNC: u32 = 74;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 75;
-    pub const CU_CTX_SYNC: u32 = 76;
-    pub const CU_EVENT_SYNC: u32 = 77;
-    pub const CU_LAUNCH: u32 = 78;
-    pub const CU_LAUNCH_PTSZ: u32 = 79;
-    pub const CU_LAUNCH_EX: u32 = 80;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 81;
-    pub const CU_MEM_ALLOC: u32 = 82;
-    pub const CU_MEM_FREE: u32 = 83;
-    pub const CU_MEM_HOST_ALLOC: u32 = 84;
-    pub const CU_MEM_ALLOC_HOST: u32 = 85;
-    pub const CU_MEM_HOST_REGISTER: u32 = 86;
-    pub const CU_MEM_FREE_HOST: u32 = 87;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 88;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 89;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 90;
-    pub const CU_MEM_FREE_ASYNC: u32 = 91;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 92;
-    pub const CU_LAUNCH_COOP: u32 = 93;
-    pub const CU_LAUNCH_COOP_PTSZ: u32 = 94;
-    pub const CU_GRAPH_LAUNCH: u32 = 95;
-    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 96;
-    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 97;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 98;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 99;
-    pub const CU_BEGIN_CAPTURE: u32 = 100;
-    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 101;
-    pub const CU_END_CAPTURE: u32 = 102;
-    pub const CU_END_CAPTURE_PTSZ: u32 = 103;
-    pub const CU_MEMSET_D8_ASYNC: u32 = 104;
-    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 105;
-    pub const CU_MEMSET_D32_ASYNC: u32 = 106;
-    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 107;
-    pub const CU_CTX_SYNC_V2: u32 = 108;
+    pub const CU_MEMCPY: u32 = 56;
+    pub const CU_MEMCPY_ASYNC: u32 = 57;
+    pub const CU_MEMCPY_HTOD: u32 = 58;
+    pub const CU_MEMCPY_DTOH: u32 = 59;
+    pub const CU_MEMCPY_DTOD: u32 = 60;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 61;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 62;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 63;
+    pub const CU_MEMCPY_PTDS: u32 = 64;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 65;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 66;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 67;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 68;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 69;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 70;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 71;
+    pub const CU_MEMCPY_PEER: u32 = 72;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 73;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 74;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 75;
+    pub const CU_STREAM_SYNC: u32 = 76;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 77;
+    pub const CU_CTX_SYNC: u32 = 78;
+    pub const CU_EVENT_SYNC: u32 = 79;
+    pub const CU_LAUNCH: u32 = 80;
+    pub const CU_LAUNCH_PTSZ: u32 = 81;
+    pub const CU_LAUNCH_EX: u32 = 82;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 83;
+    pub const CU_MEM_ALLOC: u32 = 84;
+    pub const CU_MEM_FREE: u32 = 85;
+    pub const CU_MEM_HOST_ALLOC: u32 = 86;
+    pub const CU_MEM_ALLOC_HOST: u32 = 87;
+    pub const CU_MEM_HOST_REGISTER: u32 = 88;
+    pub const CU_MEM_FREE_HOST: u32 = 89;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 90;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 91;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 92;
+    pub const CU_MEM_FREE_ASYNC: u32 = 93;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 94;
+    pub const CU_LAUNCH_COOP: u32 = 95;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 96;
+    pub const CU_GRAPH_LAUNCH: u32 = 97;
+    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 98;
+    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 99;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 100;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 101;
+    pub const CU_BEGIN_CAPTURE: u32 = 102;
+    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 103;
+    pub const CU_END_CAPTURE: u32 = 104;
+    pub const CU_END_CAPTURE_PTSZ: u32 = 105;
+    pub const CU_MEMSET_D8_ASYNC: u32 = 106;
+    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 107;
+    pub const CU_MEMSET_D32_ASYNC: u32 = 108;
+    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 109;
+    pub const CU_CTX_SYNC_V2: u32 = 110;
     // Device setup.
-    pub const CU_INIT: u32 = 109;
-    pub const CU_DEVICE_GET: u32 = 110;
-    pub const CU_DEVICE_GET_COUNT: u32 = 111;
+    pub const CU_INIT: u32 = 111;
+    pub const CU_DEVICE_GET: u32 = 112;
+    pub const CU_DEVICE_GET_COUNT: u32 = 113;
     // Events and queries.
-    pub const CU_EVENT_RECORD: u32 = 112;
-    pub const CU_EVENT_RECORD_PTSZ: u32 = 113;
-    pub const CU_EVENT_RECORD_FLAGS: u32 = 114;
-    pub const CU_EVENT_RECORD_FLAGS_PTSZ: u32 = 115;
-    pub const CU_STREAM_WAIT_EVENT: u32 = 116;
-    pub const CU_STREAM_WAIT_EVENT_PTSZ: u32 = 117;
-    pub const CU_EVENT_QUERY: u32 = 118;
-    pub const CU_STREAM_QUERY: u32 = 119;
-    pub const CU_STREAM_QUERY_PTSZ: u32 = 120;
+    pub const CU_EVENT_RECORD: u32 = 114;
+    pub const CU_EVENT_RECORD_PTSZ: u32 = 115;
+    pub const CU_EVENT_RECORD_FLAGS: u32 = 116;
+    pub const CU_EVENT_RECORD_FLAGS_PTSZ: u32 = 117;
+    pub const CU_STREAM_WAIT_EVENT: u32 = 118;
+    pub const CU_STREAM_WAIT_EVENT_PTSZ: u32 = 119;
+    pub const CU_EVENT_QUERY: u32 = 120;
+    pub const CU_STREAM_QUERY: u32 = 121;
+    pub const CU_STREAM_QUERY_PTSZ: u32 = 122;
     // Kernel handles and their names (issue 24, part 6): `(CUfunction *,
     // CUmodule, const char *name)`, `(CUkernel *, CUlibrary, const char
     // *name)`, `(CUfunction *, CUkernel)`.
-    pub const CU_MODULE_GET_FUNCTION: u32 = 121;
-    pub const CU_LIBRARY_GET_KERNEL: u32 = 122;
-    pub const CU_KERNEL_GET_FUNCTION: u32 = 123;
-    pub const COUNT: u32 = 124;
+    pub const CU_MODULE_GET_FUNCTION: u32 = 123;
+    pub const CU_LIBRARY_GET_KERNEL: u32 = 124;
+    pub const CU_KERNEL_GET_FUNCTION: u32 = 125;
+    // Pools and virtual memory: `cuMemAllocFromPoolAsync(CUdeviceptr *, size,
+    // pool, stream)`, `cuMemCreate(handle *, size, prop *, flags)`,
+    // `cuMemRelease(handle)`, `cuMemMap(ptr, size, offset, handle, flags)`,
+    // `cuMemUnmap(ptr, size)`.
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 126;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 127;
+    pub const CU_MEM_CREATE: u32 = 128;
+    pub const CU_MEM_RELEASE: u32 = 129;
+    pub const CU_MEM_MAP: u32 = 130;
+    pub const CU_MEM_UNMAP: u32 = 131;
+    pub const COUNT: u32 = 132;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -204,6 +218,8 @@ pub mod api {
         "cudaEventQuery",
         "cudaStreamQuery",
         "cudaStreamQuery_ptsz",
+        "cudaMallocFromPoolAsync",
+        "cudaMallocFromPoolAsync_ptsz",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -274,6 +290,12 @@ pub mod api {
         "cuModuleGetFunction",
         "cuLibraryGetKernel",
         "cuKernelGetFunction",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuMemMap",
+        "cuMemUnmap",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -303,6 +325,9 @@ pub mod api {
             CU_MEM_FREE | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ => FREE,
             // The stream-ordered allocator: allocations and frees all the same.
             MALLOC_ASYNC | MALLOC_ASYNC_PTSZ => MALLOC,
+            // Pools (onnxruntime, PyTorch's cudaMallocAsync backend): allocations too.
+            MALLOC_FROM_POOL_ASYNC | MALLOC_FROM_POOL_ASYNC_PTSZ => MALLOC,
+            CU_MEM_ALLOC_FROM_POOL_ASYNC | CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => MALLOC,
             FREE_ASYNC | FREE_ASYNC_PTSZ => FREE,
             CU_MEM_HOST_ALLOC => HOST_ALLOC,
             CU_MEM_ALLOC_HOST => MALLOC_HOST,
@@ -393,16 +418,27 @@ pub mod api {
         matches!(canonical(api), STREAM_SYNC | STREAM_SYNC_PTSZ | DEVICE_SYNC | EVENT_SYNC)
     }
 
-    /// Returns a pointer through its first argument (`void **`).
+    /// Returns a pointer (or `cuMemCreate`'s handle) through its first
+    /// argument (`void **`).
     #[inline(always)]
     pub fn returns_pointer(api: u32) -> bool {
-        matches!(canonical(api), MALLOC | HOST_ALLOC | MALLOC_HOST)
+        matches!(canonical(api), MALLOC | HOST_ALLOC | MALLOC_HOST | CU_MEM_CREATE)
     }
 
-    /// Frees or unregisters the pointer in its first argument.
+    /// Frees or unregisters the pointer (or `cuMemRelease`'s handle) in
+    /// its first argument.
     #[inline(always)]
     pub fn releases_pointer(api: u32) -> bool {
-        matches!(canonical(api), FREE | FREE_HOST | HOST_UNREGISTER)
+        matches!(canonical(api), FREE | FREE_HOST | HOST_UNREGISTER | CU_MEM_RELEASE)
+    }
+
+    /// The driver's virtual memory management (PyTorch's
+    /// `expandable_segments`, vLLM's sleep mode): `cuMemCreate` makes
+    /// physical memory (a handle), `cuMemRelease` frees it, `cuMemMap` /
+    /// `cuMemUnmap` map it into address ranges.
+    #[inline(always)]
+    pub fn is_vmm(api: u32) -> bool {
+        matches!(api, CU_MEM_CREATE | CU_MEM_RELEASE | CU_MEM_MAP | CU_MEM_UNMAP)
     }
 
     /// A kernel launch, any form (entry only).
@@ -775,7 +811,7 @@ mod tests {
             let name = api::NAMES[id as usize];
             assert!(name.starts_with("cu") && !name.starts_with("cuda"), "{name}");
             // Driver-only: initialisation and device handles.
-            if matches!(id, api::CU_INIT | api::CU_DEVICE_GET) || api::returns_handle(id) {
+            if matches!(id, api::CU_INIT | api::CU_DEVICE_GET) || api::returns_handle(id) || api::is_vmm(id) {
                 assert_eq!(api::canonical(id), id);
                 continue;
             }
@@ -830,6 +866,10 @@ mod tests {
         assert!(api::is_stream_wait_event(api::CU_STREAM_WAIT_EVENT_PTSZ) && !api::is_sync(api::STREAM_WAIT_EVENT));
         assert!(api::is_query(api::CU_STREAM_QUERY_PTSZ) && api::is_query(api::EVENT_QUERY) && !api::is_sync(api::STREAM_QUERY));
         assert!(api::is_kernel_lookup(api::CU_LIBRARY_GET_KERNEL) && api::returns_handle(api::CU_KERNEL_GET_FUNCTION));
+        for id in [api::MALLOC_FROM_POOL_ASYNC_PTSZ, api::CU_MEM_ALLOC_FROM_POOL_ASYNC] {
+            assert!(api::returns_pointer(id) && api::canonical(id) == api::MALLOC, "{}", api::NAMES[id as usize]);
+        }
+        assert!(api::returns_pointer(api::CU_MEM_CREATE) && api::releases_pointer(api::CU_MEM_RELEASE) && api::is_vmm(api::CU_MEM_UNMAP));
         assert!(!api::is_kernel_lookup(api::CU_KERNEL_GET_FUNCTION) && api::is_driver(api::CU_MODULE_GET_FUNCTION));
         // Runtime ids first, then the driver's: one range each.
         assert!((0..api::FIRST_DRIVER).all(|id| !api::is_driver_name(api::NAMES[id as usize])));

@@ -85,10 +85,12 @@ impl CallClass {
             CallClass::Sync
         } else if api::entry_only(id) {
             CallClass::Launch
-        } else if matches!(
-            api::canonical(id),
-            api::MALLOC | api::FREE | api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER | api::FREE_HOST | api::HOST_UNREGISTER
-        ) {
+        } else if api::is_vmm(id)
+            || matches!(
+                api::canonical(id),
+                api::MALLOC | api::FREE | api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER | api::FREE_HOST | api::HOST_UNREGISTER
+            )
+        {
             CallClass::Memory
         } else {
             CallClass::Other

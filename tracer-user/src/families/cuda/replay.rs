@@ -185,6 +185,9 @@ pub struct Replay {
     pinned: HashMap<u32, BTreeMap<u64, u64>>,
     /// pid -> device pointer -> allocation.
     device: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
+    /// pid -> `cuMemCreate` handle -> its physical memory (not an address:
+    /// kept apart from `device`, which tells copy directions).
+    physical: HashMap<u32, HashMap<u64, LiveAlloc>>,
     last_copy: HashMap<u32, LastCopy>,
     /// (pid, event) -> the async copy the event was recorded behind (the
     /// kernel's `CUDA_EVENT_COPY`).
@@ -363,6 +366,26 @@ impl Replay {
     }
 
     fn memory(&mut self, site: RawSite, e: &CudaEvent) {
+        match e.api {
+            api::CU_MEM_CREATE => {
+                let a = self.allocs.entry(site).or_default();
+                a.allocs += 1;
+                if e.rc == 0 && e.dst != 0 {
+                    a.bytes += e.bytes;
+                    self.physical.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
+                }
+                return;
+            }
+            api::CU_MEM_RELEASE => {
+                if e.rc == 0 {
+                    if let Some(a) = self.physical.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
+                        self.allocs.entry(a.site).or_default().freed += 1;
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
         match api::canonical(e.api) {
             api::MALLOC => {
                 let a = self.allocs.entry(site).or_default();
@@ -395,15 +418,15 @@ impl Replay {
     /// Adds the allocations still live to their sites' `AllocObs`
     /// (`mid_ns`: the middle of the window). Call once, at the end.
     pub fn close(&mut self, mid_ns: u64) {
-        for m in self.device.values() {
-            for a in m.values() {
-                let o = self.allocs.entry(a.site).or_default();
-                o.live += 1;
-                o.live_bytes += a.size;
-                o.live_late += (a.at_ns >= mid_ns) as u64;
-            }
+        let physical = self.physical.values().flat_map(|m| m.values());
+        for a in self.device.values().flat_map(|m| m.values()).chain(physical) {
+            let o = self.allocs.entry(a.site).or_default();
+            o.live += 1;
+            o.live_bytes += a.size;
+            o.live_late += (a.at_ns >= mid_ns) as u64;
         }
         self.device.clear();
+        self.physical.clear();
     }
 
     /// Threads that exited: their pending copy (for copy/sync pairs) is
@@ -470,6 +493,28 @@ mod tests {
         assert_eq!((o.count, o.sync_pairs), (4, 3));
         let s = &r.syncs[&(RawSite { pid: 1, py_stack: 3, ..Default::default() }, api::EVENT_SYNC)];
         assert_eq!((s.count, s.after_copy), (5, 3));
+    }
+
+    /// Pool allocations pair with their frees; `cuMemCreate` handles
+    /// with `cuMemRelease`: both halves seen, the rest left live.
+    #[test]
+    fn pool_and_vmm_allocations_are_tracked() {
+        let mut r = Replay::default();
+        r.apply(&ev(api::MALLOC_FROM_POOL_ASYNC, KIND_NONE, 4096, 0x7000_0000, 0, 9, 1));
+        r.apply(&ev(api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ, KIND_NONE, 4096, 0x7000_1000, 0, 9, 1));
+        r.apply(&ev(api::FREE_ASYNC, KIND_NONE, 0, 0x7000_0000, 0, 9, 2));
+        for h in 1..=3u64 {
+            r.apply(&ev(api::CU_MEM_CREATE, KIND_NONE, 2 << 20, h, 0, 0, 3));
+        }
+        r.apply(&ev(api::CU_MEM_RELEASE, KIND_NONE, 0, 2, 0, 0, 4));
+        r.apply(&ev(api::CU_MEM_RELEASE, KIND_NONE, 0, 99, 0, 0, 4));
+        // A handle is not an address: copies' directions ignore it.
+        assert_eq!(r.effective_kind(1, KIND_DEFAULT, 0x5000, 1), KIND_DEFAULT);
+        r.close(0);
+        let pool = &r.allocs[&RawSite { pid: 1, py_stack: 1, ..Default::default() }];
+        assert_eq!((pool.allocs, pool.freed, pool.live), (2, 1, 1));
+        let vmm = &r.allocs[&RawSite { pid: 1, py_stack: 3, ..Default::default() }];
+        assert_eq!((vmm.allocs, vmm.freed, vmm.live, vmm.live_bytes), (3, 1, 2, 4 << 20));
     }
 
     #[test]
