@@ -3,7 +3,8 @@
 # workspace): DIR/libcuda.so.1, the timing simulator of the driver
 # (cudadrvsim.c, soname libcuda.so.1; NOT CUDA), DIR/libcudart.so.12, the
 # runtime stand-in over it (cudasim.c, soname libcudart.so.12; NOT CUDA),
-# DIR/libfakekernels.so (kernels.c), DIR/cuda_burst (cuda_burst.c, the
+# DIR/libfakekernels.so (kernels.c), DIR/libnccl.so.2 (ncclsim.c, a
+# stand-in for NCCL; NOT NCCL), DIR/cuda_burst (cuda_burst.c, the
 # burst driver) and, when
 # fetch-cudart.sh has run, DIR/native_app (native_app.c, linked to the real
 # libcudart.so.12 of target/cuda-real). Rebuilds
@@ -26,6 +27,7 @@ build libcuda.so.1 cudadrvsim.c -Wl,-soname,libcuda.so.1
 if [ "$dir/libcuda.so.1" -nt "$dir/libcudart.so.12" ]; then rm -f "$dir/libcudart.so.12"; fi
 build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12 "-Wl,-rpath,\$ORIGIN" "$dir/libcuda.so.1"
 build libfakekernels.so kernels.c
+build libnccl.so.2 ncclsim.c -Wl,-soname,libnccl.so.2
 # The burst driver (cuda_burst.c): dlopens $CUDART, so it runs on a private copy.
 if [ ! -e "$dir/cuda_burst" ] || [ "$here/cuda_burst.c" -nt "$dir/cuda_burst" ]; then
     gcc -O1 -g -fno-omit-frame-pointer -Wall -o "$dir/.cuda_burst.$$" "$here/cuda_burst.c" -ldl -lpthread

@@ -48,6 +48,11 @@ pub fn real_cudarts(test: &str) -> Option<Vec<(u32, PathBuf)>> {
     Some(out)
 }
 
+/// The real `libnccl.so.2` (nvidia-nccl-cu12; tests/cudasim/fetch-nccl.sh).
+pub fn real_nccl(test: &str) -> Option<PathBuf> {
+    cudasim_script("fetch-nccl.sh").map_err(|e| skip(test, &format!("the real libnccl.so.2 (tests/cudasim/fetch-nccl.sh): {e}"))).ok()
+}
+
 /// The directory of the stand-in libraries and drivers.
 pub fn cuda_standin_dir(test: &str) -> Option<PathBuf> {
     cudasim_script("build.sh").map_err(|e| skip(test, &format!("tests/cudasim/build.sh: {e}"))).ok()
@@ -91,7 +96,8 @@ pub fn rows_at_line(list: &Value, line: u64) -> Vec<Value> {
 
 /// `cuda_patterns.py MODE` recorded on private copies (the workload waits
 /// for int3 on them) of the stand-in runtime over the stand-in driver
-/// (`CUDA_DRIVER`; the runtime loads the driver next to it, `$ORIGIN`).
+/// (`CUDA_DRIVER`; the runtime loads the driver next to it, `$ORIGIN`),
+/// and of the NCCL stand-in (`NCCL`).
 /// None when a prerequisite is missing ([`skip`]). The directory holds
 /// `rec.itr`.
 pub fn record_on_standins(test: &str, mode: &str) -> Option<(TempDir, Run)> {
@@ -103,9 +109,11 @@ pub fn record_on_standins(test: &str, mode: &str) -> Option<(TempDir, Run)> {
     let dir = TempDir::new(&format!("cuda-{mode}"));
     let cudart = dir.join("libcudart.so.12");
     let driver = dir.join("libcuda.so.1");
+    let nccl = dir.join("libnccl.so.2");
     std::fs::copy(sim.join("libcudart.so.12"), &cudart).unwrap_or_else(|e| panic!("copying libcudart.so.12: {e}"));
     std::fs::copy(sim.join("libcuda.so.1"), &driver).unwrap_or_else(|e| panic!("copying libcuda.so.1: {e}"));
-    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[("CUDA_DRIVER", &driver)]);
+    std::fs::copy(sim.join("libnccl.so.2"), &nccl).unwrap_or_else(|e| panic!("copying libnccl.so.2: {e}"));
+    let run = record_cuda_patterns(&dir, &python, &cudart, &sim.join("libfakekernels.so"), mode, &[("CUDA_DRIVER", &driver), ("NCCL", &nccl)]);
     Some((dir, run))
 }
 

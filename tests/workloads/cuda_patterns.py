@@ -41,6 +41,9 @@ Usage: cuda_patterns.py MODE, MODE one of
             memory (cuMemCreate/Map/Unmap/Release), with leaks at two lines
   pools_real  cudaMallocFromPoolAsync[_ptsz] on the real libcudart
             (each fails without a driver; stderr `rc NAME CODE`)
+  nccl      NCCL calls on the stand-in $NCCL (tests/cudasim/ncclsim.c)
+  nccl_real  NCCL calls on the real $NCCL (fail without a GPU; stderr
+            `rc NAME CODE`)
   events_real  each event and query function on the real libcudart, twice
             (each fails without a driver; stderr `rc NAME CODE`)
   nodevice_real  device setup on the real libcudart (no driver here):
@@ -811,6 +814,70 @@ def pools_real():
         print(f"rc cudaMallocFromPoolAsync_ptsz {rc}", file=sys.stderr)
 
 
+NCCL_ALL = ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast", "ncclReduce",
+            "ncclAlltoAll", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd"]
+FLOAT32, FLOAT16, BFLOAT16, INT8, UINT8, INT32, FLOAT64 = 7, 6, 9, 0, 1, 2, 8
+
+
+def nccl_types(nc):
+    vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    nc.ncclAllReduce.argtypes = [vp, vp, sz, i, i, vp, vp]
+    nc.ncclAllGather.argtypes = [vp, vp, sz, i, vp, vp]
+    nc.ncclReduceScatter.argtypes = [vp, vp, sz, i, i, vp, vp]
+    nc.ncclBroadcast.argtypes = [vp, vp, sz, i, i, vp, vp]
+    nc.ncclBcast.argtypes = [vp, sz, i, i, vp, vp]
+    nc.ncclReduce.argtypes = [vp, vp, sz, i, i, i, vp, vp]
+    nc.ncclAlltoAll.argtypes = [vp, vp, sz, i, vp, vp]
+    nc.ncclSend.argtypes = [vp, sz, i, i, vp, vp]
+    nc.ncclRecv.argtypes = [vp, sz, i, i, vp, vp]
+
+
+def nccl():
+    """NCCL calls through the stand-in $NCCL (NOT NCCL): each collective on
+    one of two communicators, a send/recv group, a call with no
+    communicator (fails)."""
+    nc = ctypes.CDLL(os.environ["NCCL"])
+    nccl_types(nc)
+    wait_for_probes(nc, NCCL_ALL)
+    a, b, s = ctypes.c_void_p(0x1100), ctypes.c_void_p(0x2200), ctypes.c_void_p(0x6E0)
+    send, recv = DEV, DEV2
+    for _ in range(10):
+        nc.ncclAllReduce(send, recv, 1024, FLOAT32, 0, a, s)  # @nc_allreduce
+    for _ in range(5):
+        nc.ncclAllGather(send, recv, 256, BFLOAT16, a, s)  # @nc_allgather
+    for _ in range(4):
+        nc.ncclReduceScatter(send, recv, 512, INT8, 0, b, s)  # @nc_reducescatter
+    for _ in range(3):
+        nc.ncclBroadcast(send, recv, 100, FLOAT64, 0, b, s)  # @nc_broadcast
+    for _ in range(2):
+        nc.ncclBcast(send, 64, INT32, 0, a, s)  # @nc_bcast
+    for _ in range(2):
+        nc.ncclReduce(send, recv, 32, FLOAT16, 0, 0, a, s)  # @nc_reduce
+    for _ in range(3):
+        nc.ncclAlltoAll(send, recv, 128, UINT8, b, s)  # @nc_alltoall
+    for _ in range(4):
+        nc.ncclGroupStart()  # @nc_group_start
+        nc.ncclSend(send, 16, FLOAT32, 1, a, s)  # @nc_send
+        nc.ncclRecv(recv, 16, FLOAT32, 1, a, s)  # @nc_recv
+        nc.ncclGroupEnd()  # @nc_group_end
+    nc.ncclAllReduce(send, recv, 8, FLOAT32, 0, None, s)  # @nc_bad
+
+
+def nccl_real():
+    """NCCL calls on the real $NCCL (libnccl.so.2 from nvidia-nccl-cu12):
+    without a communicator (no GPU here) each collective fails, the group
+    calls succeed; stderr `rc NAME CODE`."""
+    nc = ctypes.CDLL(os.environ["NCCL"])
+    nccl_types(nc)
+    wait_for_probes(nc, NCCL_ALL)
+    for _ in range(3):
+        print("rc ncclAllReduce", nc.ncclAllReduce(DEV, DEV2, 1024, FLOAT32, 0, None, None), file=sys.stderr)  # @real_nc_allreduce
+    for _ in range(2):
+        print("rc ncclSend", nc.ncclSend(DEV, 16, FLOAT16, 1, None, None), file=sys.stderr)  # @real_nc_send
+    print("rc ncclGroupStart", nc.ncclGroupStart(), file=sys.stderr)  # @real_nc_group_start
+    print("rc ncclGroupEnd", nc.ncclGroupEnd(), file=sys.stderr)  # @real_nc_group_end
+
+
 def events_real():
     """Event and query calls on the real libcudart: each fails without a
     driver (stderr: `rc NAME CODE`), but is entered."""
@@ -928,6 +995,7 @@ def late():
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
     "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
     "events": events, "events_real": events_real, "kernels": kernels, "pools": pools, "pools_real": pools_real,
+    "nccl": nccl, "nccl_real": nccl_real,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

@@ -71,94 +71,108 @@ pub mod api {
     // stream)`.
     pub const MALLOC_FROM_POOL_ASYNC: u32 = 54;
     pub const MALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 55;
+    // NCCL (issue 24, part 5; libnccl, or linked into another library):
+    // collectives and point-to-point calls, `api::nccl_args` says where
+    // their count, datatype, communicator and stream are. Not the driver.
+    pub const NCCL_ALL_REDUCE: u32 = 56;
+    pub const NCCL_ALL_GATHER: u32 = 57;
+    pub const NCCL_REDUCE_SCATTER: u32 = 58;
+    pub const NCCL_BROADCAST: u32 = 59;
+    pub const NCCL_BCAST: u32 = 60;
+    pub const NCCL_REDUCE: u32 = 61;
+    pub const NCCL_ALL_TO_ALL: u32 = 62;
+    pub const NCCL_SEND: u32 = 63;
+    pub const NCCL_RECV: u32 = 64;
+    pub const NCCL_GROUP_START: u32 = 65;
+    pub const NCCL_GROUP_END: u32 = 66;
     // CUDA driver API (libcuda): ids FIRST_DRIVER..COUNT. Copies take
     // (dst, src, bytes[, stream]); the direction is in the name.
-    pub const CU_MEMCPY: u32 = 56;
-    pub const CU_MEMCPY_ASYNC: u32 = 57;
-    pub const CU_MEMCPY_HTOD: u32 = 58;
-    pub const CU_MEMCPY_DTOH: u32 = 59;
-    pub const CU_MEMCPY_DTOD: u32 = 60;
-    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 61;
-    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 62;
-    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 63;
-    pub const CU_MEMCPY_PTDS: u32 = 64;
-    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 65;
-    pub const CU_MEMCPY_HTOD_PTDS: u32 = 66;
-    pub const CU_MEMCPY_DTOH_PTDS: u32 = 67;
-    pub const CU_MEMCPY_DTOD_PTDS: u32 = 68;
-    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 69;
-    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 70;
-    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 71;
-    pub const CU_MEMCPY_PEER: u32 = 72;
-    pub const CU_MEMCPY_PEER_ASYNC: u32 = 73;
-    pub const CU_MEMCPY_PEER_PTDS: u32 = 74;
-    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 75;
-    pub const CU_STREAM_SYNC: u32 = 76;
-    pub const CU_STREAM_SYNC_PTSZ: u32 = 77;
-    pub const CU_CTX_SYNC: u32 = 78;
-    pub const CU_EVENT_SYNC: u32 = 79;
-    pub const CU_LAUNCH: u32 = 80;
-    pub const CU_LAUNCH_PTSZ: u32 = 81;
-    pub const CU_LAUNCH_EX: u32 = 82;
-    pub const CU_LAUNCH_EX_PTSZ: u32 = 83;
-    pub const CU_MEM_ALLOC: u32 = 84;
-    pub const CU_MEM_FREE: u32 = 85;
-    pub const CU_MEM_HOST_ALLOC: u32 = 86;
-    pub const CU_MEM_ALLOC_HOST: u32 = 87;
-    pub const CU_MEM_HOST_REGISTER: u32 = 88;
-    pub const CU_MEM_FREE_HOST: u32 = 89;
-    pub const CU_MEM_HOST_UNREGISTER: u32 = 90;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 91;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 92;
-    pub const CU_MEM_FREE_ASYNC: u32 = 93;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 94;
-    pub const CU_LAUNCH_COOP: u32 = 95;
-    pub const CU_LAUNCH_COOP_PTSZ: u32 = 96;
-    pub const CU_GRAPH_LAUNCH: u32 = 97;
-    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 98;
-    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 99;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 100;
-    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 101;
-    pub const CU_BEGIN_CAPTURE: u32 = 102;
-    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 103;
-    pub const CU_END_CAPTURE: u32 = 104;
-    pub const CU_END_CAPTURE_PTSZ: u32 = 105;
-    pub const CU_MEMSET_D8_ASYNC: u32 = 106;
-    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 107;
-    pub const CU_MEMSET_D32_ASYNC: u32 = 108;
-    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 109;
-    pub const CU_CTX_SYNC_V2: u32 = 110;
+    pub const CU_MEMCPY: u32 = 67;
+    pub const CU_MEMCPY_ASYNC: u32 = 68;
+    pub const CU_MEMCPY_HTOD: u32 = 69;
+    pub const CU_MEMCPY_DTOH: u32 = 70;
+    pub const CU_MEMCPY_DTOD: u32 = 71;
+    pub const CU_MEMCPY_HTOD_ASYNC: u32 = 72;
+    pub const CU_MEMCPY_DTOH_ASYNC: u32 = 73;
+    pub const CU_MEMCPY_DTOD_ASYNC: u32 = 74;
+    pub const CU_MEMCPY_PTDS: u32 = 75;
+    pub const CU_MEMCPY_ASYNC_PTSZ: u32 = 76;
+    pub const CU_MEMCPY_HTOD_PTDS: u32 = 77;
+    pub const CU_MEMCPY_DTOH_PTDS: u32 = 78;
+    pub const CU_MEMCPY_DTOD_PTDS: u32 = 79;
+    pub const CU_MEMCPY_HTOD_ASYNC_PTSZ: u32 = 80;
+    pub const CU_MEMCPY_DTOH_ASYNC_PTSZ: u32 = 81;
+    pub const CU_MEMCPY_DTOD_ASYNC_PTSZ: u32 = 82;
+    pub const CU_MEMCPY_PEER: u32 = 83;
+    pub const CU_MEMCPY_PEER_ASYNC: u32 = 84;
+    pub const CU_MEMCPY_PEER_PTDS: u32 = 85;
+    pub const CU_MEMCPY_PEER_ASYNC_PTSZ: u32 = 86;
+    pub const CU_STREAM_SYNC: u32 = 87;
+    pub const CU_STREAM_SYNC_PTSZ: u32 = 88;
+    pub const CU_CTX_SYNC: u32 = 89;
+    pub const CU_EVENT_SYNC: u32 = 90;
+    pub const CU_LAUNCH: u32 = 91;
+    pub const CU_LAUNCH_PTSZ: u32 = 92;
+    pub const CU_LAUNCH_EX: u32 = 93;
+    pub const CU_LAUNCH_EX_PTSZ: u32 = 94;
+    pub const CU_MEM_ALLOC: u32 = 95;
+    pub const CU_MEM_FREE: u32 = 96;
+    pub const CU_MEM_HOST_ALLOC: u32 = 97;
+    pub const CU_MEM_ALLOC_HOST: u32 = 98;
+    pub const CU_MEM_HOST_REGISTER: u32 = 99;
+    pub const CU_MEM_FREE_HOST: u32 = 100;
+    pub const CU_MEM_HOST_UNREGISTER: u32 = 101;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 102;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 103;
+    pub const CU_MEM_FREE_ASYNC: u32 = 104;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 105;
+    pub const CU_LAUNCH_COOP: u32 = 106;
+    pub const CU_LAUNCH_COOP_PTSZ: u32 = 107;
+    pub const CU_GRAPH_LAUNCH: u32 = 108;
+    pub const CU_GRAPH_LAUNCH_PTSZ: u32 = 109;
+    pub const CU_GRAPH_INSTANTIATE_FLAGS: u32 = 110;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS: u32 = 111;
+    pub const CU_GRAPH_INSTANTIATE_PARAMS_PTSZ: u32 = 112;
+    pub const CU_BEGIN_CAPTURE: u32 = 113;
+    pub const CU_BEGIN_CAPTURE_PTSZ: u32 = 114;
+    pub const CU_END_CAPTURE: u32 = 115;
+    pub const CU_END_CAPTURE_PTSZ: u32 = 116;
+    pub const CU_MEMSET_D8_ASYNC: u32 = 117;
+    pub const CU_MEMSET_D8_ASYNC_PTSZ: u32 = 118;
+    pub const CU_MEMSET_D32_ASYNC: u32 = 119;
+    pub const CU_MEMSET_D32_ASYNC_PTSZ: u32 = 120;
+    pub const CU_CTX_SYNC_V2: u32 = 121;
     // Device setup.
-    pub const CU_INIT: u32 = 111;
-    pub const CU_DEVICE_GET: u32 = 112;
-    pub const CU_DEVICE_GET_COUNT: u32 = 113;
+    pub const CU_INIT: u32 = 122;
+    pub const CU_DEVICE_GET: u32 = 123;
+    pub const CU_DEVICE_GET_COUNT: u32 = 124;
     // Events and queries.
-    pub const CU_EVENT_RECORD: u32 = 114;
-    pub const CU_EVENT_RECORD_PTSZ: u32 = 115;
-    pub const CU_EVENT_RECORD_FLAGS: u32 = 116;
-    pub const CU_EVENT_RECORD_FLAGS_PTSZ: u32 = 117;
-    pub const CU_STREAM_WAIT_EVENT: u32 = 118;
-    pub const CU_STREAM_WAIT_EVENT_PTSZ: u32 = 119;
-    pub const CU_EVENT_QUERY: u32 = 120;
-    pub const CU_STREAM_QUERY: u32 = 121;
-    pub const CU_STREAM_QUERY_PTSZ: u32 = 122;
+    pub const CU_EVENT_RECORD: u32 = 125;
+    pub const CU_EVENT_RECORD_PTSZ: u32 = 126;
+    pub const CU_EVENT_RECORD_FLAGS: u32 = 127;
+    pub const CU_EVENT_RECORD_FLAGS_PTSZ: u32 = 128;
+    pub const CU_STREAM_WAIT_EVENT: u32 = 129;
+    pub const CU_STREAM_WAIT_EVENT_PTSZ: u32 = 130;
+    pub const CU_EVENT_QUERY: u32 = 131;
+    pub const CU_STREAM_QUERY: u32 = 132;
+    pub const CU_STREAM_QUERY_PTSZ: u32 = 133;
     // Kernel handles and their names (issue 24, part 6): `(CUfunction *,
     // CUmodule, const char *name)`, `(CUkernel *, CUlibrary, const char
     // *name)`, `(CUfunction *, CUkernel)`.
-    pub const CU_MODULE_GET_FUNCTION: u32 = 123;
-    pub const CU_LIBRARY_GET_KERNEL: u32 = 124;
-    pub const CU_KERNEL_GET_FUNCTION: u32 = 125;
+    pub const CU_MODULE_GET_FUNCTION: u32 = 134;
+    pub const CU_LIBRARY_GET_KERNEL: u32 = 135;
+    pub const CU_KERNEL_GET_FUNCTION: u32 = 136;
     // Pools and virtual memory: `cuMemAllocFromPoolAsync(CUdeviceptr *, size,
     // pool, stream)`, `cuMemCreate(handle *, size, prop *, flags)`,
     // `cuMemRelease(handle)`, `cuMemMap(ptr, size, offset, handle, flags)`,
     // `cuMemUnmap(ptr, size)`.
-    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 126;
-    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 127;
-    pub const CU_MEM_CREATE: u32 = 128;
-    pub const CU_MEM_RELEASE: u32 = 129;
-    pub const CU_MEM_MAP: u32 = 130;
-    pub const CU_MEM_UNMAP: u32 = 131;
-    pub const COUNT: u32 = 132;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 137;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 138;
+    pub const CU_MEM_CREATE: u32 = 139;
+    pub const CU_MEM_RELEASE: u32 = 140;
+    pub const CU_MEM_MAP: u32 = 141;
+    pub const CU_MEM_UNMAP: u32 = 142;
+    pub const COUNT: u32 = 143;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -220,6 +234,17 @@ pub mod api {
         "cudaStreamQuery_ptsz",
         "cudaMallocFromPoolAsync",
         "cudaMallocFromPoolAsync_ptsz",
+        "ncclAllReduce",
+        "ncclAllGather",
+        "ncclReduceScatter",
+        "ncclBroadcast",
+        "ncclBcast",
+        "ncclReduce",
+        "ncclAlltoAll",
+        "ncclSend",
+        "ncclRecv",
+        "ncclGroupStart",
+        "ncclGroupEnd",
         "cuMemcpy",
         "cuMemcpyAsync",
         "cuMemcpyHtoD_v2",
@@ -529,6 +554,49 @@ pub mod api {
     #[inline(always)]
     pub fn returns_handle(api: u32) -> bool {
         is_kernel_lookup(api) || api == CU_KERNEL_GET_FUNCTION
+    }
+
+    /// An NCCL function (collective, point-to-point or group call).
+    #[inline(always)]
+    pub fn is_nccl(api: u32) -> bool {
+        (NCCL_ALL_REDUCE..=NCCL_GROUP_END).contains(&api)
+    }
+
+    /// An NCCL collective or point-to-point call (moves data), not
+    /// `ncclGroupStart`/`ncclGroupEnd`.
+    #[inline(always)]
+    pub fn is_collective(api: u32) -> bool {
+        (NCCL_ALL_REDUCE..=NCCL_RECV).contains(&api)
+    }
+
+    /// Where an NCCL call's element count, datatype, communicator and
+    /// stream are: argument indexes (0-based; x86_64 passes 6 in registers).
+    /// `None` for the group calls.
+    #[inline(always)]
+    pub fn nccl_args(api: u32) -> Option<(usize, usize, usize, usize)> {
+        match api {
+            // (send, recv, count, type, op|root, comm, stream)
+            NCCL_ALL_REDUCE | NCCL_BROADCAST | NCCL_REDUCE_SCATTER => Some((2, 3, 5, 6)),
+            // (send, recv, count, type, op, root, comm, stream)
+            NCCL_REDUCE => Some((2, 3, 6, 7)),
+            // (send, recv, count, type, comm, stream)
+            NCCL_ALL_GATHER | NCCL_ALL_TO_ALL => Some((2, 3, 4, 5)),
+            // (buf, count, type, root|peer, comm, stream)
+            NCCL_BCAST | NCCL_SEND | NCCL_RECV => Some((1, 2, 4, 5)),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one element of `ncclDataType_t` `t` (0 for an unknown type).
+    #[inline(always)]
+    pub fn nccl_type_size(t: u64) -> u64 {
+        match t {
+            0 | 1 | 10 | 11 => 1,
+            6 | 9 => 2,
+            2 | 3 | 7 => 4,
+            4 | 5 | 8 => 8,
+            _ => 0,
+        }
     }
 
     /// `cudaErrorNotReady` / `CUDA_ERROR_NOT_READY`: what a query returns
@@ -870,6 +938,12 @@ mod tests {
             assert!(api::returns_pointer(id) && api::canonical(id) == api::MALLOC, "{}", api::NAMES[id as usize]);
         }
         assert!(api::returns_pointer(api::CU_MEM_CREATE) && api::releases_pointer(api::CU_MEM_RELEASE) && api::is_vmm(api::CU_MEM_UNMAP));
+        assert!(api::is_nccl(api::NCCL_GROUP_END) && !api::is_collective(api::NCCL_GROUP_START) && api::is_collective(api::NCCL_RECV));
+        assert!(!api::is_driver(api::NCCL_ALL_REDUCE) && !api::is_nccl(api::MALLOC_FROM_POOL_ASYNC_PTSZ));
+        for id in (0..api::COUNT).filter(|id| api::is_collective(*id)) {
+            assert!(api::nccl_args(id).is_some() && api::NAMES[id as usize].starts_with("nccl"));
+        }
+        assert_eq!((api::nccl_type_size(7), api::nccl_type_size(9), api::nccl_type_size(4), api::nccl_type_size(12)), (4, 2, 8, 0));
         assert!(!api::is_kernel_lookup(api::CU_KERNEL_GET_FUNCTION) && api::is_driver(api::CU_MODULE_GET_FUNCTION));
         // Runtime ids first, then the driver's: one range each.
         assert!((0..api::FIRST_DRIVER).all(|id| !api::is_driver_name(api::NAMES[id as usize])));

@@ -24,6 +24,7 @@
 //!   handle calls (`cuModuleGetFunction`, `cuLibraryGetKernel`,
 //!   `cuKernelGetFunction`: the handle made is read at return, and the
 //!   name of a lookup goes out through `CUDA_NAMES`)
+//! - `cuda_nccl_enter`: NCCL collectives, point-to-point and group calls
 //! - `cuda_return`: the uretprobe of everything but launches.
 //!
 //! A thread between a successful `cudaStreamBeginCapture` and its
@@ -440,6 +441,28 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
         (arg1, arg0, 0, 0)
     };
     begin(&ctx, a, KIND_NONE, bytes, dst, src, stream);
+    0
+}
+
+/// NCCL calls: `ncclAllReduce(send, recv, count, type, op, comm, stream)`
+/// and the other collectives and point-to-point calls (`api::nccl_args`:
+/// where count, type, communicator and stream are; the 7th and 8th
+/// arguments on the stack on x86_64), and `ncclGroupStart/End()`. Bytes
+/// are count x the type's size; the communicator goes in `dst`, the count
+/// in `src`. The arguments are read by constant position (the verifier
+/// rejects an argument register chosen at run time).
+#[uprobe]
+pub fn cuda_nccl_enter(ctx: ProbeContext) -> u32 {
+    let a = cookie(&ctx);
+    let r = |n: usize| ctx.arg::<u64>(n).unwrap_or(0);
+    let (count, dtype, comm, stream) = match a {
+        api::NCCL_ALL_REDUCE | api::NCCL_BROADCAST | api::NCCL_REDUCE_SCATTER => (r(2), r(3), r(5), arg_or_stack(&ctx, 6, 6)),
+        api::NCCL_REDUCE => (r(2), r(3), arg_or_stack(&ctx, 6, 6), arg_or_stack(&ctx, 7, 6)),
+        api::NCCL_ALL_GATHER | api::NCCL_ALL_TO_ALL => (r(2), r(3), r(4), r(5)),
+        api::NCCL_BCAST | api::NCCL_SEND | api::NCCL_RECV => (r(1), r(2), r(4), r(5)),
+        _ => (0, 0, 0, 0),
+    };
+    begin(&ctx, a, KIND_NONE, count.wrapping_mul(api::nccl_type_size(dtype & 0xffff_ffff)), comm, count, stream);
     0
 }
 

@@ -72,6 +72,8 @@ pub enum CallClass {
     Launch,
     /// Device or host memory: allocate, free, register, unregister.
     Memory,
+    /// An NCCL collective or point-to-point call (schema 1.x addition).
+    Collective,
     Other,
 }
 
@@ -85,6 +87,8 @@ impl CallClass {
             CallClass::Sync
         } else if api::entry_only(id) {
             CallClass::Launch
+        } else if api::is_collective(id) {
+            CallClass::Collective
         } else if api::is_vmm(id)
             || matches!(
                 api::canonical(id),
@@ -204,6 +208,24 @@ pub struct CudaLaunch {
     pub estimated: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<u64>,
+}
+
+/// NCCL calls of one API on one communicator from one site (from the
+/// per-call events; schema 1.x addition).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CudaCollective {
+    pub pid: u32,
+    /// `ncclAllReduce`, `ncclAllGather`, ..., `ncclSend`, `ncclRecv`.
+    pub api: String,
+    /// The communicator (`ncclComm_t`), `0x...`.
+    pub comm: String,
+    pub count: u64,
+    /// count x the datatype's size, summed.
+    pub bytes: u64,
+    /// Host time in the calls (they enqueue work on a stream).
+    pub total_ns: u64,
+    pub errors: u64,
+    pub site: Site,
 }
 
 /// Launches of one CUDA graph from one site (`cudaGraphLaunch`,
@@ -445,6 +467,9 @@ pub struct CudaReport {
     /// Stream captures by site (schema 1.x addition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub graph_captures: Vec<GraphCapture>,
+    /// NCCL calls by API, communicator and site (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collectives: Vec<CudaCollective>,
 }
 
 /// One driver function a process reached only through its runtime, whose
@@ -480,6 +505,27 @@ pub fn kind_name(kind: u32) -> Option<&'static str> {
         KIND_NONE => None,
         _ => Some("Invalid"),
     }
+}
+
+/// The name of NCCL's `ncclResult_t` value `rc`.
+pub fn nccl_error_name(rc: i32) -> &'static str {
+    match rc {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        _ => "",
+    }
+}
+
+/// The name of return code `rc` of function `api` (NCCL's codes are not
+/// CUDA's).
+pub fn error_name_of(api: &str, rc: i32) -> &'static str {
+    if api.starts_with("nccl") { nccl_error_name(rc) } else { error_name(rc) }
 }
 
 pub fn api_name(api: u32) -> String {

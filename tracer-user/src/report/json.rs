@@ -45,6 +45,8 @@ struct JsonCuda<'a> {
     graph_launches: &'a [crate::recording::cuda::GraphLaunch],
     /// Stream captures by site: what they recorded (schema 1.x addition).
     graph_captures: &'a [crate::recording::cuda::GraphCapture],
+    /// NCCL calls by API, communicator and site (schema 1.x addition).
+    collectives: &'a [crate::recording::cuda::CudaCollective],
 }
 
 #[derive(Serialize)]
@@ -144,6 +146,7 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
             launch_sampling: c.launch_sampling.as_ref(),
             graph_launches: &c.graph_launches,
             graph_captures: &c.graph_captures,
+            collectives: &c.collectives,
         }),
         findings: rec.cuda.as_ref().map(|c| super::findings::cuda_worded(&c.findings)).unwrap_or_default(),
         lost_events: rec.lost_events(),

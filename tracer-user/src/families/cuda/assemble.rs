@@ -22,7 +22,7 @@ use crate::{
     engine::{Cx, Topic},
     os::probe::{self, ProbeError},
     recording::{
-        cuda::{api_name, kind_name, CallClass, CudaCall, CudaLaunch, CudaLibrary, CudaReport, Site},
+        cuda::{api_name, kind_name, CallClass, CudaCall, CudaCollective, CudaLaunch, CudaLibrary, CudaReport, Site},
         Frame, FrameKind, UNKNOWN,
     },
 };
@@ -75,6 +75,7 @@ impl CudaCollector {
             report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut resolve)?;
             report.graph_captures = graphs::graph_captures(&replay.graphs, &mut resolve)?;
         }
+        report.collectives = collectives(&replay, &mut sites, cx)?;
         if let Some(s) = &self.slicer {
             report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
         }
@@ -225,6 +226,35 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
         b.total_ns.cmp(&a.total_ns).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)).then(a.site.cmp(&b.site))
     });
     Ok(calls)
+}
+
+/// NCCL calls by (pid, API, communicator, site), from the events; most
+/// bytes first.
+fn collectives(replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<CudaCollective>, ProbeError> {
+    let mut sums: BTreeMap<(u32, u32, u64, Site), (u64, u64, u64, u64)> = BTreeMap::new();
+    for ((raw, a, comm), (n, bytes, ns, errors)) in &replay.collectives {
+        let site = sites.resolve(*raw, cx)?;
+        let e = sums.entry((raw.pid, *a, *comm, site)).or_default();
+        e.0 += n;
+        e.1 += bytes;
+        e.2 += ns;
+        e.3 += errors;
+    }
+    let mut out: Vec<CudaCollective> = sums
+        .into_iter()
+        .map(|((pid, a, comm, site), (count, bytes, total_ns, errors))| CudaCollective {
+            pid,
+            api: api_name(a),
+            comm: format!("{comm:#x}"),
+            count,
+            bytes,
+            total_ns,
+            errors,
+            site,
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)));
+    Ok(out)
 }
 
 /// What the detector looks at, per resolved site: the events' replay,

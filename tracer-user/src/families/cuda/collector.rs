@@ -375,16 +375,18 @@ impl CudaCollector {
         if self.attached.contains_key(&opened.identity) {
             return Ok(Some(opened.identity));
         }
+        // A runtime or NCCL linked in statically (CuPy, JAX, PyTorch), told
+        // by the names in its symbol tables before they are looked up.
+        let (mut runtime_in, mut nccl_in) = (false, false);
         if cand.linked_in {
-            if discovery::is_stripped_runtime_carrier(cand.line.basename()) {
-                cx.sink.note_on(Topic::Gpu, format!(
-                    "pid {pid}: {shown} carries its own CUDA runtime, stripped (no names to probe): its work is seen only as the driver calls it makes (its kernels as driver launches; none with --no-cuda-driver)"
-                ));
-                return Ok(None);
-            }
-            // A runtime linked in statically (CuPy, JAX), told by the
-            // names in its symbol tables before they are looked up.
-            if !crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_RUNTIME_NAMES) {
+            runtime_in = crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_RUNTIME_NAMES);
+            nccl_in = crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_NCCL_NAMES);
+            if !runtime_in && !nccl_in {
+                if discovery::is_stripped_runtime_carrier(cand.line.basename()) {
+                    cx.sink.note_on(Topic::Gpu, format!(
+                        "pid {pid}: {shown} carries its own CUDA runtime, stripped (no names to probe): its work is seen only as the driver calls it makes (its kernels as driver launches; none with --no-cuda-driver)"
+                    ));
+                }
                 return Ok(None);
             }
         }
@@ -398,10 +400,11 @@ impl CudaCollector {
             }
         };
         if cand.linked_in {
-            // Its runtime's functions only: a static runtime reaches the
-            // driver through libcuda.
-            symbols.retain(|(id, _)| !api::is_driver(*id));
-            if !discovery::is_runtime(&symbols) {
+            // Its runtime's and NCCL's functions only: a static runtime
+            // reaches the driver through libcuda.
+            runtime_in &= discovery::is_runtime(&symbols);
+            symbols.retain(|(id, _)| if api::is_nccl(*id) { nccl_in } else { runtime_in && !api::is_driver(*id) });
+            if symbols.is_empty() {
                 return Ok(None);
             }
         }
@@ -429,7 +432,13 @@ impl CudaCollector {
         });
         cx.sink.note_on(Topic::Gpu, format!(
             "pid {pid}: CUDA {} {shown}{}: {} functions probed{late}",
-            if driver { "driver" } else { "runtime" },
+            if driver {
+                "driver"
+            } else if functions.iter().all(|f| f.starts_with("nccl")) {
+                "NCCL"
+            } else {
+                "runtime"
+            },
             if cand.linked_in { " (linked statically)" } else { "" },
             functions.len()
         ));

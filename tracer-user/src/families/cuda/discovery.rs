@@ -47,6 +47,16 @@ pub fn is_driver_name(basename: &str) -> bool {
     }
 }
 
+/// `libnccl.so`, `libnccl.so.2`, `libnccl.so.2.21.5`: NCCL, the collective
+/// communication library (exports its `nccl*` functions).
+pub fn is_nccl_name(basename: &str) -> bool {
+    match basename.strip_prefix("libnccl.so") {
+        Some("") => true,
+        Some(v) => v.starts_with('.') && v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
 /// A mapped file that may hold the CUDA runtime: one per distinct file in
 /// a process.
 #[derive(Clone, Debug)]
@@ -65,7 +75,7 @@ pub struct Candidate {
 pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
-        let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename());
+        let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename()) || is_nccl_name(m.basename());
         let is_exe = exe_path.is_some_and(|e| e == m.path());
         if !by_name && !is_exe && !maps.iter().any(|x| x.executable && x.dev == m.dev && x.inode == m.inode) {
             continue;
@@ -82,11 +92,13 @@ pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
 /// ([`crate::os::elf::has_symbol_names`], one read of the string tables)
 /// before a library's symbols are looked up.
 pub const STATIC_RUNTIME_NAMES: [&str; 2] = ["cudaLaunchKernel", "cudaMemcpyAsync"];
+/// Names NCCL linked into another library has (PyTorch's libtorch_cuda).
+pub const STATIC_NCCL_NAMES: [&str; 2] = ["ncclAllReduce", "ncclGroupStart"];
 
 /// Libraries that carry a CUDA runtime of their own, stripped (no symbol
 /// names to probe): their calls reach the GPU through the driver only.
 pub fn is_stripped_runtime_carrier(basename: &str) -> bool {
-    ["libcublas", "libcublasLt", "libcufft", "libcusparse", "libcusolver", "libcurand", "libnccl", "libcudnn"]
+    ["libcublas", "libcublasLt", "libcufft", "libcusparse", "libcusolver", "libcurand", "libcudnn"]
         .iter()
         .any(|p| basename.strip_prefix(p).is_some_and(|rest| rest.starts_with(".so") || rest.starts_with('-') || rest.starts_with('_')))
 }
@@ -193,7 +205,8 @@ mod tests {
         let c = candidates(&m, None);
         assert_eq!(c.len(), 1);
         assert!(c[0].linked_in);
-        assert!(is_stripped_runtime_carrier("libcublasLt.so.12") && is_stripped_runtime_carrier("libnccl.so.2"));
+        assert!(is_stripped_runtime_carrier("libcublasLt.so.12") && is_stripped_runtime_carrier("libcudnn_ops.so.9"));
+        assert!(is_nccl_name("libnccl.so.2") && is_nccl_name("libnccl.so.2.21.5") && !is_nccl_name("libnccl-net.so"));
         assert!(!is_stripped_runtime_carrier("libcublasfoo.so") && !is_stripped_runtime_carrier("libcudart.so.12"));
     }
 

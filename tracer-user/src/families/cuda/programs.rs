@@ -4,7 +4,7 @@
 //!
 //! Where the kernel has multi-uprobe links (Linux 6.6+), each program is
 //! attached to a file with one link for all its functions
-//! ([`crate::os::uprobe_multi`]): at most 8 links per file, released in ~0.1 s
+//! ([`crate::os::uprobe_multi`]): at most 9 links per file, released in ~0.1 s
 //! at the window end. Elsewhere aya attaches one perf-event uprobe per
 //! function and kind (124 for 66 functions), each taking ~0.1 s to release
 //! under a kernel-wide lock. Either way the links are released from
@@ -49,6 +49,7 @@ pub static TABLE: FamilyTable = FamilyTable {
         uprobe("cuda_generic_enter"),
         uprobe("cuda_launch"),
         uprobe("cuda_launch_ex"),
+        uprobe("cuda_nccl_enter"),
         uprobe("cuda_return"),
     ],
     globals: &[
@@ -65,6 +66,9 @@ pub static TABLE: FamilyTable = FamilyTable {
 fn entry_program(id: u32) -> &'static str {
     if api::is_peer_copy(id) {
         return "cuda_peer_copy_enter";
+    }
+    if api::is_nccl(id) {
+        return "cuda_nccl_enter";
     }
     if api::is_driver(id) && api::is_copy(id) {
         return "cuda_drv_copy_enter";

@@ -195,6 +195,8 @@ pub struct Replay {
     /// (pid, kernel handle) -> its name as the lookup passed it
     /// (`cuModuleGetFunction`, `cuLibraryGetKernel`; `CUDA_NAMES`).
     names: HashMap<(u32, u64), String>,
+    /// NCCL calls by (site, API, communicator): (calls, bytes, ns, errors).
+    pub collectives: HashMap<(RawSite, u32, u64), (u64, u64, u64, u64)>,
     /// (pid, `CUfunction`) -> the `CUkernel` it was got from
     /// (`cuKernelGetFunction`): named by the kernel's name.
     kernel_of: HashMap<(u32, u64), u64>,
@@ -243,6 +245,12 @@ impl Replay {
             self.graphs.apply(site, e);
         } else if api::is_event_record(e.api) {
             self.record_event(e);
+        } else if api::is_collective(e.api) {
+            let c = self.collectives.entry((site, e.api, e.dst)).or_default();
+            c.0 += 1;
+            c.1 += e.bytes;
+            c.2 += e.dur_ns;
+            c.3 += (e.rc != 0) as u64;
         } else if e.api == api::CU_KERNEL_GET_FUNCTION {
             if e.rc == 0 && e.dst != 0 {
                 self.kernel_of.insert((e.pid, e.dst), e.src);

@@ -18,6 +18,7 @@ use crate::{
 const MAX_ROWS: usize = 20;
 
 pub use crate::recording::cuda::error_name;
+use crate::recording::cuda::nccl_error_name;
 
 fn short_site(s: &Site) -> String {
     let file = s.file.as_deref().map(|f| printable(f.rsplit('/').next().unwrap_or(f)));
@@ -186,7 +187,7 @@ fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
     events_section(out, cuda);
 
     let memory: Vec<&CudaCall> =
-        cuda.calls.iter().filter(|c| c.kind.is_none() && c.class() != CallClass::Sync && !c.is_event_or_query()).collect();
+        cuda.calls.iter().filter(|c| c.kind.is_none() && !matches!(c.class(), CallClass::Sync | CallClass::Collective) && !c.is_event_or_query()).collect();
     if !memory.is_empty() {
         let _ = writeln!(out, "\nmemory calls by site:");
         let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7}  {:<20} SITE", "CALLS", "BYTES", "TIME", "ERRORS", "API");
@@ -257,20 +258,48 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
     }
 
     graphs_section(out, cuda);
+    collectives_section(out, cuda);
 
-    let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
+    // By (NCCL or CUDA, code): NCCL's codes are not CUDA's.
+    let mut codes: BTreeMap<(bool, i32), u64> = BTreeMap::new();
     for c in &cuda.calls {
         // A query's "not ready" is an answer, not a failure.
         let answer = |rc: i32| rc == 0 || (rc == tracer_common::cuda::api::NOT_READY && c.not_ready.is_some());
         for (rc, n) in c.return_codes.iter().filter(|(rc, _)| !answer(**rc)) {
-            let total = codes.entry(*rc).or_default();
+            let total = codes.entry((c.api.starts_with("nccl"), *rc)).or_default();
             *total = total.saturating_add(*n);
         }
     }
     if !codes.is_empty() {
-        let list: Vec<String> = codes.iter().map(|(rc, n)| format!("{n} x {rc} {}", error_name(*rc))).collect();
+        let list: Vec<String> = codes
+            .iter()
+            .map(|((nccl, rc), n)| format!("{n} x {rc} {}", if *nccl { nccl_error_name(*rc) } else { error_name(*rc) }))
+            .collect();
         let _ = writeln!(out, "\nfailed calls: {}", list.join(", "));
     }
+}
+
+/// NCCL calls by API, communicator and site.
+fn collectives_section(out: &mut String, cuda: &CudaReport) {
+    if cuda.collectives.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nNCCL calls by communicator and site:");
+    let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7}  {:<20} {:<16} SITE", "CALLS", "BYTES", "TIME", "ERRORS", "API", "COMM");
+    for c in cuda.collectives.iter().take(MAX_ROWS) {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>10} {:>10} {:>7}  {:<20} {:<16} {}",
+            c.count,
+            fmt_bytes(c.bytes),
+            fmt_ns(c.total_ns),
+            c.errors,
+            printable(&c.api),
+            printable(&c.comm),
+            short_site(&c.site)
+        );
+    }
+    more(out, cuda.collectives.len());
 }
 
 /// Graph launches by graph and site, and the captures by site.

@@ -1,0 +1,100 @@
+//! NCCL (issue 24, deliverable 5): collectives, point-to-point and group
+//! calls counted with their bytes (count x the datatype's size), host time
+//! and return codes, per Python site and per communicator.
+//!
+//! On tests/cudasim's NCCL stand-in (NOT NCCL: the real names and argument
+//! ABI, `ncclReduce`'s communicator and stream on the stack) and on the
+//! REAL libnccl.so.2 from nvidia-nccl-cu12 (its collectives fail without a
+//! communicator, no GPU here, but are entered). Needs root, the binary,
+//! gcc, python3 and PyPI once (target/cuda-real); under CI=true a missing
+//! one fails the test.
+
+use std::collections::BTreeMap;
+
+use infertrace_e2e::serde_json::Value;
+use infertrace_e2e::*;
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
+}
+
+fn row(cuda: &Value, m: &BTreeMap<String, u64>, marker: &str, api: &str) -> Value {
+    let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
+    assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}", cuda["calls"]);
+    rows[0].clone()
+}
+
+#[test]
+fn nccl_calls_counted_with_bytes_per_site_and_communicator() {
+    let test = "nccl_calls_counted_with_bytes_per_site_and_communicator";
+    let Some((dir, run)) = record_on_standins(test, "nccl") else { return };
+    let report = run.json();
+    let cuda = &report.0["cuda"];
+    let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
+    // (marker, api, calls, bytes, communicator)
+    let expected: &[(&str, &str, u64, u64, &str)] = &[
+        ("nc_allreduce", "ncclAllReduce", 10, 10 * 1024 * 4, "0x1100"),
+        ("nc_allgather", "ncclAllGather", 5, 5 * 256 * 2, "0x1100"),
+        ("nc_reducescatter", "ncclReduceScatter", 4, 4 * 512, "0x2200"),
+        ("nc_broadcast", "ncclBroadcast", 3, 3 * 100 * 8, "0x2200"),
+        ("nc_bcast", "ncclBcast", 2, 2 * 64 * 4, "0x1100"),
+        ("nc_reduce", "ncclReduce", 2, 2 * 32 * 2, "0x1100"),
+        ("nc_alltoall", "ncclAlltoAll", 3, 3 * 128, "0x2200"),
+        ("nc_send", "ncclSend", 4, 4 * 16 * 4, "0x1100"),
+        ("nc_recv", "ncclRecv", 4, 4 * 16 * 4, "0x1100"),
+    ];
+    let collectives = cuda["collectives"].as_array().unwrap_or_else(|| panic!("no cuda.collectives: {cuda:#}"));
+    for &(marker, api, n, bytes, comm) in expected {
+        let r = row(cuda, &m, marker, api);
+        assert_eq!((u(&r["count"]), u(&r["bytes"]), u(&r["errors"]), r["class"].as_str()), (n, bytes, 0, Some("collective")), "@{marker}: {r}");
+        let c: Vec<&Value> = collectives.iter().filter(|c| c["api"] == api && c["site"]["line"] == m[marker]).collect();
+        assert_eq!(c.len(), 1, "{api} @{marker}: {collectives:#?}");
+        assert_eq!((c[0]["comm"].as_str(), u(&c[0]["count"]), u(&c[0]["bytes"])), (Some(comm), n, bytes), "{}", c[0]);
+    }
+    for (marker, api) in [("nc_group_start", "ncclGroupStart"), ("nc_group_end", "ncclGroupEnd")] {
+        let r = row(cuda, &m, marker, api);
+        assert_eq!((u(&r["count"]), u(&r["bytes"]), r["class"].as_str()), (4, 0, Some("other")), "@{marker}: {r}");
+    }
+    let bad = row(cuda, &m, "nc_bad", "ncclAllReduce");
+    assert_eq!((u(&bad["count"]), u(&bad["errors"]), bad["return_codes"]["4"].as_u64()), (1, 1, Some(1)), "{bad}");
+    let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
+    text.assert_ok();
+    assert!(text.stdout.contains("NCCL calls by communicator and site") && text.stdout.contains("ncclInvalidArgument"), "{}", text.stdout);
+}
+
+#[test]
+fn real_libnccl_calls_counted_with_return_codes() {
+    let test = "real_libnccl_calls_counted_with_return_codes";
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return;
+    }
+    let Some(nccl) = real_nccl(test) else { return };
+    let Some(sim) = cuda_standin_dir(test) else { return };
+    let Some(python) = python3_executable(test) else { return };
+    let dir = TempDir::new("cuda-nccl-real");
+    // No private copy (~470 MB): only this test probes the file.
+    let run = record_cuda_patterns(&dir, &python, &sim.join("libcudart.so.12"), &sim.join("libfakekernels.so"), "nccl_real", &[("NCCL", &nccl)]);
+    let mut truth: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for l in run.stderr.lines() {
+        if let ["rc", name, code] = l.split_whitespace().collect::<Vec<_>>()[..] {
+            *truth.entry(name.to_owned()).or_default().entry(code.to_owned()).or_default() += 1;
+        }
+    }
+    let report = run.json();
+    let cuda = &report.0["cuda"];
+    let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
+    for (marker, api, n, bytes) in [
+        ("real_nc_allreduce", "ncclAllReduce", 3, 3 * 1024 * 4),
+        ("real_nc_send", "ncclSend", 2, 2 * 16 * 2),
+        ("real_nc_group_start", "ncclGroupStart", 1, 0),
+        ("real_nc_group_end", "ncclGroupEnd", 1, 0),
+    ] {
+        let r = row(cuda, &m, marker, api);
+        let codes: BTreeMap<String, u64> = r["return_codes"].as_object().expect("return_codes").iter().map(|(k, v)| (k.clone(), u(v))).collect();
+        let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
+        let errors: u64 = want.iter().filter(|(k, _)| k.as_str() != "0").map(|(_, v)| v).sum();
+        assert_eq!((u(&r["count"]), u(&r["bytes"]), u(&r["errors"]), &codes), (n, bytes, errors, want), "@{marker}: {r}");
+    }
+    let libs: Vec<&str> = cuda["libraries"].as_array().expect("libraries").iter().filter_map(|l| l["path"].as_str()).collect();
+    assert!(libs.iter().any(|p| p.ends_with("libnccl.so.2")), "{libs:?}");
+}
