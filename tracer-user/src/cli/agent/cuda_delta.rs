@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::recording::cuda::{CudaCall, CudaLaunch, CudaReport, GraphCapture, GraphLaunch, Site};
+use crate::recording::cuda::{CudaCall, CudaCollective, CudaLaunch, CudaReport, GraphCapture, GraphLaunch, Site};
 
 type CallKey<'a> = (u32, &'a str, Option<&'a str>, &'a Site);
 
@@ -34,6 +34,9 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             d.events_lost = c.events_lost.saturating_sub(p.events_lost);
             d.pinned = c.pinned.map(|v| v.saturating_sub(p.pinned.unwrap_or(0)));
             d.pageable = c.pageable.map(|v| v.saturating_sub(p.pageable.unwrap_or(0)));
+            d.not_ready = c.not_ready.map(|v| v.saturating_sub(p.not_ready.unwrap_or(0)));
+            d.poll_waits = c.poll_waits.map(|v| v.saturating_sub(p.poll_waits.unwrap_or(0)));
+            d.poll_ns = c.poll_ns.map(|v| v.saturating_sub(p.poll_ns.unwrap_or(0)));
             d.return_codes = c
                 .return_codes
                 .iter()
@@ -45,6 +48,22 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
         .collect();
     clamp_to_totals(&mut out.calls, cur, prev);
     out.calls.retain(|c| c.count > 0);
+    let coll_key = |c: &CudaCollective| (c.pid, c.api.clone(), c.comm.clone(), c.site.clone());
+    let prev_coll: HashMap<_, &CudaCollective> = prev.collectives.iter().map(|c| (coll_key(c), c)).collect();
+    out.collectives = cur
+        .collectives
+        .iter()
+        .filter_map(|c| {
+            let mut d = c.clone();
+            if let Some(p) = prev_coll.get(&coll_key(c)) {
+                d.count = c.count.saturating_sub(p.count);
+                d.bytes = c.bytes.saturating_sub(p.bytes);
+                d.total_ns = c.total_ns.saturating_sub(p.total_ns);
+                d.errors = c.errors.saturating_sub(p.errors);
+            }
+            (d.count > 0).then_some(d)
+        })
+        .collect();
     let launch_key = |l: &CudaLaunch| (l.pid, l.kernel.clone(), l.site.clone(), l.api.clone());
     let prev_launches: HashMap<_, (u64, Option<u64>)> = prev.launches.iter().map(|l| (launch_key(l), (l.count, l.sampled))).collect();
     out.launches = cur
@@ -227,6 +246,29 @@ mod tests {
             poll_waits: None,
             poll_ns: None,
         }
+    }
+
+    /// Polls and NCCL calls are per-window differences too.
+    #[test]
+    fn polls_and_collectives_are_differences() {
+        let poll = |n: u64, not_ready: u64| CudaCall { kind: None, not_ready: Some(not_ready), poll_waits: Some(n), poll_ns: Some(10 * n), ..call("cudaEventQuery", n + not_ready, 0, 0) };
+        let coll = |count: u64| CudaCollective {
+            pid: 7,
+            api: "ncclAllReduce".into(),
+            comm: "0x1100".into(),
+            count,
+            bytes: 4096 * count,
+            total_ns: count,
+            errors: 0,
+            site: Site { function: "step".into(), file: Some("m.py".into()), line: Some(9) },
+        };
+        let prev = CudaReport { calls: vec![poll(2, 50)], collectives: vec![coll(10)], ..Default::default() };
+        let cur = CudaReport { calls: vec![poll(5, 80)], collectives: vec![coll(25)], ..Default::default() };
+        let d = cuda_delta(&cur, Some(&prev), 0);
+        assert_eq!((d.calls[0].count, d.calls[0].not_ready, d.calls[0].poll_waits, d.calls[0].poll_ns), (33, Some(30), Some(3), Some(30)));
+        assert_eq!((d.collectives[0].count, d.collectives[0].bytes), (15, 15 * 4096));
+        let idle = cuda_delta(&cur, Some(&cur), 0);
+        assert!(idle.collectives.is_empty() && idle.calls.is_empty());
     }
 
     #[test]

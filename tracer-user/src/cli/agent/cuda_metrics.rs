@@ -65,6 +65,9 @@ pub struct CudaMetrics {
     launches: Family<ApiLabels, Counter>,
     graph_launches: Family<ApiLabels, Counter>,
     sync_seconds: Family<TargetLabels, FCounter>,
+    /// Queries (`cudaEventQuery`, `cudaStreamQuery`) that found the work
+    /// not done: polls, by API.
+    not_ready: Family<ApiLabels, Counter>,
     findings: Family<FindingLabels, Counter>,
     gpu_util: Family<GpuLabels, FGauge>,
     gpu_mem_used: Family<GpuLabels, Gauge>,
@@ -91,6 +94,11 @@ impl CudaMetrics {
         );
         r.register("cuda_graph_launches", "CUDA graph launches (cudaGraphLaunch, cuGraphLaunch) by API", self.graph_launches.clone());
         r.register("cuda_sync_seconds", "Time the target's threads were blocked in CUDA synchronize calls", self.sync_seconds.clone());
+        r.register(
+            "cuda_not_ready",
+            "CUDA event/stream queries that found the GPU work not done (polls; not errors), by API",
+            self.not_ready.clone(),
+        );
         r.register("cuda_findings", "Occurrences of each CUDA finding (docs/cuda.md) by kind and call site", self.findings.clone());
         r.register("gpu_utilization_ratio", "NVML GPU utilisation, last sample of the window (0 to 1)", self.gpu_util.clone());
         r.register("gpu_memory_used_bytes", "NVML device memory in use, last sample of the window", self.gpu_mem_used.clone());
@@ -109,6 +117,9 @@ impl CudaMetrics {
             self.errors.get_or_create(&l).inc_by(call.errors);
             if call.class() == CallClass::Sync {
                 self.sync_seconds.get_or_create(&target).inc_by(call.total_ns as f64 / 1e9);
+            }
+            if let Some(n) = call.not_ready {
+                self.not_ready.get_or_create(&l).inc_by(n);
             }
             if target.pid != "other" {
                 let e = self.series.entry(call.pid).or_default();
@@ -182,6 +193,7 @@ impl CudaMetrics {
                 self.errors.remove(&l);
                 self.launches.remove(&l);
                 self.graph_launches.remove(&l);
+                self.not_ready.remove(&l);
             }
             for l in findings {
                 self.findings.remove(&l);
