@@ -114,7 +114,7 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
         ),
         "sync_polling" => {
             let waits = f.waits.unwrap_or(0);
-            let per_wait = if waits > 0 { format!(" ({} per wait)", f.count / waits) } else { String::new() };
+            let per_wait = f.count.checked_div(waits).map_or(String::new(), |n| format!(" ({n} per wait)"));
             format!(
                 "{} queries from this line found the GPU work not done{per_wait}: the thread spun {} polling in {waits} waits{failed}",
                 f.count,

@@ -16,7 +16,7 @@ use super::{
     discovery,
     findings::{self, SiteSummary},
     graphs, kernel_names, no_device,
-    replay::{RawSite, Replay},
+    replay::{CollObs, RawSite, Replay},
 };
 use crate::{
     engine::{Cx, Topic},
@@ -231,25 +231,21 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
 /// NCCL calls by (pid, API, communicator, site), from the events; most
 /// bytes first.
 fn collectives(replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<CudaCollective>, ProbeError> {
-    let mut sums: BTreeMap<(u32, u32, u64, Site), (u64, u64, u64, u64)> = BTreeMap::new();
-    for ((raw, a, comm), (n, bytes, ns, errors)) in &replay.collectives {
+    let mut sums: BTreeMap<(u32, u32, u64, Site), CollObs> = BTreeMap::new();
+    for ((raw, a, comm), obs) in &replay.collectives {
         let site = sites.resolve(*raw, cx)?;
-        let e = sums.entry((raw.pid, *a, *comm, site)).or_default();
-        e.0 += n;
-        e.1 += bytes;
-        e.2 += ns;
-        e.3 += errors;
+        sums.entry((raw.pid, *a, *comm, site)).or_default().merge(obs);
     }
     let mut out: Vec<CudaCollective> = sums
         .into_iter()
-        .map(|((pid, a, comm, site), (count, bytes, total_ns, errors))| CudaCollective {
+        .map(|((pid, a, comm, site), o)| CudaCollective {
             pid,
             api: api_name(a),
             comm: format!("{comm:#x}"),
-            count,
-            bytes,
-            total_ns,
-            errors,
+            count: o.count,
+            bytes: o.bytes,
+            total_ns: o.ns,
+            errors: o.errors,
             site,
         })
         .collect();

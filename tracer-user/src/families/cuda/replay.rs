@@ -155,6 +155,24 @@ impl AllocObs {
     }
 }
 
+/// NCCL calls of one API on one communicator from one site.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollObs {
+    pub count: u64,
+    pub bytes: u64,
+    pub ns: u64,
+    pub errors: u64,
+}
+
+impl CollObs {
+    pub fn merge(&mut self, o: &CollObs) {
+        self.count += o.count;
+        self.bytes += o.bytes;
+        self.ns += o.ns;
+        self.errors += o.errors;
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct LiveAlloc {
     size: u64,
@@ -195,8 +213,8 @@ pub struct Replay {
     /// (pid, kernel handle) -> its name as the lookup passed it
     /// (`cuModuleGetFunction`, `cuLibraryGetKernel`; `CUDA_NAMES`).
     names: HashMap<(u32, u64), String>,
-    /// NCCL calls by (site, API, communicator): (calls, bytes, ns, errors).
-    pub collectives: HashMap<(RawSite, u32, u64), (u64, u64, u64, u64)>,
+    /// NCCL calls by (site, API, communicator).
+    pub collectives: HashMap<(RawSite, u32, u64), CollObs>,
     /// (pid, `CUfunction`) -> the `CUkernel` it was got from
     /// (`cuKernelGetFunction`): named by the kernel's name.
     kernel_of: HashMap<(u32, u64), u64>,
@@ -247,10 +265,10 @@ impl Replay {
             self.record_event(e);
         } else if api::is_collective(e.api) {
             let c = self.collectives.entry((site, e.api, e.dst)).or_default();
-            c.0 += 1;
-            c.1 += e.bytes;
-            c.2 += e.dur_ns;
-            c.3 += (e.rc != 0) as u64;
+            c.count += 1;
+            c.bytes += e.bytes;
+            c.ns += e.dur_ns;
+            c.errors += (e.rc != 0) as u64;
         } else if e.api == api::CU_KERNEL_GET_FUNCTION {
             if e.rc == 0 && e.dst != 0 {
                 self.kernel_of.insert((e.pid, e.dst), e.src);
