@@ -136,3 +136,32 @@ pub fn record_on_real_cudarts(test: &str, mode: &str) -> Option<Vec<(u32, Run)>>
     }
     Some(out)
 }
+
+/// A JSON number that must be a u64.
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
+}
+
+/// The one row of `cuda.calls` of `api` at marker `marker`'s line (`m`:
+/// the workload's markers).
+pub fn call_row(cuda: &Value, m: &std::collections::BTreeMap<String, u64>, marker: &str, api: &str) -> Value {
+    let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
+    assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}", cuda["calls"]);
+    rows[0].clone()
+}
+
+/// The `rc NAME CODE` lines a workload printed: NAME -> CODE -> calls.
+pub fn return_codes_seen(stderr: &str) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> {
+    let mut out: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> = Default::default();
+    for l in stderr.lines() {
+        if let ["rc", name, code] = l.split_whitespace().collect::<Vec<_>>()[..] {
+            *out.entry(name.to_owned()).or_default().entry(code.to_owned()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// A call row's `return_codes`, code -> calls.
+pub fn codes_of(row: &Value) -> std::collections::BTreeMap<String, u64> {
+    row["return_codes"].as_object().unwrap_or_else(|| panic!("no return_codes: {row}")).iter().map(|(k, v)| (k.clone(), u(v))).collect()
+}

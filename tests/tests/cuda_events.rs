@@ -17,17 +17,6 @@ use std::collections::BTreeMap;
 use infertrace_e2e::serde_json::{json, Value};
 use infertrace_e2e::*;
 
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
-/// The one call row of `api` at `marker`'s line.
-fn row(cuda: &Value, m: &BTreeMap<String, u64>, marker: &str, api: &str) -> Value {
-    let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
-    assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}", cuda["calls"]);
-    rows[0].clone()
-}
-
 /// The findings of `kind` at `marker`'s line (`root`: the report).
 fn findings_at(root: &Value, m: &BTreeMap<String, u64>, marker: &str, kind: &str) -> Vec<Value> {
     rows_at_line(&root["findings"], m[marker]).into_iter().filter(|f| f["kind"] == kind).collect()
@@ -78,7 +67,7 @@ fn event_syncs_cover_their_copies_and_spins_are_found() {
         ("ev_drv_stream_query", "cuStreamQuery", 3),
         ("ev_drv_stream_query_ptsz", "cuStreamQuery_ptsz", 3),
     ] {
-        let r = row(cuda, &m, marker, api);
+        let r = call_row(cuda, &m, marker, api);
         assert_eq!((u(&r["count"]), u(&r["errors"])), (n, 0), "@{marker}: {r}\n{}", run.describe());
     }
     let names: Vec<&str> = cuda["calls"].as_array().unwrap().iter().filter_map(|c| c["api"].as_str()).collect();
@@ -96,7 +85,7 @@ fn event_syncs_cover_their_copies_and_spins_are_found() {
     }
     // Recorded on another stream than the copy's: no wait for the copy.
     assert!(rows_at_line(&report.0["findings"], m["ev_other_copy"]).is_empty(), "{:#}", report.0["findings"]);
-    let torch_sync = row(cuda, &m, "ev_torch_sync", "cudaEventSynchronize");
+    let torch_sync = call_row(cuda, &m, "ev_torch_sync", "cudaEventSynchronize");
     assert!(u(&torch_sync["total_ns"]) > 0, "{torch_sync}");
 
     // Polling: the not-ready answers the workload counted, exactly; the
@@ -105,7 +94,7 @@ fn event_syncs_cover_their_copies_and_spins_are_found() {
     let truth = polls_seen(&run.stderr);
     for (name, marker, api) in [("event", "ev_poll_event", "cudaEventQuery"), ("stream", "ev_poll_stream", "cudaStreamQuery_ptsz")] {
         let (not_ready, waits, secs) = *truth.get(name).unwrap_or_else(|| panic!("no poll line: {}", run.stderr));
-        let r = row(cuda, &m, marker, api);
+        let r = call_row(cuda, &m, marker, api);
         eprintln!("{test}: {api}: {not_ready} not ready in {waits} waits, {secs:.4} s (workload); recorded {r}");
         assert!(waits >= 5 && not_ready >= 100, "the workload hardly spun ({not_ready} in {waits} waits): the test proves nothing");
         assert_eq!((u(&r["not_ready"]), u(&r["poll_waits"]), u(&r["errors"])), (not_ready, waits, 0), "{r}");
@@ -117,7 +106,7 @@ fn event_syncs_cover_their_copies_and_spins_are_found() {
         assert_eq!((u(&f[0]["count"]), u(&f[0]["waits"])), (not_ready, waits), "{}", f[0]);
     }
     // Once per step of other work is not a spin.
-    let check = row(cuda, &m, "ev_poll_check", "cudaStreamQuery");
+    let check = call_row(cuda, &m, "ev_poll_check", "cudaStreamQuery");
     assert!(findings_at(&report.0, &m, "ev_poll_check", "sync_polling").is_empty(), "{check}: {:#}", report.0["findings"]);
     let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
     let text = text.stdout;
@@ -132,12 +121,7 @@ fn real_libcudart_event_calls_counted_with_return_codes() {
     for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
         // The workload's own return codes: NAME -> CODE -> calls.
-        let mut truth: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-        for l in run.stderr.lines() {
-            if let ["rc", name, code] = l.split_whitespace().collect::<Vec<_>>()[..] {
-                *truth.entry(name.to_owned()).or_default().entry(code.to_owned()).or_default() += 1;
-            }
-        }
+        let truth = return_codes_seen(&run.stderr);
         let report = run.json();
         let cuda = &report.0["cuda"];
         for (marker, api) in [
@@ -151,11 +135,10 @@ fn real_libcudart_event_calls_counted_with_return_codes() {
             ("real_ev_stream_query", "cudaStreamQuery"),
             ("real_ev_stream_query_ptsz", "cudaStreamQuery_ptsz"),
         ] {
-            let r = row(cuda, &m, marker, api);
+            let r = call_row(cuda, &m, marker, api);
             let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
             assert!(!want.contains_key("0"), "{api} succeeded without a GPU? {want:?}");
-            let codes: BTreeMap<String, u64> =
-                r["return_codes"].as_object().expect("return_codes").iter().map(|(k, v)| (k.clone(), u(v))).collect();
+            let codes = codes_of(&r);
             assert_eq!((u(&r["count"]), u(&r["errors"]), &codes), (2, 2, want), "@{marker}: {r}");
         }
     }

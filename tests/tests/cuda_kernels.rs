@@ -13,10 +13,6 @@ use std::collections::BTreeMap;
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
 #[test]
 fn driver_kernels_named_by_their_lookup_and_launch_bound_lines_found() {
     let test = "driver_kernels_named_by_their_lookup_and_launch_bound_lines_found";

@@ -9,20 +9,8 @@
 //! gcc, python3 and PyPI once (target/cuda-real); under CI=true a missing
 //! one fails the test.
 
-use std::collections::BTreeMap;
-
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
-fn row(cuda: &Value, m: &BTreeMap<String, u64>, marker: &str, api: &str) -> Value {
-    let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
-    assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}", cuda["calls"]);
-    rows[0].clone()
-}
 
 #[test]
 fn nccl_calls_counted_with_bytes_per_site_and_communicator() {
@@ -45,17 +33,17 @@ fn nccl_calls_counted_with_bytes_per_site_and_communicator() {
     ];
     let collectives = cuda["collectives"].as_array().unwrap_or_else(|| panic!("no cuda.collectives: {cuda:#}"));
     for &(marker, api, n, bytes, comm) in expected {
-        let r = row(cuda, &m, marker, api);
+        let r = call_row(cuda, &m, marker, api);
         assert_eq!((u(&r["count"]), u(&r["bytes"]), u(&r["errors"]), r["class"].as_str()), (n, bytes, 0, Some("collective")), "@{marker}: {r}");
         let c: Vec<&Value> = collectives.iter().filter(|c| c["api"] == api && c["site"]["line"] == m[marker]).collect();
         assert_eq!(c.len(), 1, "{api} @{marker}: {collectives:#?}");
         assert_eq!((c[0]["comm"].as_str(), u(&c[0]["count"]), u(&c[0]["bytes"])), (Some(comm), n, bytes), "{}", c[0]);
     }
     for (marker, api) in [("nc_group_start", "ncclGroupStart"), ("nc_group_end", "ncclGroupEnd")] {
-        let r = row(cuda, &m, marker, api);
+        let r = call_row(cuda, &m, marker, api);
         assert_eq!((u(&r["count"]), u(&r["bytes"]), r["class"].as_str()), (4, 0, Some("other")), "@{marker}: {r}");
     }
-    let bad = row(cuda, &m, "nc_bad", "ncclAllReduce");
+    let bad = call_row(cuda, &m, "nc_bad", "ncclAllReduce");
     assert_eq!((u(&bad["count"]), u(&bad["errors"]), bad["return_codes"]["4"].as_u64()), (1, 1, Some(1)), "{bad}");
     let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
     text.assert_ok();
@@ -74,12 +62,7 @@ fn real_libnccl_calls_counted_with_return_codes() {
     let dir = TempDir::new("cuda-nccl-real");
     // No private copy (~470 MB): only this test probes the file.
     let run = record_cuda_patterns(&dir, &python, &sim.join("libcudart.so.12"), &sim.join("libfakekernels.so"), "nccl_real", &[("NCCL", &nccl)]);
-    let mut truth: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for l in run.stderr.lines() {
-        if let ["rc", name, code] = l.split_whitespace().collect::<Vec<_>>()[..] {
-            *truth.entry(name.to_owned()).or_default().entry(code.to_owned()).or_default() += 1;
-        }
-    }
+    let truth = return_codes_seen(&run.stderr);
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -89,8 +72,8 @@ fn real_libnccl_calls_counted_with_return_codes() {
         ("real_nc_group_start", "ncclGroupStart", 1, 0),
         ("real_nc_group_end", "ncclGroupEnd", 1, 0),
     ] {
-        let r = row(cuda, &m, marker, api);
-        let codes: BTreeMap<String, u64> = r["return_codes"].as_object().expect("return_codes").iter().map(|(k, v)| (k.clone(), u(v))).collect();
+        let r = call_row(cuda, &m, marker, api);
+        let codes = codes_of(&r);
         let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
         let errors: u64 = want.iter().filter(|(k, _)| k.as_str() != "0").map(|(_, v)| v).sum();
         assert_eq!((u(&r["count"]), u(&r["bytes"]), u(&r["errors"]), &codes), (n, bytes, errors, want), "@{marker}: {r}");

@@ -16,10 +16,6 @@ use std::collections::BTreeMap;
 use infertrace_e2e::serde_json::Value;
 use infertrace_e2e::*;
 
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
-}
-
 #[test]
 fn pool_and_vmm_allocations_counted_and_paired() {
     let test = "pool_and_vmm_allocations_counted_and_paired";
@@ -64,19 +60,14 @@ fn real_libcudart_pool_allocations_counted_with_return_codes() {
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
     for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
-        let mut truth: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-        for l in run.stderr.lines() {
-            if let ["rc", name, code] = l.split_whitespace().collect::<Vec<_>>()[..] {
-                *truth.entry(name.to_owned()).or_default().entry(code.to_owned()).or_default() += 1;
-            }
-        }
+        let truth = return_codes_seen(&run.stderr);
         let report = run.json();
         let cuda = &report.0["cuda"];
         for (marker, api, n) in [("real_pool_alloc", "cudaMallocFromPoolAsync", 3), ("real_pool_alloc_ptsz", "cudaMallocFromPoolAsync_ptsz", 2)] {
             let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
             assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}\n{}", cuda["calls"], run.describe());
             let r = &rows[0];
-            let codes: BTreeMap<String, u64> = r["return_codes"].as_object().expect("return_codes").iter().map(|(k, v)| (k.clone(), u(v))).collect();
+            let codes = codes_of(r);
             let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
             assert!(!want.contains_key("0"), "{api} succeeded without a GPU? {want:?}");
             assert_eq!((u(&r["count"]), u(&r["errors"]), &codes), (n, n, want), "@{marker}: {r}");

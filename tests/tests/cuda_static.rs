@@ -66,7 +66,7 @@ fn cupy_static_runtimes_are_probed_and_counted_at_their_lines() {
         let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
         assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}\n{}", cuda["calls"], run.describe());
         let r = &rows[0];
-        let codes: BTreeMap<String, u64> = r["return_codes"].as_object().expect("return_codes").iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect();
+        let codes = codes_of(r);
         let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
         assert_eq!((r["count"].as_u64(), &codes), (Some(n), want), "@{marker}: {r}");
     }
