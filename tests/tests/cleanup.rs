@@ -131,7 +131,7 @@ for _ in sys.stdin:
     print(f"{sum(ctypes.string_at(a, 1) == int3 for a in addrs)}/3", flush=True)
 "#;
 
-/// After `record -p` of a process with CUDA libraries probed (116
+/// After `record -p` of a process with CUDA libraries probed (127
 /// functions: tests/cudasim's stand-ins) ends, no breakpoint is left in
 /// the process and no link or program of the tracer is left in the kernel.
 /// `perf_events`: the probes a kernel without multi-uprobe links gets (one
@@ -185,7 +185,7 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
             bpf_progs().into_iter().filter(|p| progs.contains(&p.id) && p.name.starts_with("cuda_")).map(|p| p.id).collect();
         let links = held_link_ids(tpid);
         let linked = bpf_links().unwrap_or_default().into_iter().filter(|(l, p)| links.contains(l) && cuda.contains(p)).count();
-        (cuda.len() == 8 && linked > 0).then_some((progs, links, linked))
+        (cuda.len() == 9 && linked > 0).then_some((progs, links, linked))
     });
     let Some((progs, links, linked)) = held else {
         panic!("{test}: the CUDA probes never appeared\n{}", wait_child(tracer, Duration::from_secs(60), test).describe())
@@ -198,15 +198,15 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
         .lines()
         .filter_map(|l| l.strip_suffix(" functions probed")?.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
-    // The stand-ins export every probed function: 52 of the runtime, 64 of
-    // the driver (each with 9 event and query functions).
-    assert_eq!(functions, 116, "{test}\n{}", r.describe());
-    // Multi-uprobe links: one per program for the runtime's file (8 programs),
+    // The stand-ins export every probed function: 54 of the runtime, 73 of
+    // the driver.
+    assert_eq!(functions, 127, "{test}\n{}", r.describe());
+    // Multi-uprobe links: one per program for the runtime's file (9 programs),
     // and one per function and kind for the driver, pid-scoped so that a
     // driver function can be taken off per process (docs/cuda.md): at most
-    // 2 x 64; perf events take one per function and kind for both.
+    // 2 x 73; perf events take one per function and kind for both.
     if !perf_events {
-        assert!(linked <= 8 + 2 * 64, "{test}: {linked} links\n{}", r.describe());
+        assert!(linked <= 9 + 2 * 73, "{test}: {linked} links\n{}", r.describe());
     }
     // Released before exit: no breakpoint left in the target...
     assert_eq!(probed(), "0/3", "{test}: breakpoints left after infertrace exited\n{}", r.describe());

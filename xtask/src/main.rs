@@ -52,7 +52,7 @@ commands:
              cuda graph,   tests/cudasim stand-in: infertrace's cost per
              cuda event    call (copy, event: entry+return probes;
                            launch, graph: entry)
-           and under the table the time from SIGINT to exit with 116 CUDA
+           and under the table the time from SIGINT to exit with 127 CUDA
            functions probed (goal <= 1.5 s) and with --no-cuda
            missing tools give n/a; tracer logs in target/bench/
              --no-build    use the infertrace binary as it is (no setup/build)
