@@ -15,27 +15,4 @@ case $major in
 13) wheel=nvidia-cuda-runtime version=${CUDART_WHEEL_VERSION:-13.5.37} member=nvidia/cu13/lib ;;
 *) echo "CUDART_MAJOR: 12 or 13, not $major" >&2; exit 2 ;;
 esac
-lib=libcudart.so.$major
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-if [ -s "$dir/$lib" ]; then
-    echo "$dir/$lib"
-    exit 0
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
-python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    --dest "$tmp" "$wheel==$version" >&2
-python3 - "$tmp" "$dir" "$member/$lib" "$lib" <<'PY'
-import glob, os, sys, zipfile
-src, dst, member, lib = sys.argv[1:5]
-wheel = glob.glob(os.path.join(src, "*.whl"))[0]
-with zipfile.ZipFile(wheel) as z:
-    data = z.read(member)
-tmp = os.path.join(dst, ".%s.%d" % (lib, os.getpid()))
-with open(tmp, "wb") as f:
-    f.write(data)
-os.chmod(tmp, 0o755)
-os.rename(tmp, os.path.join(dst, lib))
-PY
-echo "$dir/$lib"
+exec sh "$here/fetch-wheel-lib.sh" "$wheel==$version" "$member/libcudart.so.$major" "$dir"

@@ -165,3 +165,15 @@ pub fn return_codes_seen(stderr: &str) -> std::collections::BTreeMap<String, std
 pub fn codes_of(row: &Value) -> std::collections::BTreeMap<String, u64> {
     row["return_codes"].as_object().unwrap_or_else(|| panic!("no return_codes: {row}")).iter().map(|(k, v)| (k.clone(), u(v))).collect()
 }
+
+/// On a real libcudart without a driver: the row of `api` at `marker`
+/// counts `n` calls, all failed, with exactly the return codes the
+/// workload printed (`run`'s `rc NAME CODE` lines), none of them 0.
+pub fn assert_failed_as_seen(run: &Run, m: &std::collections::BTreeMap<String, u64>, marker: &str, api: &str, n: u64) {
+    let report = run.json();
+    let r = call_row(&report.0["cuda"], m, marker, api);
+    let truth = return_codes_seen(&run.stderr);
+    let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
+    assert!(!want.contains_key("0"), "{api} succeeded without a GPU? {want:?}");
+    assert_eq!((u(&r["count"]), u(&r["errors"]), &codes_of(&r)), (n, n, want), "@{marker}: {r}");
+}

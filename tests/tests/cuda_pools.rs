@@ -60,17 +60,8 @@ fn real_libcudart_pool_allocations_counted_with_return_codes() {
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
     for (major, run) in runs {
         eprintln!("the real libcudart.so.{major}");
-        let truth = return_codes_seen(&run.stderr);
-        let report = run.json();
-        let cuda = &report.0["cuda"];
         for (marker, api, n) in [("real_pool_alloc", "cudaMallocFromPoolAsync", 3), ("real_pool_alloc_ptsz", "cudaMallocFromPoolAsync_ptsz", 2)] {
-            let rows: Vec<Value> = rows_at_line(&cuda["calls"], m[marker]).into_iter().filter(|r| r["api"] == api).collect();
-            assert_eq!(rows.len(), 1, "{api} @{marker}: {:#}\n{}", cuda["calls"], run.describe());
-            let r = &rows[0];
-            let codes = codes_of(r);
-            let want = truth.get(api).unwrap_or_else(|| panic!("no rc line for {api}: {}", run.stderr));
-            assert!(!want.contains_key("0"), "{api} succeeded without a GPU? {want:?}");
-            assert_eq!((u(&r["count"]), u(&r["errors"]), &codes), (n, n, want), "@{marker}: {r}");
+            assert_failed_as_seen(&run, &m, marker, api, n);
         }
     }
 }

@@ -72,8 +72,8 @@ pub mod api {
     pub const MALLOC_FROM_POOL_ASYNC: u32 = 54;
     pub const MALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 55;
     // NCCL (issue 24, part 5; libnccl, or linked into another library):
-    // collectives and point-to-point calls, `api::nccl_args` says where
-    // their count, datatype, communicator and stream are. Not the driver.
+    // collectives, point-to-point and group calls (the kernel's
+    // `cuda_nccl_enter` reads their arguments). Not the driver.
     pub const NCCL_ALL_REDUCE: u32 = 56;
     pub const NCCL_ALL_GATHER: u32 = 57;
     pub const NCCL_REDUCE_SCATTER: u32 = 58;
@@ -569,24 +569,6 @@ pub mod api {
         (NCCL_ALL_REDUCE..=NCCL_RECV).contains(&api)
     }
 
-    /// Where an NCCL call's element count, datatype, communicator and
-    /// stream are: argument indexes (0-based; x86_64 passes 6 in registers).
-    /// `None` for the group calls.
-    #[inline(always)]
-    pub fn nccl_args(api: u32) -> Option<(usize, usize, usize, usize)> {
-        match api {
-            // (send, recv, count, type, op|root, comm, stream)
-            NCCL_ALL_REDUCE | NCCL_BROADCAST | NCCL_REDUCE_SCATTER => Some((2, 3, 5, 6)),
-            // (send, recv, count, type, op, root, comm, stream)
-            NCCL_REDUCE => Some((2, 3, 6, 7)),
-            // (send, recv, count, type, comm, stream)
-            NCCL_ALL_GATHER | NCCL_ALL_TO_ALL => Some((2, 3, 4, 5)),
-            // (buf, count, type, root|peer, comm, stream)
-            NCCL_BCAST | NCCL_SEND | NCCL_RECV => Some((1, 2, 4, 5)),
-            _ => None,
-        }
-    }
-
     /// Bytes of one element of `ncclDataType_t` `t` (0 for an unknown type).
     #[inline(always)]
     pub fn nccl_type_size(t: u64) -> u64 {
@@ -940,8 +922,8 @@ mod tests {
         assert!(api::returns_pointer(api::CU_MEM_CREATE) && api::releases_pointer(api::CU_MEM_RELEASE) && api::is_vmm(api::CU_MEM_UNMAP));
         assert!(api::is_nccl(api::NCCL_GROUP_END) && !api::is_collective(api::NCCL_GROUP_START) && api::is_collective(api::NCCL_RECV));
         assert!(!api::is_driver(api::NCCL_ALL_REDUCE) && !api::is_nccl(api::MALLOC_FROM_POOL_ASYNC_PTSZ));
-        for id in (0..api::COUNT).filter(|id| api::is_collective(*id)) {
-            assert!(api::nccl_args(id).is_some() && api::NAMES[id as usize].starts_with("nccl"));
+        for id in 0..api::COUNT {
+            assert_eq!(api::is_nccl(id), api::NAMES[id as usize].starts_with("nccl"), "{}", api::NAMES[id as usize]);
         }
         assert_eq!((api::nccl_type_size(7), api::nccl_type_size(9), api::nccl_type_size(4), api::nccl_type_size(12)), (4, 2, 8, 0));
         assert!(!api::is_kernel_lookup(api::CU_KERNEL_GET_FUNCTION) && api::is_driver(api::CU_MODULE_GET_FUNCTION));

@@ -445,9 +445,10 @@ pub fn cuda_generic_enter(ctx: ProbeContext) -> u32 {
 }
 
 /// NCCL calls: `ncclAllReduce(send, recv, count, type, op, comm, stream)`
-/// and the other collectives and point-to-point calls (`api::nccl_args`:
-/// where count, type, communicator and stream are; the 7th and 8th
-/// arguments on the stack on x86_64), and `ncclGroupStart/End()`. Bytes
+/// and the other collectives and point-to-point calls (the match below
+/// says where count, type, communicator and stream are, after nccl.h; the
+/// 7th and 8th arguments on the stack on x86_64), and
+/// `ncclGroupStart/End()`. Bytes
 /// are count x the type's size; the communicator goes in `dst`, the count
 /// in `src`. The arguments are read by constant position (the verifier
 /// rejects an argument register chosen at run time).
@@ -506,8 +507,9 @@ fn nested_launch(ctx: &ProbeContext, a: u32, tgid: u32) -> bool {
     }
     let Some(r) = (unsafe { CUDA_TEXT.get(&tgid) }) else { return false };
     let ret = return_address(ctx);
+    // Userspace fills the ranges from the first: an empty one ends them.
     let mut i = 0;
-    while i < TEXT_RANGES {
+    while i < TEXT_RANGES && r[2 * i + 1] != 0 {
         if r[2 * i] <= ret && ret < r[2 * i + 1] {
             return true;
         }

@@ -145,41 +145,38 @@ pub fn section_and_segments(file: &File, shown: &str, name: &str) -> Result<(Opt
     Ok((section, found.unwrap_or_default()))
 }
 
-/// The largest string table [`has_symbol_names`] reads.
+/// The largest string table [`symbol_names_present`] reads.
 pub const SCAN_LIMIT: u64 = 16 << 20;
 
-/// Whether the string tables of the file's symbol tables (`.dynsym`'s,
-/// `.symtab`'s) hold every one of `names`, as a string or a string's tail
-/// (where the linker shares it): the cheap
-/// test before a [`lookup`] (one read of at most [`SCAN_LIMIT`] per table,
-/// no symbol parsed). Quiet: a file that is not ELF, a table out of
-/// bounds or over the limit says `false`, counted nowhere (most files
-/// asked about are not what is looked for).
-pub fn has_symbol_names(file: &File, names: &[&str]) -> bool {
-    let Ok(reader) = BlockReader::new(file) else { return false };
+/// Which of `names` the string tables of the file's symbol tables
+/// (`.dynsym`'s, `.symtab`'s) hold, as a string or a string's tail (the
+/// linker shares tails: `cudaLaunchKernel` in `__cudaLaunchKernel`): the
+/// cheap test before a [`lookup`] (one pass over each table of at most
+/// [`SCAN_LIMIT`], no symbol parsed). Quiet: a file that is not ELF, a
+/// table out of bounds or over the limit finds nothing, counted nowhere
+/// (most files asked about are not what is looked for).
+pub fn symbol_names_present(file: &File, names: &[&str]) -> Vec<bool> {
+    let mut seen = vec![false; names.len()];
+    let Ok(reader) = BlockReader::new(file) else { return seen };
     if !reader.regular {
-        return false;
+        return seen;
     }
     let len = reader.len;
     let cache = ReadCache::new(reader);
     let left = Cell::new(READ_BUDGET);
     let data = Bounded { cache: &cache, left: &left };
     match object::FileKind::parse(data) {
-        Ok(object::FileKind::Elf64) => names_in::<elf::FileHeader64<Endianness>>(data, len, names),
-        Ok(object::FileKind::Elf32) => names_in::<elf::FileHeader32<Endianness>>(data, len, names),
-        _ => false,
+        Ok(object::FileKind::Elf64) => names_in::<elf::FileHeader64<Endianness>>(data, len, names, &mut seen),
+        Ok(object::FileKind::Elf32) => names_in::<elf::FileHeader32<Endianness>>(data, len, names, &mut seen),
+        _ => {}
     }
+    seen
 }
 
-fn names_in<Elf: FileHeader<Endian = Endianness>>(data: Bounded<'_>, len: u64, names: &[&str]) -> bool {
-    let Ok(header) = Elf::parse(data) else { return false };
-    let Ok(endian) = header.endian() else { return false };
-    let Ok(sections) = header.sections(endian, data) else { return false };
-    // A name ends with its NUL; it may start inside a longer string (the
-    // linker shares a string's tail: `cudaLaunchKernel` in
-    // `__cudaLaunchKernel`), so only its end is anchored.
-    let patterns: Vec<Vec<u8>> = names.iter().map(|n| [n.as_bytes(), &[0u8][..]].concat()).collect();
-    let mut seen = vec![false; names.len()];
+fn names_in<Elf: FileHeader<Endian = Endianness>>(data: Bounded<'_>, len: u64, names: &[&str], seen: &mut [bool]) {
+    let Ok(header) = Elf::parse(data) else { return };
+    let Ok(endian) = header.endian() else { return };
+    let Ok(sections) = header.sections(endian, data) else { return };
     for section in sections.iter() {
         let kind = section.sh_type(endian);
         if kind != elf::SHT_SYMTAB && kind != elf::SHT_DYNSYM {
@@ -191,11 +188,12 @@ fn names_in<Elf: FileHeader<Endian = Endianness>>(data: Bounded<'_>, len: u64, n
             continue;
         }
         let Ok(bytes) = strings.data(endian, data) else { continue };
-        for (i, p) in patterns.iter().enumerate() {
-            seen[i] |= bytes.windows(p.len()).any(|w| w == p.as_slice());
+        for string in bytes.split(|b| *b == 0) {
+            for (i, name) in names.iter().enumerate() {
+                seen[i] |= string.ends_with(name.as_bytes());
+            }
         }
     }
-    seen.iter().all(|s| *s)
 }
 
 /// What [`with_elf`] reads beyond the headers.
@@ -472,14 +470,13 @@ mod tests {
     }
 
     #[test]
-    fn symbol_names_are_found_as_whole_strings() {
+    fn symbol_names_are_found_as_strings_or_tails() {
         let f = File::open("/proc/self/exe").unwrap();
-        // Our own test binary has a `.symtab` naming this test.
-        assert!(has_symbol_names(&f, &["main"]));
-        assert!(!has_symbol_names(&f, &["cudaLaunchKernel"]));
-        assert!(!has_symbol_names(&f, &["mai"]), "a name's start is not the name");
+        // Our own test binary has a `.symtab` naming `main` (and
+        // `__libc_start_main`: `start_main` is a tail).
+        assert_eq!(symbol_names_present(&f, &["main", "cudaLaunchKernel", "mai", "start_main"]), [true, false, false, true]);
         let not_elf = File::open("/proc/self/cmdline").unwrap();
-        assert!(!has_symbol_names(&not_elf, &["main"]));
+        assert_eq!(symbol_names_present(&not_elf, &["main"]), [false]);
     }
 
     #[test]

@@ -522,12 +522,6 @@ pub fn nccl_error_name(rc: i32) -> &'static str {
     }
 }
 
-/// The name of return code `rc` of function `api` (NCCL's codes are not
-/// CUDA's).
-pub fn error_name_of(api: &str, rc: i32) -> &'static str {
-    if api.starts_with("nccl") { nccl_error_name(rc) } else { error_name(rc) }
-}
-
 pub fn api_name(api: u32) -> String {
     api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
 }

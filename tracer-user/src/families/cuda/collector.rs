@@ -379,8 +379,7 @@ impl CudaCollector {
         // by the names in its symbol tables before they are looked up.
         let (mut runtime_in, mut nccl_in) = (false, false);
         if cand.linked_in {
-            runtime_in = crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_RUNTIME_NAMES);
-            nccl_in = crate::os::elf::has_symbol_names(&opened.file, &discovery::STATIC_NCCL_NAMES);
+            (runtime_in, nccl_in) = discovery::linked_in(&opened.file);
             if !runtime_in && !nccl_in {
                 if discovery::is_stripped_runtime_carrier(cand.line.basename()) {
                     cx.sink.note_on(Topic::Gpu, format!(

@@ -5,7 +5,7 @@
 //! identified by (device, inode) so that one file mapped by many processes
 //! is probed once; symbol file offsets from `.dynsym` and `.symtab`.
 
-use std::{fs::File, io, path::PathBuf};
+use std::{collections::HashSet, fs::File, io, path::PathBuf};
 
 use tracer_common::cuda::api;
 
@@ -73,14 +73,17 @@ pub struct Candidate {
 /// name, then the executable (`exe_path`, as the process sees it) and
 /// every other file mapped with code.
 pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
+    // Files with code (a process may map thousands of lines).
+    let code: HashSet<(&str, u64)> = maps.iter().filter(|m| m.executable).map(|m| (m.dev.as_str(), m.inode)).collect();
+    let mut seen: HashSet<(&str, u64)> = HashSet::new();
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
         let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename()) || is_nccl_name(m.basename());
         let is_exe = exe_path.is_some_and(|e| e == m.path());
-        if !by_name && !is_exe && !maps.iter().any(|x| x.executable && x.dev == m.dev && x.inode == m.inode) {
+        if !by_name && !is_exe && !code.contains(&(m.dev.as_str(), m.inode)) {
             continue;
         }
-        if out.iter().any(|c| c.line.dev == m.dev && c.line.inode == m.inode) {
+        if !seen.insert((m.dev.as_str(), m.inode)) {
             continue;
         }
         out.push(Candidate { line: m.clone(), linked_in: !by_name });
@@ -88,12 +91,16 @@ pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     out
 }
 
-/// Names a static CUDA runtime's symbol table has: what is checked
-/// ([`crate::os::elf::has_symbol_names`], one read of the string tables)
-/// before a library's symbols are looked up.
-pub const STATIC_RUNTIME_NAMES: [&str; 2] = ["cudaLaunchKernel", "cudaMemcpyAsync"];
-/// Names NCCL linked into another library has (PyTorch's libtorch_cuda).
-pub const STATIC_NCCL_NAMES: [&str; 2] = ["ncclAllReduce", "ncclGroupStart"];
+/// Whether a file not named as a CUDA library links in (runtime, NCCL):
+/// its symbol string tables name `cudaLaunchKernel` and `cudaMemcpyAsync`
+/// (a static runtime: CuPy's, JAX's modules), `ncclAllReduce` and
+/// `ncclGroupStart` (NCCL: PyTorch's libtorch_cuda). One pass over the
+/// string tables ([`crate::os::elf::symbol_names_present`]) before any
+/// symbol is looked up.
+pub fn linked_in(file: &File) -> (bool, bool) {
+    let found = crate::os::elf::symbol_names_present(file, &["cudaLaunchKernel", "cudaMemcpyAsync", "ncclAllReduce", "ncclGroupStart"]);
+    (found[0] && found[1], found[2] && found[3])
+}
 
 /// Libraries that carry a CUDA runtime of their own, stripped (no symbol
 /// names to probe): their calls reach the GPU through the driver only.

@@ -205,7 +205,7 @@ pub struct Replay {
     device: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
     /// pid -> `cuMemCreate` handle -> its physical memory (not an address:
     /// kept apart from `device`, which tells copy directions).
-    physical: HashMap<u32, HashMap<u64, LiveAlloc>>,
+    physical: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
     last_copy: HashMap<u32, LastCopy>,
     /// (pid, event) -> the async copy the event was recorded behind (the
     /// kernel's `CUDA_EVENT_COPY`).
@@ -264,11 +264,8 @@ impl Replay {
         } else if api::is_event_record(e.api) {
             self.record_event(e);
         } else if api::is_collective(e.api) {
-            let c = self.collectives.entry((site, e.api, e.dst)).or_default();
-            c.count += 1;
-            c.bytes += e.bytes;
-            c.ns += e.dur_ns;
-            c.errors += (e.rc != 0) as u64;
+            let one = CollObs { count: 1, bytes: e.bytes, ns: e.dur_ns, errors: (e.rc != 0) as u64 };
+            self.collectives.entry((site, e.api, e.dst)).or_default().merge(&one);
         } else if e.api == api::CU_KERNEL_GET_FUNCTION {
             if e.rc == 0 && e.dst != 0 {
                 self.kernel_of.insert((e.pid, e.dst), e.src);
@@ -391,48 +388,36 @@ impl Replay {
         }
     }
 
-    fn memory(&mut self, site: RawSite, e: &CudaEvent) {
-        match e.api {
-            api::CU_MEM_CREATE => {
-                let a = self.allocs.entry(site).or_default();
-                a.allocs += 1;
-                if e.rc == 0 && e.dst != 0 {
-                    a.bytes += e.bytes;
-                    self.physical.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
-                }
-                return;
-            }
-            api::CU_MEM_RELEASE => {
-                if e.rc == 0 {
-                    if let Some(a) = self.physical.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
-                        self.allocs.entry(a.site).or_default().freed += 1;
-                    }
-                }
-                return;
-            }
-            _ => {}
+    /// An allocation from `site` (`e.dst`: the pointer, or for
+    /// `cuMemCreate` the handle: `physical`), live until its free.
+    fn allocated(&mut self, site: RawSite, e: &CudaEvent, physical: bool) {
+        let a = self.allocs.entry(site).or_default();
+        a.allocs += 1;
+        if e.rc == 0 && e.dst != 0 {
+            a.bytes += e.bytes;
+            let live = if physical { &mut self.physical } else { &mut self.device };
+            live.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
         }
-        match api::canonical(e.api) {
-            api::MALLOC => {
-                let a = self.allocs.entry(site).or_default();
-                a.allocs += 1;
-                if e.rc == 0 && e.dst != 0 {
-                    a.bytes += e.bytes;
-                    self.device
-                        .entry(e.pid)
-                        .or_default()
-                        .insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
-                }
-            }
-            api::FREE if e.rc == 0 => {
-                if let Some(a) = self.device.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
-                    self.allocs.entry(a.site).or_default().freed += 1;
-                }
-            }
-            api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER if e.rc == 0 && e.dst != 0 && e.bytes != 0 => {
+    }
+
+    /// The free (release, for a `physical` handle) of `e.dst`.
+    fn freed(&mut self, e: &CudaEvent, physical: bool) {
+        let live = if physical { &mut self.physical } else { &mut self.device };
+        if let Some(a) = live.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
+            self.allocs.entry(a.site).or_default().freed += 1;
+        }
+    }
+
+    fn memory(&mut self, site: RawSite, e: &CudaEvent) {
+        match (e.api, api::canonical(e.api)) {
+            (api::CU_MEM_CREATE, _) => self.allocated(site, e, true),
+            (api::CU_MEM_RELEASE, _) if e.rc == 0 => self.freed(e, true),
+            (_, api::MALLOC) => self.allocated(site, e, false),
+            (_, api::FREE) if e.rc == 0 => self.freed(e, false),
+            (_, api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER) if e.rc == 0 && e.dst != 0 && e.bytes != 0 => {
                 self.pinned.entry(e.pid).or_default().insert(e.dst, e.dst.saturating_add(e.bytes));
             }
-            api::FREE_HOST | api::HOST_UNREGISTER if e.rc == 0 => {
+            (_, api::FREE_HOST | api::HOST_UNREGISTER) if e.rc == 0 => {
                 if let Some(m) = self.pinned.get_mut(&e.pid) {
                     m.remove(&e.dst);
                 }
