@@ -86,14 +86,25 @@ fn thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> Option<*mut
     if let Some(p) = THREADS.get_ptr_mut(&tid) {
         return Some(p);
     }
+    let p = new_thread(tgid, tid, state, since, task);
+    (!p.is_null()).then_some(p)
+}
+
+/// Inserts a thread's state entry. A function of its own: the entry built
+/// on its stack stays out of the frames of `sched_switch` & co, which are
+/// live under the off-CPU stack walk (the verifier's 512-byte limit holds
+/// for the whole call chain).
+/// Null when the map is full (counted).
+#[inline(never)]
+fn new_thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> *mut ThreadState {
     // Read only for a new entry: an existing one has its value from its last switch-out.
     let exec = if task == 0 { EXEC_UNKNOWN } else { task_exec_ns(task) };
     let fresh = ThreadState::new(tgid, tid, state, since, exec);
     if THREADS.insert(&tid, &fresh, 0).is_err() {
         count_drop(counters::THREADS_FULL);
-        return None;
+        return core::ptr::null_mut();
     }
-    THREADS.get_ptr_mut(&tid)
+    THREADS.get_ptr_mut(&tid).unwrap_or(core::ptr::null_mut())
 }
 
 /// Counts `ns` more in the thread's current state: its sums
