@@ -27,7 +27,7 @@ build libcuda.so.1 cudadrvsim.c -Wl,-soname,libcuda.so.1
 if [ "$dir/libcuda.so.1" -nt "$dir/libcudart.so.12" ]; then rm -f "$dir/libcudart.so.12"; fi
 build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12 "-Wl,-rpath,\$ORIGIN" "$dir/libcuda.so.1"
 build libfakekernels.so kernels.c
-build libnccl.so.2 ncclsim.c -Wl,-soname,libnccl.so.2
+build libnccl.so.2 ncclsim.c -Wl,-soname,libnccl.so.2 -ldl
 # The burst driver (cuda_burst.c): dlopens $CUDART, so it runs on a private copy.
 if [ ! -e "$dir/cuda_burst" ] || [ "$here/cuda_burst.c" -nt "$dir/cuda_burst" ]; then
     gcc -O1 -g -fno-omit-frame-pointer -Wall -o "$dir/.cuda_burst.$$" "$here/cuda_burst.c" -ldl -lpthread

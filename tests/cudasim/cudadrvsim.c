@@ -119,6 +119,11 @@ static double enqueue(CUstream s, double ns) {
     return end;
 }
 
+/* Not a CUDA function: how the NCCL stand-in (ncclsim.c) queues a
+ * collective's transfer on its stream, as the real NCCL launches its
+ * kernel there. */
+void cudasim_enqueue(CUstream s, double ns) { enqueue(s, ns); }
+
 static int capture_launch(CUstream s);
 static CUresult copy(void *dst, const void *src, size_t n, int kind, CUstream s, int blocking) {
     if (kind < HtoH || kind > Default) return CUDA_ERROR_INVALID_VALUE;

@@ -42,6 +42,12 @@ Usage: cuda_patterns.py MODE, MODE one of
   pools_real  cudaMallocFromPoolAsync[_ptsz] on the real libcudart
             (each fails without a driver; stderr `rc NAME CODE`)
   nccl      NCCL calls on the stand-in $NCCL (tests/cudasim/ncclsim.c)
+  nccl_wait  host waits on collectives ($NCCL: the stand-in, whose
+            collectives keep their stream busy at 1 GB/s; $CUDART, the
+            stand-in over $CUDA_DRIVER): stream, torch (event record +
+            cudaStreamWaitEvent + .item()), device, event and polling
+            waits, and syncs with no collective queued; stderr
+            `waited PHASE N SECONDS` (the workload's own clock)
   nccl_real  NCCL calls on the real $NCCL (fail without a GPU; stderr
             `rc NAME CODE`)
   events_real  each event and query function on the real libcudart, twice
@@ -863,6 +869,84 @@ def nccl():
     nc.ncclAllReduce(send, recv, 8, FLOAT32, 0, None, s)  # @nc_bad
 
 
+def nccl_wait():
+    """Host waits on collectives: the stand-in NCCL queues each
+    collective's transfer on its stream (1 GB/s), the runtime stand-in's
+    syncs wait for it. stderr: `waited PHASE N SECONDS`, the time the
+    phase's waiting calls took by the workload's clock."""
+    rt = load()
+    nc = ctypes.CDLL(os.environ["NCCL"])
+    nccl_types(nc)
+    event_types(rt)
+    wait_for_probes(nc, ["ncclAllReduce", "ncclAllGather"])
+    wait_for_probes(rt, ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaEventRecord",
+                         "cudaStreamWaitEvent", "cudaStreamQuery", "cudaMemcpyAsync"])
+    comm, s, s2 = ctypes.c_void_p(0x1100), ctypes.c_void_p(0x6E0), ctypes.c_void_p(0x7E0)
+    ev, ev2 = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.cudaEventCreate(ctypes.byref(ev))
+    rt.cudaEventCreate(ctypes.byref(ev2))
+    pinned = ctypes.c_void_p()
+    rt.cudaHostAlloc(ctypes.byref(pinned), 1 << 20, 0)
+    mib = 1 << 18  # float32 elements in 1 MiB
+
+    def timed(phase, n, step):
+        spent = 0.0
+        for _ in range(n):
+            spent += step()
+        print(f"waited {phase} {n} {spent:.6f}", file=sys.stderr)
+
+    def stream_step():
+        nc.ncclAllReduce(DEV, DEV2, 16 * mib, FLOAT32, 0, comm, s)  # @nw_allreduce
+        t = time.perf_counter()
+        rt.cudaStreamSynchronize(s)  # @nw_stream_sync
+        return time.perf_counter() - t
+
+    def torch_step():
+        # ProcessGroupNCCL: the collective on its stream, an event behind
+        # it, the compute stream made to wait; then `.item()`.
+        nc.ncclAllReduce(DEV, DEV2, 8 * mib, FLOAT32, 0, comm, s)  # @nw_torch_allreduce
+        rt.cudaEventRecord(ev, s)  # @nw_torch_record
+        rt.cudaStreamWaitEvent(s2, ev, 0)  # @nw_torch_wait_event
+        rt.cudaMemcpyAsync(pinned, DEV, size(4), DtoH, s2)  # @nw_torch_item_copy
+        t = time.perf_counter()
+        rt.cudaStreamSynchronize(s2)  # @nw_torch_item_sync
+        return time.perf_counter() - t
+
+    def device_step():
+        nc.ncclAllGather(DEV, DEV2, 4 * mib, FLOAT32, comm, s)  # @nw_allgather
+        t = time.perf_counter()
+        rt.cudaDeviceSynchronize()  # @nw_device_sync
+        return time.perf_counter() - t
+
+    def event_step():
+        nc.ncclAllReduce(DEV, DEV2, 4 * mib, FLOAT32, 0, comm, s)  # @nw_event_allreduce
+        rt.cudaEventRecord(ev2, s)  # @nw_event_record
+        t = time.perf_counter()
+        rt.cudaEventSynchronize(ev2)  # @nw_event_sync
+        return time.perf_counter() - t
+
+    def poll_step():
+        nc.ncclAllReduce(DEV, DEV2, 8 * mib, FLOAT32, 0, comm, s)  # @nw_poll_allreduce
+        t = time.perf_counter()
+        while rt.cudaStreamQuery(s) == 600:  # @nw_poll_query
+            pass
+        return time.perf_counter() - t
+
+    def plain_step():
+        # No collective queued since the last wait: not a collective wait.
+        rt.cudaMemcpyAsync(DEV, pinned, size(4096), HtoD, s)
+        t = time.perf_counter()
+        rt.cudaStreamSynchronize(s)  # @nw_plain_sync
+        return time.perf_counter() - t
+
+    timed("stream", 80, stream_step)
+    timed("torch", 20, torch_step)
+    timed("device", 10, device_step)
+    timed("event", 10, event_step)
+    timed("poll", 10, poll_step)
+    timed("plain", 20, plain_step)
+
+
 def nccl_real():
     """NCCL calls on the real $NCCL (libnccl.so.2 from nvidia-nccl-cu12):
     without a communicator (no GPU here) each collective fails, the group
@@ -995,7 +1079,7 @@ def late():
     "forms": forms, "forms_real": forms_real, "graphs": graphs, "graphs_real": graphs_real,
     "memsets": memsets, "memsets_real": memsets_real, "nodevice_real": nodevice_real,
     "events": events, "events_real": events_real, "kernels": kernels, "pools": pools, "pools_real": pools_real,
-    "nccl": nccl, "nccl_real": nccl_real,
+    "nccl": nccl, "nccl_real": nccl_real, "nccl_wait": nccl_wait,
 }[MODE]()
 print("done", MODE, file=sys.stderr)
 # Stay a moment: a tracer resolves Python stacks from the live process.

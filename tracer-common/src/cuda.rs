@@ -650,6 +650,14 @@ pub struct CudaStats {
     /// query to the end of the query that ended the wait: how long the
     /// thread spun.
     pub poll_ns: u64,
+    /// Waits on NCCL collectives (schema 1.x): for a sync, or a query that
+    /// ended a polling wait, the waits whose stream (or event, or device)
+    /// had a collective queued since it was last waited on, directly or
+    /// through `cudaEventRecord` + `cudaStreamWaitEvent`; for a
+    /// collective, the host waits that covered it.
+    pub coll_waits: u64,
+    /// Time of those waits.
+    pub coll_wait_ns: u64,
 }
 
 impl CudaStats {
@@ -665,6 +673,8 @@ impl CudaStats {
         self.not_ready += other.not_ready;
         self.poll_waits += other.poll_waits;
         self.poll_ns += other.poll_ns;
+        self.coll_waits += other.coll_waits;
+        self.coll_wait_ns += other.coll_wait_ns;
     }
 }
 
@@ -712,6 +722,22 @@ pub struct EventKey {
     pub pid: u32,
     pub _pad: u32,
     pub event: u64,
+}
+
+/// A collective queued and not yet waited on (`CUDA_COLL_PENDING`, per
+/// (pid, stream or event); `CUDA_COLL_EPOCH`, per pid, for device-wide
+/// syncs). `epoch` counts the process's device-wide syncs: a stream's or
+/// event's entry from an earlier epoch was covered by one of them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollPending {
+    pub epoch: u64,
+    /// `CUDA_COLL_EPOCH`: 1 while a collective was queued since the last
+    /// device-wide sync; `CUDA_COLL_PENDING`: always 1.
+    pub live: u32,
+    pub _pad: u32,
+    /// The collective's `CUDA_STATS` key.
+    pub key: CudaKey,
 }
 
 /// Bytes of a kernel name kept (`CudaName`); longer names are cut.
@@ -825,7 +851,8 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(core::mem::size_of::<CudaKey>(), 40);
-        assert_eq!(core::mem::size_of::<CudaStats>(), 72);
+        assert_eq!(core::mem::size_of::<CudaStats>(), 88);
+        assert_eq!(core::mem::size_of::<CollPending>(), 56);
         assert_eq!(core::mem::size_of::<EventKey>(), 16);
         assert_eq!(core::mem::size_of::<CudaName>(), 16 + NAME_BYTES);
         assert_eq!(core::mem::size_of::<LaunchKey>(), 32);
@@ -836,10 +863,10 @@ mod tests {
 
     #[test]
     fn stats_merge_adds_every_field() {
-        let mut a = CudaStats { count: 1, bytes: 2, total_ns: 3, errors: 4, sync_pairs: 5, sync_pair_ns: 6, not_ready: 7, poll_waits: 8, poll_ns: 9 };
-        let b = CudaStats { count: 10, bytes: 20, total_ns: 30, errors: 40, sync_pairs: 50, sync_pair_ns: 60, not_ready: 70, poll_waits: 80, poll_ns: 90 };
+        let mut a = CudaStats { count: 1, bytes: 2, total_ns: 3, errors: 4, sync_pairs: 5, sync_pair_ns: 6, not_ready: 7, poll_waits: 8, poll_ns: 9, coll_waits: 1, coll_wait_ns: 2 };
+        let b = CudaStats { count: 10, bytes: 20, total_ns: 30, errors: 40, sync_pairs: 50, sync_pair_ns: 60, not_ready: 70, poll_waits: 80, poll_ns: 90, coll_waits: 10, coll_wait_ns: 20 };
         a.merge(&b);
-        assert_eq!(a, CudaStats { count: 11, bytes: 22, total_ns: 33, errors: 44, sync_pairs: 55, sync_pair_ns: 66, not_ready: 77, poll_waits: 88, poll_ns: 99 });
+        assert_eq!(a, CudaStats { count: 11, bytes: 22, total_ns: 33, errors: 44, sync_pairs: 55, sync_pair_ns: 66, not_ready: 77, poll_waits: 88, poll_ns: 99, coll_waits: 11, coll_wait_ns: 22 });
         a.merge(&CudaStats::default());
         assert_eq!(a.count, 11);
         let mut z = CudaStats::default();

@@ -48,6 +48,8 @@ pub const CUDA_LAUNCHES: &str = "CUDA_LAUNCHES";
 pub const CUDA_INFLIGHT: &str = "CUDA_INFLIGHT";
 pub const CUDA_CAPTURE: &str = "CUDA_CAPTURE";
 pub const CUDA_EVENT_COPY: &str = "CUDA_EVENT_COPY";
+pub const CUDA_COLL_PENDING: &str = "CUDA_COLL_PENDING";
+pub const CUDA_COLL_EPOCH: &str = "CUDA_COLL_EPOCH";
 pub const CUDA_TEXT: &str = "CUDA_TEXT";
 pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
@@ -92,6 +94,8 @@ pub const ALL: &[&str] = &[
     CUDA_INFLIGHT,
     CUDA_CAPTURE,
     CUDA_EVENT_COPY,
+    CUDA_COLL_PENDING,
+    CUDA_COLL_EPOCH,
     CUDA_TEXT,
     CUDA_DRV_ROUTE,
     CUDA_SLICE,

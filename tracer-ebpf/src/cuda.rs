@@ -50,13 +50,13 @@ use aya_ebpf::{
         generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use tracer_common::{
     counters,
-    cuda::{api, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, CudaText, EventKey, LaunchKey, FINGERPRINT_BYTES, TEXT_RANGES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{api, CollPending, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, CudaText, EventKey, LaunchKey, FINGERPRINT_BYTES, TEXT_RANGES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
 };
 
 use aya_log_ebpf::warn;
@@ -88,6 +88,23 @@ pub static CUDA_CAPTURE: HashMap<u32, CudaCapture> = HashMap::with_max_entries(4
 /// without a copy behind it.
 #[map]
 pub static CUDA_EVENT_COPY: HashMap<EventKey, CudaKey> = HashMap::with_max_entries(8192, 0);
+
+/// Per (pid, stream or event): the NCCL collective queued on that stream
+/// (or behind that event) not yet waited on, with the process's epoch
+/// then (`CUDA_COLL_EPOCH`). A collective returns at once; the thread that
+/// later synchronizes the stream, the event recorded behind it, or a
+/// stream made to wait on that event (`cudaStreamWaitEvent`: torch's
+/// `work.wait()`), waits for the collective. LRU: streams and events die
+/// unseen.
+#[map]
+pub static CUDA_COLL_PENDING: LruHashMap<EventKey, CollPending> = LruHashMap::with_max_entries(8192, 0);
+
+/// Per process that queued a collective: the count of its device-wide
+/// syncs (`epoch`), whether a collective was queued since the last one
+/// (`live`) and the last such collective. A process without one costs
+/// its syncs one lookup here.
+#[map]
+pub static CUDA_COLL_EPOCH: HashMap<u32, CollPending> = HashMap::with_max_entries(4096, 0);
 
 /// Per process: the code ranges `[start, end)` of its probed runtimes
 /// (shared, or linked statically into other libraries) and driver, set by
@@ -701,6 +718,10 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         // SAFETY: map value owned by this thread.
         let spun = unsafe { poll_wait(&mut *slot, rc, call.start_ns, now) };
         account_query(&key, ns, rc, spun);
+        if spun != 0 {
+            // The polling wait ended: it may have waited for a collective.
+            coll_waited(tgid, api::STREAM_SYNC, call.stream, &key, spun);
+        }
         if rc == 0 || rc == api::NOT_READY {
             return 0;
         }
@@ -723,8 +744,22 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
         if rc == 0 {
             // SAFETY: map value owned by this thread.
             unsafe { record_event(&mut *slot, &call, tgid) };
+            coll_follow(tgid, call.dst, call.stream, true);
+        }
+    } else if api::is_stream_wait_event(call.api) {
+        if rc == 0 {
+            // The stream's later work waits for the event's collective.
+            coll_follow(tgid, call.stream, call.dst, false);
+        }
+    } else if api::is_collective(call.api) {
+        // ncclSuccess, or ncclInProgress (7) on a non-blocking communicator.
+        if rc == 0 || rc == 7 {
+            coll_queued(tgid, call.stream, &key);
         }
     } else if api::is_sync(call.api) {
+        if rc == 0 {
+            coll_waited(tgid, api::canonical(call.api), call.stream, &key, ns);
+        }
         let event_copy = if api::canonical(call.api) == api::EVENT_SYNC { event_copy(tgid, call.stream) } else { None };
         if let Some(copy) = event_copy {
             // The event was recorded behind a copy: this sync waited for it.
@@ -877,6 +912,8 @@ fn account_query(key: &CudaKey, ns: u64, rc: i32, spun: u64) {
                 not_ready: poll as u64,
                 poll_waits: waits,
                 poll_ns: spun,
+                coll_waits: 0,
+                coll_wait_ns: 0,
             };
             if CUDA_STATS.insert(key, &fresh, 0).is_err() {
                 count_drop(counters::CUDA_LOST);
@@ -934,7 +971,7 @@ fn account(key: &CudaKey, bytes: u64, ns: u64, error: bool) {
             (*p).errors += error as u64;
         },
         None => {
-            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64, sync_pairs: 0, sync_pair_ns: 0, not_ready: 0, poll_waits: 0, poll_ns: 0 };
+            let fresh = CudaStats { count: 1, bytes, total_ns: ns, errors: error as u64, sync_pairs: 0, sync_pair_ns: 0, not_ready: 0, poll_waits: 0, poll_ns: 0, coll_waits: 0, coll_wait_ns: 0 };
             if CUDA_STATS.insert(key, &fresh, 0).is_err() {
                 count_drop(counters::CUDA_LOST);
             }
@@ -952,6 +989,114 @@ fn add_pair(key: &CudaKey, ns: u64) {
         unsafe {
             (*p).sync_pairs += 1;
             (*p).sync_pair_ns += ns;
+        }
+    }
+}
+
+/// What a process's first collective inserts into `CUDA_COLL_EPOCH` (from
+/// global data, not the stack).
+static COLL_ZERO: CollPending = unsafe { core::mem::zeroed() };
+
+/// A collective (`key`) of process `tgid` returned having queued its work
+/// on `stream`: the stream, and the process's device-wide syncs, now wait
+/// for it.
+#[inline(never)]
+fn coll_queued(tgid: u32, stream: u64, key: &CudaKey) {
+    if CUDA_COLL_EPOCH.get_ptr_mut(&tgid).is_none() && CUDA_COLL_EPOCH.insert(&tgid, &COLL_ZERO, 0).is_err() {
+        count_drop(counters::CUDA_LOST);
+        return;
+    }
+    let Some(e) = CUDA_COLL_EPOCH.get_ptr_mut(&tgid) else { return };
+    // SAFETY: a map value; threads of one process share it: a race makes
+    // at worst one wait unattributed (the key is rewritten whole below).
+    unsafe {
+        (*e).live = 1;
+        (*e).key = *key;
+    }
+    let ek = EventKey { pid: tgid, _pad: 0, event: stream };
+    // The stream's entry: the process's entry as it is now (epoch, key).
+    // SAFETY: a map value, passed by reference to the helper.
+    if CUDA_COLL_PENDING.insert(&ek, unsafe { &*e }, 0).is_err() {
+        count_drop(counters::CUDA_LOST);
+    }
+}
+
+/// The collective pending on `from` (a stream or event of process
+/// `tgid`), if it is still to be waited on: set in this epoch, not
+/// covered by a device-wide sync since.
+#[inline(always)]
+fn coll_pending(tgid: u32, from: u64) -> Option<*mut CollPending> {
+    let e = CUDA_COLL_EPOCH.get_ptr_mut(&tgid)?;
+    let p = CUDA_COLL_PENDING.get_ptr_mut(&EventKey { pid: tgid, _pad: 0, event: from })?;
+    // SAFETY: map values.
+    if unsafe { (*p).epoch != (*e).epoch } {
+        return None;
+    }
+    Some(p)
+}
+
+/// `to` (an event recorded on stream `from`, or a stream made to wait on
+/// event `from`) now waits for what `from` waits for: its pending
+/// collective. When `from` has none, an event (`forget`) forgets the one
+/// it was recorded behind before; a stream keeps its own.
+#[inline(never)]
+fn coll_follow(tgid: u32, to: u64, from: u64, forget: bool) {
+    if unsafe { CUDA_COLL_EPOCH.get(&tgid) }.is_none() {
+        return;
+    }
+    let to_key = EventKey { pid: tgid, _pad: 0, event: to };
+    match coll_pending(tgid, from) {
+        Some(p) => {
+            // SAFETY: a map value, passed by reference to the helper.
+            if CUDA_COLL_PENDING.insert(&to_key, unsafe { &*p }, 0).is_err() {
+                count_drop(counters::CUDA_LOST);
+            }
+        }
+        None if forget => {
+            let _ = CUDA_COLL_PENDING.remove(&to_key);
+        }
+        None => {}
+    }
+}
+
+/// A sync of process `tgid` (`sync`: the canonical API; `handle`: its
+/// stream or event; a query that ended a polling wait passes
+/// `STREAM_SYNC`, its stream or event being a key alike) returned after
+/// `ns`: when a collective was pending on what it waited for, the wait is
+/// counted on the sync's aggregate (`key`) and the collective's, and the
+/// collective is taken (a second sync does not wait for it again).
+#[inline(never)]
+fn coll_waited(tgid: u32, sync: u32, handle: u64, key: &CudaKey, ns: u64) {
+    let Some(e) = CUDA_COLL_EPOCH.get_ptr_mut(&tgid) else { return };
+    if sync == api::DEVICE_SYNC {
+        // SAFETY: a map value (see `coll_queued`).
+        unsafe {
+            if (*e).live != 0 {
+                add_coll(&(*e).key, ns);
+                add_coll(key, ns);
+            }
+            (*e).live = 0;
+            (*e).epoch += 1;
+        }
+        return;
+    }
+    let Some(p) = coll_pending(tgid, handle) else { return };
+    // SAFETY: a map value.
+    unsafe { add_coll(&(*p).key, ns) };
+    add_coll(key, ns);
+    let _ = CUDA_COLL_PENDING.remove(&EventKey { pid: tgid, _pad: 0, event: handle });
+}
+
+/// One wait on a collective on `key`'s aggregate (the sync's, or the
+/// collective's: another thread's key when it queued the collective; an
+/// increment lost to a race is one wait unattributed).
+#[inline(always)]
+fn add_coll(key: &CudaKey, ns: u64) {
+    if let Some(p) = CUDA_STATS.get_ptr_mut(key) {
+        // SAFETY: a map value.
+        unsafe {
+            (*p).coll_waits += 1;
+            (*p).coll_wait_ns += ns;
         }
     }
 }

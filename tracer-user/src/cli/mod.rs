@@ -73,7 +73,7 @@ Examples:\n  infertrace top -p 1234\n  infertrace top --python")]
     #[command(after_help = "Processes are matched by command line. Figures are milliseconds of thread time per second of \
 window, so recordings of different lengths compare; `total` is the window length in seconds.\n\
 --fail-if-slower PCT --metric METRIC, for CI: METRIC is `total`, a class (python_compute, native_compute, gil, io, \
-waiting_on_threads, polling, sleeping, other_wait, cpu_starvation, gpu_sync, copy_work, native_pool), a Python line `file.py:LINE` \
+waiting_on_threads, polling, sleeping, other_wait, cpu_starvation, gpu_sync, copy_work, collective, native_pool), a Python line `file.py:LINE` \
 or a CUDA site `cuda:file.py:LINE` (the names the report prints).\n\
 Exit codes: 0 compared (and not slower beyond PCT); 3 METRIC regressed by more than PCT percent; \
 1 an error (unreadable recording, a METRIC in neither recording); 2 a bad command line.\n\n\

@@ -112,10 +112,14 @@ impl CallClass {
     /// ([`of_name`](Self::of_name)); another CUDA copy (`cudaMemcpy*`,
     /// `cuMemcpy*`) or synchronize (`cu*Synchronize*`) by its name. A
     /// thread inside a query (`cudaEventQuery`, `cudaStreamQuery`) is
-    /// polling the GPU: a sync, for what the thread's time is.
+    /// polling the GPU: a sync, for what the thread's time is; one inside
+    /// `ncclGroupStart`/`ncclGroupEnd` (which launches the group's
+    /// collectives, and may block) is in a collective.
     pub fn of_symbol(name: &str) -> CallClass {
-        if api::NAMES.iter().position(|n| *n == name).is_some_and(|id| api::is_query(id as u32)) {
-            return CallClass::Sync;
+        match api::NAMES.iter().position(|n| *n == name).map(|id| id as u32) {
+            Some(id) if api::is_query(id) => return CallClass::Sync,
+            Some(id) if api::is_nccl(id) => return CallClass::Collective,
+            _ => {}
         }
         match CallClass::of_name(name) {
             CallClass::Other if name.starts_with("cu") && name.contains("Synchronize") => CallClass::Sync,
@@ -172,6 +176,17 @@ pub struct CudaCall {
     pub poll_waits: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_ns: Option<u64>,
+    /// Waits on NCCL collectives (schema 1.x addition; syncs, queries and
+    /// collectives only): for a sync, or a query that ended a polling
+    /// wait, the waits whose stream, event or device had a collective
+    /// queued since it was last waited on (directly, or through an event
+    /// record and `cudaStreamWaitEvent`), and their time: the host
+    /// waiting for the collective (and the GPU work queued before it). For
+    /// a collective, the host waits that covered it, on any thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_waits: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_wait_ns: Option<u64>,
 }
 
 impl CudaCall {
@@ -226,6 +241,14 @@ pub struct CudaCollective {
     pub total_ns: u64,
     pub errors: u64,
     pub site: Site,
+    /// Host waits that covered these calls (a sync of their stream, of an
+    /// event recorded behind them, of the device) and their time (schema
+    /// 1.x addition; absent when the site's calls are split over more
+    /// than one communicator: the calls table has them per site).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_waits: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_wait_ns: Option<u64>,
 }
 
 /// Launches of one CUDA graph from one site (`cudaGraphLaunch`,
@@ -536,7 +559,15 @@ mod tests {
             let name = api_name(id);
             assert_eq!(CallClass::of_name(&name), CallClass::of_api(id), "{name}");
             let polls = id < api::COUNT && api::is_query(id);
-            assert_eq!(CallClass::of_symbol(&name), if polls { CallClass::Sync } else { CallClass::of_api(id) }, "{name}");
+            let nccl = id < api::COUNT && api::is_nccl(id);
+            let want = if polls {
+                CallClass::Sync
+            } else if nccl {
+                CallClass::Collective
+            } else {
+                CallClass::of_api(id)
+            };
+            assert_eq!(CallClass::of_symbol(&name), want, "{name}");
             // What the name tests said before the class was stored.
             let sync = name.starts_with("cu") && name.contains("Synchronize");
             let copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");

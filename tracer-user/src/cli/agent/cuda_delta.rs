@@ -17,6 +17,11 @@ fn call_key(c: &CudaCall) -> CallKey<'_> {
 
 /// `cur` minus `prev`; `prev_end_ns` is where the previous window ended
 /// (ns since the agent's start, the clock of `GpuSample::ts_ns`).
+/// An optional counter's difference (absent stays absent).
+fn sub_opt(cur: Option<u64>, prev: Option<u64>) -> Option<u64> {
+    cur.map(|v| v.saturating_sub(prev.unwrap_or(0)))
+}
+
 pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64) -> CudaReport {
     let Some(prev) = prev else { return cur.clone() };
     let mut out = cur.clone();
@@ -32,11 +37,13 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
             d.total_ns = c.total_ns.saturating_sub(p.total_ns);
             d.errors = c.errors.saturating_sub(p.errors);
             d.events_lost = c.events_lost.saturating_sub(p.events_lost);
-            d.pinned = c.pinned.map(|v| v.saturating_sub(p.pinned.unwrap_or(0)));
-            d.pageable = c.pageable.map(|v| v.saturating_sub(p.pageable.unwrap_or(0)));
-            d.not_ready = c.not_ready.map(|v| v.saturating_sub(p.not_ready.unwrap_or(0)));
-            d.poll_waits = c.poll_waits.map(|v| v.saturating_sub(p.poll_waits.unwrap_or(0)));
-            d.poll_ns = c.poll_ns.map(|v| v.saturating_sub(p.poll_ns.unwrap_or(0)));
+            d.pinned = sub_opt(c.pinned, p.pinned);
+            d.pageable = sub_opt(c.pageable, p.pageable);
+            d.not_ready = sub_opt(c.not_ready, p.not_ready);
+            d.poll_waits = sub_opt(c.poll_waits, p.poll_waits);
+            d.poll_ns = sub_opt(c.poll_ns, p.poll_ns);
+            d.collective_waits = sub_opt(c.collective_waits, p.collective_waits);
+            d.collective_wait_ns = sub_opt(c.collective_wait_ns, p.collective_wait_ns);
             d.return_codes = c
                 .return_codes
                 .iter()
@@ -60,6 +67,8 @@ pub fn cuda_delta(cur: &CudaReport, prev: Option<&CudaReport>, prev_end_ns: u64)
                 d.bytes = c.bytes.saturating_sub(p.bytes);
                 d.total_ns = c.total_ns.saturating_sub(p.total_ns);
                 d.errors = c.errors.saturating_sub(p.errors);
+                d.host_waits = sub_opt(c.host_waits, p.host_waits);
+                d.host_wait_ns = sub_opt(c.host_wait_ns, p.host_wait_ns);
             }
             (d.count > 0).then_some(d)
         })
@@ -245,6 +254,8 @@ mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         }
     }
 
@@ -261,12 +272,14 @@ mod tests {
             total_ns: count,
             errors: 0,
             site: Site { function: "step".into(), file: Some("m.py".into()), line: Some(9) },
+            host_waits: Some(count / 5),
+            host_wait_ns: None,
         };
         let prev = CudaReport { calls: vec![poll(2, 50)], collectives: vec![coll(10)], ..Default::default() };
         let cur = CudaReport { calls: vec![poll(5, 80)], collectives: vec![coll(25)], ..Default::default() };
         let d = cuda_delta(&cur, Some(&prev), 0);
         assert_eq!((d.calls[0].count, d.calls[0].not_ready, d.calls[0].poll_waits, d.calls[0].poll_ns), (33, Some(30), Some(3), Some(30)));
-        assert_eq!((d.collectives[0].count, d.collectives[0].bytes), (15, 15 * 4096));
+        assert_eq!((d.collectives[0].count, d.collectives[0].bytes, d.collectives[0].host_waits), (15, 15 * 4096, Some(3)));
         let idle = cuda_delta(&cur, Some(&cur), 0);
         assert!(idle.collectives.is_empty() && idle.calls.is_empty());
     }

@@ -65,6 +65,8 @@ pub struct CudaMetrics {
     launches: Family<ApiLabels, Counter>,
     graph_launches: Family<ApiLabels, Counter>,
     sync_seconds: Family<TargetLabels, FCounter>,
+    /// Of the syncs' (and polling's) time, the waits on NCCL collectives.
+    collective_wait_seconds: Family<TargetLabels, FCounter>,
     /// Queries (`cudaEventQuery`, `cudaStreamQuery`) that found the work
     /// not done: polls, by API.
     not_ready: Family<ApiLabels, Counter>,
@@ -95,6 +97,11 @@ impl CudaMetrics {
         r.register("cuda_graph_launches", "CUDA graph launches (cudaGraphLaunch, cuGraphLaunch) by API", self.graph_launches.clone());
         r.register("cuda_sync_seconds", "Time the target's threads were blocked in CUDA synchronize calls", self.sync_seconds.clone());
         r.register(
+            "cuda_collective_wait_seconds",
+            "Time the target's threads waited in CUDA syncs (or polling) for queued NCCL collectives",
+            self.collective_wait_seconds.clone(),
+        );
+        r.register(
             "cuda_not_ready",
             "CUDA event/stream queries that found the GPU work not done (polls; not errors), by API",
             self.not_ready.clone(),
@@ -120,6 +127,9 @@ impl CudaMetrics {
             }
             if let Some(n) = call.not_ready {
                 self.not_ready.get_or_create(&l).inc_by(n);
+            }
+            if let (Some(ns), false) = (call.collective_wait_ns, call.class() == CallClass::Collective) {
+                self.collective_wait_seconds.get_or_create(&target).inc_by(ns as f64 / 1e9);
             }
             if target.pid != "other" {
                 let e = self.series.entry(call.pid).or_default();
@@ -200,6 +210,7 @@ impl CudaMetrics {
             }
             if let Some(t) = target {
                 self.sync_seconds.remove(&t);
+                self.collective_wait_seconds.remove(&t);
             }
         }
     }
@@ -258,6 +269,8 @@ mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         };
         let finding = |line| Finding {
             kind: "sync_after_copy".into(),

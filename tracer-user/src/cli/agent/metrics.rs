@@ -416,6 +416,8 @@ mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         };
         let with = |calls: Vec<CudaCall>| {
             let mut r = cumulative(&[]);

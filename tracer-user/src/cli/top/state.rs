@@ -384,6 +384,8 @@ pub mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         };
         let finding = Finding {
             kind: "pageable_copy".into(),

@@ -75,7 +75,7 @@ impl CudaCollector {
             report.graph_launches = graphs::graph_launches(&launches, &replay.graphs, &mut resolve)?;
             report.graph_captures = graphs::graph_captures(&replay.graphs, &mut resolve)?;
         }
-        report.collectives = collectives(&replay, &mut sites, cx)?;
+        report.collectives = collectives(&replay, &report.calls, &mut sites, cx)?;
         if let Some(s) = &self.slicer {
             report.launch_sampling = Some(s.summary(end, launches.iter().map(|(_, n)| *n).sum()));
         }
@@ -187,6 +187,8 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
                 not_ready: api::is_query(key.1).then_some(v.not_ready),
                 poll_waits: api::is_query(key.1).then_some(v.poll_waits),
                 poll_ns: api::is_query(key.1).then_some(v.poll_ns),
+                collective_waits: waits_collectives(key.1).then_some(v.coll_waits),
+                collective_wait_ns: waits_collectives(key.1).then_some(v.coll_wait_ns),
             };
             (key, c)
         })
@@ -228,25 +230,48 @@ fn calls(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut SiteCache,
     Ok(calls)
 }
 
+/// Calls whose rows carry collective waits: syncs, queries, collectives.
+fn waits_collectives(a: u32) -> bool {
+    api::is_sync(a) || api::is_query(a) || api::is_collective(a)
+}
+
 /// NCCL calls by (pid, API, communicator, site), from the events; most
-/// bytes first.
-fn collectives(replay: &Replay, sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<CudaCollective>, ProbeError> {
+/// bytes first. The host waits that covered them come from the kernel's
+/// aggregates in `calls` (per site, not per communicator): given to a
+/// site's row when it is the only one.
+fn collectives(replay: &Replay, calls: &[CudaCall], sites: &mut SiteCache, cx: &mut Cx<'_>) -> Result<Vec<CudaCollective>, ProbeError> {
     let mut sums: BTreeMap<(u32, u32, u64, Site), CollObs> = BTreeMap::new();
     for ((raw, a, comm), obs) in &replay.collectives {
         let site = sites.resolve(*raw, cx)?;
         sums.entry((raw.pid, *a, *comm, site)).or_default().merge(obs);
     }
+    let mut rows_at: HashMap<(u32, String, &Site), usize> = HashMap::new();
+    let mut waits_at: HashMap<(u32, String, &Site), (u64, u64)> = HashMap::new();
+    for c in calls.iter().filter(|c| c.class() == CallClass::Collective) {
+        let w = waits_at.entry((c.pid, c.api.clone(), &c.site)).or_default();
+        w.0 += c.collective_waits.unwrap_or(0);
+        w.1 += c.collective_wait_ns.unwrap_or(0);
+    }
+    for (pid, a, _, site) in sums.keys() {
+        *rows_at.entry((*pid, api_name(*a), site)).or_default() += 1;
+    }
     let mut out: Vec<CudaCollective> = sums
-        .into_iter()
-        .map(|((pid, a, comm, site), o)| CudaCollective {
-            pid,
-            api: api_name(a),
-            comm: format!("{comm:#x}"),
-            count: o.count,
-            bytes: o.bytes,
-            total_ns: o.ns,
-            errors: o.errors,
-            site,
+        .iter()
+        .map(|((pid, a, comm, site), o)| {
+            let at = (*pid, api_name(*a), site);
+            let waits = (rows_at.get(&at) == Some(&1)).then(|| waits_at.get(&at).copied().unwrap_or_default());
+            CudaCollective {
+                pid: *pid,
+                api: api_name(*a),
+                comm: format!("{comm:#x}"),
+                count: o.count,
+                bytes: o.bytes,
+                total_ns: o.ns,
+                errors: o.errors,
+                site: site.clone(),
+                host_waits: waits.map(|w| w.0),
+                host_wait_ns: waits.map(|w| w.1),
+            }
         })
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)));
@@ -315,6 +340,7 @@ fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut S
             s.syncs.count += v.count;
             s.syncs.ns += v.total_ns;
             s.syncs.after_copy += v.sync_pairs;
+            s.syncs.collective_ns += v.coll_wait_ns;
         }
     }
     for (key, k) in kernel {

@@ -125,7 +125,8 @@ impl SiteSummary {
             bytes += c.bytes;
         }
         if self.syncs.count >= t.min_repeats {
-            ns += self.syncs.ns;
+            // Waits on collectives are communication, not copies.
+            ns += self.syncs.ns.saturating_sub(self.syncs.collective_ns);
             calls += self.syncs.count;
         }
         (ns, calls, bytes)
@@ -505,7 +506,7 @@ mod tests {
             SiteSummary {
                 pid: 1,
                 site: site(11),
-                syncs: SyncObs { count: 100, ns: 50_000_000, after_copy: 100 },
+                syncs: SyncObs { count: 100, ns: 50_000_000, after_copy: 100, collective_ns: 0 },
                 ..Default::default()
             },
             SiteSummary { pid: 1, site: site(20), copies: copies(KIND_DTOH, item), ..Default::default() },
@@ -636,4 +637,21 @@ mod tests {
         assert!(words.contains(&"20 device-to-host copies (160.0 MiB) from this line used pageable host memory (3 of these calls failed)".to_owned()), "{words:?}");
         assert!(words.contains(&"20 device-to-host copies from this line were each followed by a synchronize of their stream on the same thread: the CPU waits for every transfer (3 of these calls failed)".to_owned()), "{words:?}");
     }
+
+    /// Syncs that waited on NCCL collectives are communication: they do
+    /// not make `copy_time_share` (the verdict's `collective` class has them).
+    #[test]
+    fn collective_waits_are_not_copy_time() {
+        let t = Thresholds::default();
+        let sync = |collective_ns| SiteSummary {
+            pid: 1,
+            site: site(11),
+            syncs: SyncObs { count: 100, ns: 150_000_000, after_copy: 0, collective_ns },
+            ..Default::default()
+        };
+        let kinds = |s: SiteSummary| detect(&[s], 200_000_000, &t).into_iter().map(|f| f.kind).collect::<Vec<_>>();
+        assert_eq!(kinds(sync(0)), ["copy_time_share"]);
+        assert!(kinds(sync(140_000_000)).is_empty());
+    }
+
 }

@@ -83,6 +83,8 @@ mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         }
     }
 

@@ -114,6 +114,9 @@ pub struct SyncObs {
     pub ns: u64,
     /// Syncs that directly followed an async copy on their stream.
     pub after_copy: u64,
+    /// Of `ns`, the waits on NCCL collectives (the kernel's aggregates
+    /// only): not copy time.
+    pub collective_ns: u64,
 }
 
 impl SyncObs {
@@ -121,6 +124,7 @@ impl SyncObs {
         self.count += o.count;
         self.ns += o.ns;
         self.after_copy += o.after_copy;
+        self.collective_ns += o.collective_ns;
     }
 
     /// [`CopyObs::at_least`] for syncs.
@@ -128,6 +132,7 @@ impl SyncObs {
         self.count = self.count.max(k.count);
         self.ns = self.ns.max(k.ns);
         self.after_copy = self.after_copy.max(k.after_copy);
+        self.collective_ns = self.collective_ns.max(k.collective_ns);
     }
 }
 
@@ -562,8 +567,8 @@ mod tests {
         seen.at_least(&kernel);
         assert_eq!((seen.count, seen.bytes, seen.ns, seen.async_count, seen.sync_pairs, seen.sync_pair_ns), (10, 1000, 30, 10, 9, 90));
         assert_eq!(seen.pinned, 3, "what only the events tell stays");
-        let mut s = SyncObs { count: 5, ns: 50, after_copy: 5 };
-        s.at_least(&SyncObs { count: 9, ns: 40, after_copy: 9 });
+        let mut s = SyncObs { count: 5, ns: 50, after_copy: 5, collective_ns: 0 };
+        s.at_least(&SyncObs { count: 9, ns: 40, after_copy: 9, collective_ns: 0 });
         assert_eq!((s.count, s.ns, s.after_copy), (9, 50, 9));
     }
 

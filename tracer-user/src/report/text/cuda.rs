@@ -279,27 +279,51 @@ fn launches_and_failures(out: &mut String, cuda: &CudaReport) {
     }
 }
 
-/// NCCL calls by API, communicator and site.
+/// NCCL calls by API, communicator and site, with the host waits that
+/// covered them; then the syncs that waited for collectives.
 fn collectives_section(out: &mut String, cuda: &CudaReport) {
-    if cuda.collectives.is_empty() {
-        return;
-    }
-    let _ = writeln!(out, "\nNCCL calls by communicator and site:");
-    let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>7}  {:<20} {:<16} SITE", "CALLS", "BYTES", "TIME", "ERRORS", "API", "COMM");
-    for c in cuda.collectives.iter().take(MAX_ROWS) {
+    if !cuda.collectives.is_empty() {
+        let _ = writeln!(out, "\nNCCL calls by communicator and site (WAITED: host syncs that waited for them):");
         let _ = writeln!(
             out,
-            "  {:>8} {:>10} {:>10} {:>7}  {:<20} {:<16} {}",
-            c.count,
-            fmt_bytes(c.bytes),
-            fmt_ns(c.total_ns),
-            c.errors,
+            "  {:>8} {:>10} {:>10} {:>7} {:>10}  {:<20} {:<16} SITE",
+            "CALLS", "BYTES", "TIME", "ERRORS", "WAITED", "API", "COMM"
+        );
+        for c in cuda.collectives.iter().take(MAX_ROWS) {
+            let _ = writeln!(
+                out,
+                "  {:>8} {:>10} {:>10} {:>7} {:>10}  {:<20} {:<16} {}",
+                c.count,
+                fmt_bytes(c.bytes),
+                fmt_ns(c.total_ns),
+                c.errors,
+                c.host_wait_ns.map_or_else(|| "-".to_owned(), fmt_ns),
+                printable(&c.api),
+                printable(&c.comm),
+                short_site(&c.site)
+            );
+        }
+        more(out, cuda.collectives.len());
+    }
+    let waits: Vec<&CudaCall> =
+        cuda.calls.iter().filter(|c| c.class() != CallClass::Collective && c.collective_waits.unwrap_or(0) > 0).collect();
+    if waits.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nHost waits on NCCL collectives by site (syncs and polling that covered a queued collective):");
+    let _ = writeln!(out, "  {:>8} {:>10} {:>10}  {:<28} SITE", "WAITS", "WAITED", "SYNC TIME", "API");
+    for c in waits.iter().take(MAX_ROWS) {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>10} {:>10}  {:<28} {}",
+            c.collective_waits.unwrap_or(0),
+            fmt_ns(c.collective_wait_ns.unwrap_or(0)),
+            fmt_ns(c.poll_ns.unwrap_or(c.total_ns)),
             printable(&c.api),
-            printable(&c.comm),
             short_site(&c.site)
         );
     }
-    more(out, cuda.collectives.len());
+    more(out, waits.len());
 }
 
 /// Graph launches by graph and site, and the captures by site.
@@ -373,6 +397,8 @@ mod tests {
                 not_ready: None,
                 poll_waits: None,
                 poll_ns: None,
+                collective_waits: None,
+                collective_wait_ns: None,
             }],
             launches: vec![CudaLaunch { pid: 7, kernel: "k".into(), count: 5, site: site.clone(), api: "cudaLaunchKernel".into(), estimated: false, sampled: None }],
             findings: vec![Finding {
@@ -422,6 +448,8 @@ mod tests {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         };
         let mut samples = vec![gpu(10, 0, 37.0, 1 << 30, Some((1_024_000, 2_048_000))), gpu(20, 1, 81.0, 3 << 30, None)];
         samples[0].name = Some("nvmlsim GPU 0 (fake)".into());

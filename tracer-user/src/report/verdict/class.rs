@@ -31,6 +31,10 @@ pub enum Class {
     GpuSync,
     /// On CPU inside a host<->device copy call.
     CopyWork,
+    /// Waiting for NCCL collectives: blocked (or spinning) in a sync whose
+    /// stream, event or device had a collective queued (most of the
+    /// line's sync time), or inside an NCCL call (schema 1.x addition).
+    Collective,
     /// On CPU in a native library's worker thread (onnxruntime, OpenBLAS,
     /// OpenMP, PyTorch intra-op pools): a thread without Python frames in a
     /// Python process (verdict/pools.rs).
@@ -38,7 +42,7 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 12] = [
+    pub const ALL: [Class; 13] = [
         Class::PythonCompute,
         Class::NativeCompute,
         Class::Gil,
@@ -50,6 +54,7 @@ impl Class {
         Class::CpuStarvation,
         Class::GpuSync,
         Class::CopyWork,
+        Class::Collective,
         Class::NativePool,
     ];
 
@@ -67,6 +72,7 @@ impl Class {
             Class::CpuStarvation => "cpu_starvation",
             Class::GpuSync => "gpu_sync",
             Class::CopyWork => "copy_work",
+            Class::Collective => "collective",
             Class::NativePool => "native_pool",
         }
     }
@@ -89,6 +95,7 @@ impl Class {
             Class::CpuStarvation => "CPU starvation",
             Class::GpuSync => "GPU synchronisation",
             Class::CopyWork => "host<->device copy work",
+            Class::Collective => "waiting on collectives (NCCL)",
             Class::NativePool => "native worker pool",
         }
     }
@@ -119,6 +126,9 @@ impl Class {
                 "the host waits for the GPU (synchronize, .item(), blocking copies): drop per-step syncs, keep values on the GPU, copy from pinned memory with non_blocking=True"
             }
             Class::CopyWork => "the CPU copies between host and device: pin host buffers, batch small copies, keep constant tensors on the GPU",
+            Class::Collective => {
+                "the host waits for NCCL collectives (all-reduce, all-gather...): the slowest rank or the interconnect sets the pace; overlap communication with compute (DDP bucketing, async_op=True and wait later), balance the ranks' work, check the links (NCCL_DEBUG=INFO, nccl-tests)"
+            }
             Class::NativePool => {
                 "a native library's worker threads (onnxruntime, OpenBLAS, OpenMP, torch intra-op) use the CPU: size the pool (intra_op_num_threads, OMP_NUM_THREADS, torch.set_num_threads) to the cores you have; a busy-waiting pool spins between requests: turn spinning off (onnxruntime session.intra_op.allow_spinning=0, OMP_WAIT_POLICY=passive)"
             }

@@ -119,7 +119,7 @@ pub struct Bottleneck {
     /// The line most responsible.
     pub site: Option<SiteShare>,
     pub advice: String,
-    /// CUDA findings of the process that go with a GPU class (`gpu_sync`, `copy_work`).
+    /// CUDA findings of the process that go with a GPU class (`gpu_sync`, `copy_work`, `collective`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<FindingRef>,
 }
@@ -227,6 +227,9 @@ fn scale(part: u64, num: u64, den: u64) -> u64 {
 struct CudaSites {
     sync: BTreeSet<(String, u32)>,
     copy: BTreeSet<(String, u32)>,
+    /// Lines whose syncs (or polling) spent at least half their time
+    /// waiting for NCCL collectives, and the lines of NCCL calls.
+    collective: BTreeSet<(String, u32)>,
 }
 
 fn base(p: &str) -> &str {
@@ -245,7 +248,16 @@ fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
         let e = m.entry(c.pid).or_default();
         // A line whose queries found the work not done polls the GPU.
         let polls = c.not_ready.unwrap_or(0) > 0;
+        // A sync's time, or a polling line's waits.
+        let waited = c.poll_ns.unwrap_or(c.total_ns);
+        let on_collectives = c.collective_waits.unwrap_or(0) > 0 && c.collective_wait_ns.unwrap_or(0).saturating_mul(2) >= waited;
         match c.class() {
+            CallClass::Collective => {
+                e.collective.insert(key);
+            }
+            _ if on_collectives => {
+                e.collective.insert(key);
+            }
             _ if polls => {
                 e.sync.insert(key);
             }
@@ -266,16 +278,23 @@ fn cuda_sites(rec: &Recording) -> HashMap<u32, CudaSites> {
 /// Python leaf being a line that issues such calls.
 fn gpu_class(frames: &[Frame], cuda: Option<&CudaSites>, on_cpu: bool) -> Option<Class> {
     let copy = if on_cpu { Class::CopyWork } else { Class::GpuSync };
+    let key = cuda.and(frames.iter().find(|f| f.kind == FrameKind::Python).and_then(frame_key));
+    // A sync at a line whose syncs mostly waited for collectives.
+    let on_collectives = matches!((cuda, &key), (Some(c), Some(k)) if c.collective.contains(k));
     for f in frames.iter().filter(|f| f.kind == FrameKind::Native) {
         match CallClass::of_symbol(&f.function) {
+            CallClass::Collective => return Some(Class::Collective),
+            CallClass::Sync if on_collectives => return Some(Class::Collective),
             CallClass::Sync => return Some(Class::GpuSync),
             CallClass::Copy => return Some(copy),
             _ => {}
         }
     }
     let cuda = cuda?;
-    let key = frames.iter().find(|f| f.kind == FrameKind::Python).and_then(frame_key)?;
-    if cuda.copy.contains(&key) {
+    let key = key?;
+    if on_collectives {
+        Some(Class::Collective)
+    } else if cuda.copy.contains(&key) {
         Some(copy)
     } else if cuda.sync.contains(&key) {
         Some(Class::GpuSync)
@@ -394,7 +413,7 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<
         .collect();
     let site = top.sites.first().cloned();
     let mut findings = Vec::new();
-    if matches!(top.class, Class::GpuSync | Class::CopyWork) {
+    if matches!(top.class, Class::GpuSync | Class::CopyWork | Class::Collective) {
         let line = site.as_ref().and_then(|s| s.site.line);
         let mut fs: Vec<_> = rec.cuda.iter().flat_map(|c| c.findings.iter()).filter(|f| f.pid == pid).collect();
         // Those at the bottleneck's line first, then by time.

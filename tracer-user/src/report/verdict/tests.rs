@@ -115,6 +115,8 @@ fn samples_split_on_cpu_time_between_python_native_and_gpu() {
             not_ready: None,
             poll_waits: None,
             poll_ns: None,
+            collective_waits: None,
+            collective_wait_ns: None,
         }],
         findings: vec![Finding {
             kind: "tiny_dtoh_sync".into(),
@@ -201,4 +203,56 @@ fn native_pool_thread_is_its_own_class_charged_to_the_feeding_line() {
     r.threads.truncate(2);
     let v = verdict(&r);
     assert!(v.processes[0].classes.iter().all(|c| c.class != Class::NativePool));
+}
+
+/// A sync line whose syncs mostly waited on NCCL collectives is
+/// `collective`; one that mostly did not stays `gpu_sync`; a thread
+/// inside an NCCL call is `collective` by its native frame.
+#[test]
+fn syncs_waiting_on_collectives_are_collective() {
+    let mut r = rec();
+    r.threads = vec![thread(10, 0, OffCpuTimes { sleep_ns: 1000 * MS, ..Default::default() }, 0)];
+    r.stacks = vec![
+        stack(StackKind::OffCpu, Some(OffCpuReason::Sleep), 10, 0, 600 * MS, vec![py("step", "/srv/ddp.py", 40)]),
+        stack(StackKind::OffCpu, Some(OffCpuReason::Sleep), 10, 0, 250 * MS, vec![py("step", "/srv/ddp.py", 45)]),
+        stack(
+            StackKind::OffCpu,
+            Some(OffCpuReason::Sleep),
+            10,
+            0,
+            150 * MS,
+            vec![native("ncclGroupEnd", "libnccl.so.2"), py("step", "/srv/ddp.py", 50)],
+        ),
+    ];
+    let sync = |line: u32, total_ns: u64, coll_ns: u64| CudaCall {
+        pid: 10,
+        api: "cudaStreamSynchronize".into(),
+        kind: None,
+        class: None,
+        count: 10,
+        bytes: 0,
+        total_ns,
+        errors: 0,
+        site: Site { function: "step".into(), file: Some("/srv/ddp.py".into()), line: Some(line) },
+        return_codes: Default::default(),
+        pinned: None,
+        pageable: None,
+        events_lost: 0,
+        not_ready: None,
+        poll_waits: None,
+        poll_ns: None,
+        collective_waits: Some(if coll_ns > 0 { 10 } else { 0 }),
+        collective_wait_ns: Some(coll_ns),
+    };
+    r.cuda = Some(CudaReport { calls: vec![sync(40, 600 * MS, 550 * MS), sync(45, 250 * MS, 50 * MS)], ..Default::default() });
+    let v = verdict(&r);
+    let p = &v.processes[0];
+    let of = |c: Class| p.classes.iter().find(|s| s.class == c).map(|s| s.time_ns).unwrap_or(0);
+    assert_eq!((of(Class::Collective), of(Class::GpuSync)), (750 * MS, 250 * MS));
+    let b = p.bottleneck.as_ref().unwrap();
+    assert_eq!((b.class, b.site.as_ref().unwrap().site.line), (Class::Collective, Some(40)));
+    assert_eq!(Class::from_id("collective"), Some(Class::Collective));
+    let mut text = String::new();
+    render_text(&v, &mut text);
+    assert!(text.contains("bottleneck waiting on collectives (NCCL) 75.0% at step (ddp.py:40)"), "{text}");
 }
