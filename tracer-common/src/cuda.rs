@@ -842,6 +842,7 @@ mod pod {
     unsafe impl aya::Pod for super::CudaCapture {}
     unsafe impl aya::Pod for super::EventKey {}
     unsafe impl aya::Pod for super::CudaName {}
+    unsafe impl aya::Pod for super::CollPending {}
 }
 
 #[cfg(test)]

@@ -608,6 +608,17 @@ impl CudaCollector {
         for k in &gone_events {
             let _ = event_copy.remove(k);
         }
+        let mut pending: BpfHashMap<_, tracer_common::cuda::EventKey, tracer_common::cuda::CollPending> =
+            probe::hash_map(ebpf, tracer_common::maps::CUDA_COLL_PENDING)?;
+        let gone_pending: Vec<tracer_common::cuda::EventKey> = pending.keys().filter_map(Result::ok).filter(|k| gone(k.pid)).collect();
+        for k in &gone_pending {
+            let _ = pending.remove(k);
+        }
+        let mut epochs: BpfHashMap<_, u32, tracer_common::cuda::CollPending> = probe::hash_map(ebpf, tracer_common::maps::CUDA_COLL_EPOCH)?;
+        let gone_epochs: Vec<u32> = epochs.keys().filter_map(Result::ok).filter(|p| gone(*p)).collect();
+        for p in &gone_epochs {
+            let _ = epochs.remove(p);
+        }
         if let Some(ev) = &self.events {
             ev.with(|r| r.forget_threads(&dead));
         }
