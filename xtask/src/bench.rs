@@ -209,6 +209,16 @@ const CUDA_MODES: &[Mode] = &[
     mode(Kind::Infertrace(&["--no-cuda-driver"]), "infertrace --no-cuda-driver -p", None, 50_000),
 ];
 
+/// The launch row's modes: as [`CUDA_MODES`], with the floor of a runtime
+/// launch and the driver launch it enters.
+const LAUNCH_MODES: &[Mode] = &[
+    mode(Kind::Untraced, "untraced", Some("gcc"), 200_000),
+    floor(Floor::Uprobe, "floor: uprobe (entry), empty", 50_000),
+    floor(Floor::UprobePlusDriver, "floor: uprobe + driver uprobe, empty", 50_000),
+    infertrace_vs_floor(50_000, 1.2),
+    mode(Kind::Infertrace(&["--no-cuda-driver"]), "infertrace --no-cuda-driver -p", None, 50_000),
+];
+
 const BENCHES: &[Bench] = &[
     Bench {
         // Our own tp_btf floor: bpftrace 0.17 has no raw tracepoints, and
@@ -344,14 +354,16 @@ const BENCHES: &[Bench] = &[
             CUDA_MODES,
         )
     },
+    // A runtime launch pays the driver's launch probe too (launch
+    // functions are never taken off): its floor is both entry probes.
     Bench {
         args: &["launch"],
-        floor: Some(Kind::Floor(Floor::Uprobe)),
+        floor: Some(Kind::Floor(Floor::UprobePlusDriver)),
         cuda_probe: Some("launch probe (entry only)"),
         ..workload(
             "cuda launch",
             "bench_cuda.py",
-            CUDA_MODES,
+            LAUNCH_MODES,
         )
     },
     Bench {

@@ -26,6 +26,11 @@ pub enum Floor {
     Uprobe,
     /// `uprobe:LIB:FUNCTION {}` and `uretprobe:LIB:FUNCTION {}`.
     UprobeUretprobe,
+    /// `uprobe:LIB:FUNCTION {}` and an entry uprobe on the driver
+    /// function it enters (the stand-in libcuda.so.1 next to LIB): what a
+    /// runtime launch costs when the driver's launch functions stay probed
+    /// (they are never taken off, docs/cuda.md).
+    UprobePlusDriver,
 }
 
 impl Floor {
@@ -39,6 +44,11 @@ impl Floor {
             Floor::Uprobe => format!("uprobe:{lib}:{function} {{}}"),
             Floor::UprobeUretprobe => {
                 format!("uprobe:{lib}:{function} {{}} uretprobe:{lib}:{function} {{}}")
+            }
+            Floor::UprobePlusDriver => {
+                let driver = std::path::Path::new(lib).with_file_name("libcuda.so.1");
+                let inner = driver_function(function).unwrap_or(function);
+                format!("uprobe:{lib}:{function} {{}} uprobe:{}:{inner} {{}}", driver.display())
             }
         }
     }
@@ -57,6 +67,15 @@ pub fn cuda_function(bench_args: &[&str]) -> Option<&'static str> {
         Some("launch") => Some("cudaLaunchKernel"),
         Some("graph") => Some("cudaGraphLaunch"),
         Some("event") => Some("cudaEventRecord"),
+        _ => None,
+    }
+}
+
+/// The driver function the stand-in runtime's `function` enters.
+pub fn driver_function(function: &str) -> Option<&'static str> {
+    match function {
+        "cudaLaunchKernel" => Some("cuLaunchKernel"),
+        "cudaMemcpyAsync" => Some("cuMemcpyAsync"),
         _ => None,
     }
 }
