@@ -8,6 +8,7 @@ pub mod asyncio;
 pub mod cpu_samples;
 pub mod cuda;
 pub mod maps;
+pub mod memory;
 pub mod process;
 pub mod python;
 pub mod sched;
@@ -61,7 +62,11 @@ pub mod counters {
     /// of that handle show it (`CUfunction 0x...`), not its name. Counted,
     /// nothing else is missing.
     pub const CUDA_NAMES_LOST: u32 = 14;
-    pub const COUNT: u32 = 15;
+    /// A resident-memory sample was dropped (`MEM_SAMPLES` ring buffer
+    /// full), or a process's memory state or growth aggregate could not be
+    /// created (map full): the series misses a point, or growth a line.
+    pub const MEM_LOST: u32 = 15;
+    pub const COUNT: u32 = 16;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -79,6 +84,7 @@ pub mod counters {
         "syscall_enter_unseen",
         "agent_execs_full",
         "cuda_names_lost",
+        "memory_lost",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events

@@ -55,6 +55,11 @@ pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
 pub const CUDA_SLICE_HITS: &str = "CUDA_SLICE_HITS";
 pub const CUDA_SLICE_API_HITS: &str = "CUDA_SLICE_API_HITS";
+// memory
+pub const MEM_STATE: &str = "MEM_STATE";
+pub const MEM_MM: &str = "MEM_MM";
+pub const MEM_SAMPLES: &str = "MEM_SAMPLES";
+pub const MEM_GROWTH: &str = "MEM_GROWTH";
 
 /// Every name above.
 pub const ALL: &[&str] = &[
@@ -101,4 +106,8 @@ pub const ALL: &[&str] = &[
     CUDA_SLICE,
     CUDA_SLICE_HITS,
     CUDA_SLICE_API_HITS,
+    MEM_STATE,
+    MEM_MM,
+    MEM_SAMPLES,
+    MEM_GROWTH,
 ];

@@ -22,6 +22,7 @@ mod asyncio;
 mod cpu_samples;
 mod cuda;
 mod exec_watch;
+mod memory;
 mod overhead;
 mod process;
 mod python;

@@ -52,7 +52,7 @@ pub static PY_CODES: HashMap<PyCodeKey, PyCodeRaw> = HashMap::with_max_entries(4
 /// Scratch for a code object's copy (too big for the BPF stack), one per
 /// calling context like `PY_SCRATCH`.
 #[map]
-static PY_CODE_SCRATCH: PerCpuArray<PyCodeRaw> = PerCpuArray::with_max_entries(4, 0);
+static PY_CODE_SCRATCH: PerCpuArray<PyCodeRaw> = PerCpuArray::with_max_entries(5, 0);
 
 /// Offset of the FS base in `struct task_struct` (`thread.fsbase`, x86_64),
 /// set at load time from the kernel's BTF; `u64::MAX` where unknown (other
@@ -67,12 +67,15 @@ pub static GIL_RANGE: HashMap<u32, GilRange> = HashMap::with_max_entries(4096, 0
 /// calling context: a CPU sample can interrupt a (preemptible) sys_exit
 /// program on the same CPU, so they must not share a buffer.
 #[map]
-static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(4, 0);
+static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(5, 0);
 
 pub const SCRATCH_SCHED: u32 = 0;
 pub const SCRATCH_SAMPLE: u32 = 1;
 pub const SCRATCH_SYSCALL: u32 = 2;
 pub const SCRATCH_UPROBE: u32 = 3;
+/// The `rss_stat` tracepoint (memory.rs): a page fault of a thread may
+/// come while a preemptible program of another thread holds a slot.
+pub const SCRATCH_MEMORY: u32 = 4;
 
 /// The highest frame owner CPython defines (3.11+: thread 0, generator 1,
 /// frame object 2, C stack 3, interpreter 4 since 3.14). A higher one means

@@ -100,14 +100,18 @@ pub struct RecordArgs {
     /// default: every launch is probed and counted exactly.
     #[arg(long, value_name = "PCT", value_parser = parse_max_overhead, allow_negative_numbers = true)]
     pub max_overhead: Option<f64>,
+    /// Do not follow resident memory: no RSS series (anon/file/shmem/swap), peak, growth rate, nor the
+    /// "resident growth by line" table (the kmem/rss_stat tracepoint, a stack sampled per 512 KiB grown).
+    #[arg(long)]
+    pub no_memory: bool,
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let RecordArgs { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead } = args;
+    let RecordArgs { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead, no_memory } = args;
     let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
     let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
     let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-    let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead };
+    let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead, memory: !no_memory };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -62,6 +62,9 @@ pub struct RecordOptions {
     /// add; past it, CUDA launches are probed in time slices and their
     /// counts estimated (`crate::families::cuda::slicer`). None: every launch probed.
     pub max_overhead: Option<f64>,
+    /// Resident memory per process (crate::families::memory; `record`
+    /// only: `--no-memory` turns it off).
+    pub memory: bool,
 }
 
 /// The defaults of `infertrace record` (what `doctor` loads the object with).
@@ -90,6 +93,7 @@ impl Default for RecordOptions {
             timeline_limit: None,
             asyncio: AsyncOptions::default(),
             max_overhead: None,
+            memory: false,
         }
     }
 }

@@ -23,6 +23,8 @@ pub enum Part {
     Asyncio,
     /// `tracer_overhead`: what tracing cost.
     Overhead,
+    /// `memory`: resident memory per process.
+    Memory,
 }
 
 impl Part {
@@ -36,6 +38,7 @@ impl Part {
             Part::Timeline => &["timeline"],
             Part::Asyncio => &["asyncio"],
             Part::Overhead => &["tracer_overhead"],
+            Part::Memory => &["memory"],
         }
     }
 }

@@ -253,6 +253,7 @@ fn empty_recording(cx: &Context) -> Recording {
         timeline: None,
         tracer_overhead: None,
         asyncio: None,
+        memory: None,
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod cpu_samples;
 pub mod cuda;
 pub mod exec_watch;
+pub mod memory;
 pub mod nvml;
 pub mod overhead;
 pub mod process;
@@ -24,7 +25,7 @@ use syscalls::SyscallCollector;
 use timeline::TimelineCollector;
 
 /// Every family's table, in load order.
-static TABLES: [&FamilyTable; 12] = [
+static TABLES: [&FamilyTable; 13] = [
     &programs::CORE,
     &process::TABLE,
     &syscalls::TABLE,
@@ -37,10 +38,11 @@ static TABLES: [&FamilyTable; 12] = [
     &exec_watch::TABLE,
     &overhead::TABLE,
     &python::asyncio::record::TABLE,
+    &memory::TABLE,
 ];
 
 /// Every family's table, in load order.
-pub fn tables() -> &'static [&'static FamilyTable; 12] {
+pub fn tables() -> &'static [&'static FamilyTable; 13] {
     &TABLES
 }
 
@@ -82,6 +84,9 @@ pub fn collectors(opts: &RecordOptions) -> Vec<Box<dyn Collector>> {
     // After CUDA: its snapshot puts the CUDA calls into the timeline first.
     if opts.timeline_limit.is_some() {
         list.push(Box::new(TimelineCollector::new(opts.timeline_limit)));
+    }
+    if opts.memory {
+        list.push(Box::new(memory::MemoryCollector::default()));
     }
     list.push(Box::new(ProcessCollector::default()));
     list.push(overhead_report);

@@ -23,6 +23,7 @@ pub mod asyncio;
 pub mod attribution;
 pub mod cuda;
 pub mod limits;
+pub mod memory;
 pub mod output;
 pub mod safe_write;
 pub mod overhead;
@@ -334,6 +335,10 @@ pub struct Recording {
     /// asyncio event loops (`record --async`), when any was found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asyncio: Option<asyncio::AsyncioReport>,
+    /// Resident memory per process (the memory family; absent with
+    /// `--no-memory` and in older recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<memory::MemoryReport>,
 }
 
 /// Why a recording ends before its window did.
@@ -548,6 +553,7 @@ pub(crate) mod tests {
             timeline: None,
             tracer_overhead: None,
             asyncio: None,
+            memory: None,
         }
     }
 

@@ -84,6 +84,10 @@ struct JsonReport<'a> {
     /// asyncio event loops (`record --async`); absent when none was found.
     #[serde(skip_serializing_if = "Option::is_none")]
     asyncio: Option<crate::recording::asyncio::AsyncioReport>,
+    /// Resident memory per process (docs/memory.md); absent with
+    /// `--no-memory` and for older recordings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<&'a crate::recording::memory::MemoryReport>,
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -157,6 +161,7 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
         verdict: super::verdict::verdict(rec),
         tracer_overhead: rec.tracer_overhead.as_ref(),
         asyncio: rec.asyncio.as_ref().map(super::findings::async_worded),
+        memory: rec.memory.as_ref(),
     };
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, super::fmt::PrintableJsonWriter::new(w));
     serde_json::to_writer_pretty(&mut out, &report)?;

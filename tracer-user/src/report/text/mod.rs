@@ -9,6 +9,7 @@
 
 pub mod asyncio;
 pub mod cuda;
+pub mod memory;
 pub mod nvml;
 pub mod overhead;
 pub mod python;
@@ -65,6 +66,9 @@ pub fn render(rec: &Recording) -> String {
     }
     if let Some(a) = &rec.asyncio {
         asyncio::render(&mut out, a);
+    }
+    if let Some(m) = &rec.memory {
+        memory::render(&mut out, rec, m);
     }
     syscalls::render_tables(&mut out, rec, &rows);
     syscalls::render_latency(&mut out, rec, &rows);

@@ -1,0 +1,130 @@
+//! Resident memory (issue 25): the series, the peak and the growth by
+//! line of `tests/workloads/mem_growth.py`, against what the workload
+//! measured itself (/proc/self/statm around each line, at each plateau of
+//! a stepped growth, and VmHWM), on every CPython 3.8 .. 3.15 of the
+//! machine. Needs root, the infertrace binary and the interpreters; under
+//! `CI=true` a missing one fails the test.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use infertrace_e2e::serde_json::Value;
+use infertrace_e2e::*;
+
+fn workload() -> std::path::PathBuf {
+    workspace_root().join("tests/workloads/mem_growth.py")
+}
+
+/// `delta NAME BYTES`, `plateau N BYTES`, `hwm BYTES` lines.
+struct Truth {
+    delta: HashMap<String, u64>,
+    plateaus: Vec<u64>,
+    hwm: u64,
+}
+
+fn truth(stderr: &str) -> Truth {
+    let mut t = Truth { delta: HashMap::new(), plateaus: Vec::new(), hwm: 0 };
+    for l in stderr.lines() {
+        match l.split_whitespace().collect::<Vec<_>>()[..] {
+            ["delta", name, v] => {
+                t.delta.insert(name.to_owned(), v.parse().unwrap_or(0));
+            }
+            ["plateau", _, v] => t.plateaus.push(v.parse().unwrap_or(0)),
+            ["hwm", v] => t.hwm = v.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    t
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
+}
+
+/// One interpreter: record the workload, compare. Ok: a summary line.
+fn check(py: &PythonExe) -> Result<String, String> {
+    let dir = TempDir::new("memory");
+    let out = dir.join("rec.itr");
+    let run = run_cmd(infertrace(["record", "-q", "--format", "json", "-o"]).arg(&out).arg("--").arg(&py.exe).arg(workload()), Duration::from_secs(120));
+    run.assert_ok();
+    let t = truth(&run.stderr);
+    if t.plateaus.len() != 8 || t.hwm == 0 {
+        return Err(format!("the workload's measurements are missing: {}", run.stderr));
+    }
+    let report = run.json();
+    let m = markers_of(&workload());
+    let procs = report.0["memory"]["processes"].as_array().ok_or_else(|| format!("no memory part: {:#}", report.0["notes"]))?;
+    // The workload is the process with the largest peak.
+    let p = procs.iter().max_by_key(|p| u(&p["peak_rss"])).ok_or("no process")?;
+    let line_of = |marker: &str| -> Option<&Value> {
+        p["lines"].as_array()?.iter().find(|l| l["site"]["line"].as_u64() == m.get(marker).copied() && l["site"]["file"].as_str().is_some_and(|f| f.ends_with("mem_growth.py")))
+    };
+    let grown = |marker: &str| line_of(marker).map_or(0, |l| u(&l["grown_bytes"]));
+    let released = |marker: &str| line_of(marker).map_or(0, |l| u(&l["released_bytes"]));
+    let within = |got: u64, want: u64, share: f64| (got as f64 - want as f64).abs() <= want as f64 * share;
+    let mut summary = Vec::new();
+    for (marker, name) in [("mem_a", "a"), ("mem_b", "b"), ("mem_c", "c")] {
+        let want = t.delta[name];
+        let got = grown(marker);
+        summary.push(format!("{name}: {} MiB traced / {} MiB measured", got >> 20, want >> 20));
+        if !within(got, want, 0.10) {
+            return Err(format!("growth at @{marker}: {got} bytes traced, {want} measured by the workload: {:#}", p["lines"]));
+        }
+    }
+    let freed = released("mem_c_free");
+    summary.push(format!("c freed {} MiB / {} MiB", freed >> 20, t.delta["c_free"] >> 20));
+    if !within(freed, t.delta["c_free"], 0.10) {
+        return Err(format!("release at @mem_c_free: {freed} traced, {} measured: {:#}", t.delta["c_free"], p["lines"]));
+    }
+    let peak = u(&p["peak_rss"]);
+    summary.push(format!("peak {} / VmHWM {}", peak, t.hwm));
+    if !within(peak, t.hwm, 0.01) {
+        return Err(format!("peak {peak} against the workload's VmHWM {}", t.hwm));
+    }
+    let series: Vec<u64> = p["series"].as_array().ok_or("no series")?.iter().map(|s| u(&s["rss"])).collect();
+    for (i, want) in t.plateaus.iter().enumerate() {
+        let tol = (*want as f64 * 0.02).max((1u64 << 20) as f64);
+        if !series.iter().any(|got| (*got as f64 - *want as f64).abs() <= tol) {
+            return Err(format!("plateau {i} ({want} bytes, statm) is in no point of the series: {series:?}"));
+        }
+    }
+    let text = run_infertrace([std::ffi::OsString::from("report"), out.into()]);
+    text.assert_ok();
+    if !text.stdout.contains("resident growth by line") || !text.stdout.contains("mem_growth.py") {
+        return Err(format!("no growth table in the text report:\n{}", text.stdout));
+    }
+    Ok(summary.join(", "))
+}
+
+#[test]
+fn growth_by_line_peak_and_series_match_the_workload() {
+    let test = "growth_by_line_peak_and_series_match_the_workload";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let (found, missing) = expected_pythons();
+    if found.is_empty() {
+        skip(test, &format!("a CPython 3.8 .. 3.15 (missing: {})", missing.join(", ")));
+        return;
+    }
+    if !skip_some(test, &missing) {
+        return;
+    }
+    let mut rows = Vec::new();
+    for py in &found {
+        let r = catch_unwind(AssertUnwindSafe(|| check(py))).unwrap_or_else(|e| {
+            Err(e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panicked".into()))
+        });
+        rows.push((py.label.clone(), r));
+    }
+    let mut table = format!("{test}:\n");
+    for (who, r) in &rows {
+        match r {
+            Ok(s) => table += &format!("  PASS {who}: {s}\n"),
+            Err(s) => table += &format!("  FAIL {who}: {s}\n"),
+        }
+    }
+    eprint!("{table}");
+    assert!(rows.iter().all(|(_, r)| r.is_ok()), "{table}");
+}

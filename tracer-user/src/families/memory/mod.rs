@@ -1,0 +1,188 @@
+//! Resident memory, user side: the kernel's `rss_stat` program
+//! (tracer-ebpf/src/memory.rs) sends a point of each target's series when
+//! its resident size moved by 1 MiB or 100 ms passed with a change, keeps
+//! its counters and peak (`MEM_STATE`), and counts the bytes each stack
+//! grew or released (`MEM_GROWTH`, a stack sampled every
+//! `GROWTH_SAMPLE_BYTES`). Here: the series (with a first and last point
+//! read from `/proc/PID/status`), the peak, the slope and the lines.
+
+mod status;
+
+use std::collections::{BTreeMap, HashMap};
+
+use aya::maps::{HashMap as BpfHashMap, RingBuf};
+use tracer_common::memory::{GrowthKey, GrowthStats, MemSample, MemState, GROWTH_SAMPLE_BYTES};
+
+use crate::{
+    engine::{
+        programs::Links, ring::Records, Collector, Cx, FamilyTable, GlobalSpec, GlobalValue, Handle, Part, ProgramKind, ProgramSpec, TargetEvent,
+    },
+    os::probe::{self, ProbeError},
+    recording::{
+        attribution,
+        memory::{slope, GrowthLine, MemPoint, MemoryReport, ProcessMemory},
+        Origin, Recording,
+    },
+};
+
+const RSS_STAT: ProgramSpec = ProgramSpec { name: "mem_rss_stat", kind: ProgramKind::TracePoint { category: "kmem", name: "rss_stat" } };
+
+pub static TABLE: FamilyTable = FamilyTable {
+    family: "memory",
+    programs: &[RSS_STAT],
+    globals: &[
+        GlobalSpec { name: "RSS_MM_ID_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "mm_id", 8))) },
+        GlobalSpec { name: "RSS_CURR_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "curr", 12))) },
+        GlobalSpec { name: "RSS_MEMBER_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "member", 16))) },
+        GlobalSpec { name: "RSS_SIZE_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "size", 24))) },
+        GlobalSpec { name: "MEM_GROWTH_SAMPLE_BYTES", value: |_| Ok(GlobalValue::U64(GROWTH_SAMPLE_BYTES)) },
+    ],
+};
+
+/// The memory family's collector.
+#[derive(Default)]
+pub struct MemoryCollector {
+    links: Links,
+    samples: Option<Records<MemSample>>,
+    /// Per process: its series so far (absolute CLOCK_MONOTONIC ns).
+    series: BTreeMap<u32, Vec<(u64, MemPoint)>>,
+    /// Per process: the highest resident size its points showed.
+    peak: HashMap<u32, u64>,
+    attached: bool,
+}
+
+impl MemoryCollector {
+    /// Adds a point read from `/proc/PID/status` now (a first one).
+    fn read_point(&mut self, pid: u32) {
+        let Some(s) = status::read(pid) else { return };
+        let now = crate::os::clock::monotonic_ns();
+        self.push(pid, now, s.point);
+    }
+
+    fn push(&mut self, pid: u32, ts: u64, p: MemPoint) {
+        let peak = self.peak.entry(pid).or_default();
+        *peak = (*peak).max(p.rss);
+        self.series.entry(pid).or_default().push((ts, p));
+    }
+
+    fn drain(&mut self) {
+        let mut got = Vec::new();
+        if let Some(r) = self.samples.as_mut() {
+            r.drain(|s| got.push(s));
+        }
+        for s in got {
+            let peak = self.peak.entry(s.pid).or_default();
+            *peak = (*peak).max(s.peak);
+            self.push(s.pid, s.ts_ns, MemPoint::of_counters(0, s.cur));
+        }
+    }
+}
+
+impl Collector for MemoryCollector {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn uses(&self) -> &'static [Handle] {
+        &[Handle::Kernel, Handle::Targets, Handle::Stacks, Handle::Window]
+    }
+
+    fn provides(&self) -> &'static [Part] {
+        &[Part::Memory]
+    }
+
+    fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        if cx.kernel.tracefs.is_none() {
+            cx.sink.note("tracefs unavailable: no resident-memory series (kmem/rss_stat)");
+            return Ok(());
+        }
+        self.links.attach(&mut cx.kernel, &RSS_STAT)?;
+        let map = cx.kernel.ebpf.take_map(tracer_common::maps::MEM_SAMPLES).ok_or(ProbeError::MissingMap(tracer_common::maps::MEM_SAMPLES))?;
+        self.samples = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::MEM_SAMPLES, e))?, "memory_short_records"));
+        self.attached = true;
+        Ok(())
+    }
+
+    fn target(&mut self, _cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
+        match ev {
+            // A launched process is held before its exec: its memory then
+            // is ours; its first point comes at the exec.
+            TargetEvent::Appeared { origin: Origin::Launched, .. } => {}
+            TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } if self.attached => {
+                self.read_point(*pid);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
+        self.drain();
+        Ok(())
+    }
+
+    fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
+        if !self.attached {
+            return Ok(());
+        }
+        self.drain();
+        let window_start = cx.window.start;
+        let live = cx.targets.live_pids();
+        let mut series = self.series.clone();
+        // `VmHWM` only from the end of the window: read earlier, it would
+        // miss the growth since.
+        let mut hwm: HashMap<u32, u64> = HashMap::new();
+        for pid in &live {
+            if let Some(s) = status::read(*pid) {
+                hwm.insert(*pid, s.hwm);
+                series.entry(*pid).or_default().push((crate::os::clock::monotonic_ns(), s.point));
+            }
+        }
+        let mut peaks = self.peak.clone();
+        {
+            let state: BpfHashMap<_, u32, MemState> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_STATE)?;
+            for (pid, st) in state.iter().filter_map(Result::ok) {
+                let p = peaks.entry(pid).or_default();
+                *p = (*p).max(st.peak);
+            }
+        }
+        let growth: Vec<(GrowthKey, GrowthStats)> = {
+            let map: BpfHashMap<_, GrowthKey, GrowthStats> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_GROWTH)?;
+            map.iter().filter_map(Result::ok).collect()
+        };
+        let mut lines: HashMap<u32, BTreeMap<String, GrowthLine>> = HashMap::new();
+        for (k, v) in growth {
+            let frames = cx.frames(k.pid, k.user_stack, tracer_common::sched::NO_STACK, k.py_stack)?;
+            let Some(charged) = attribution::charge(&frames) else { continue };
+            let e = lines.entry(k.pid).or_default().entry(charged.site.key()).or_insert_with(|| GrowthLine {
+                site: charged.site.clone(),
+                beneath: charged.beneath.clone(),
+                grown_bytes: 0,
+                released_bytes: 0,
+                samples: 0,
+            });
+            e.grown_bytes += v.grown;
+            e.released_bytes += v.released;
+            e.samples += v.samples;
+        }
+        let mut processes: Vec<ProcessMemory> = series
+            .into_iter()
+            .map(|(pid, mut pts)| {
+                pts.sort_by_key(|(t, _)| *t);
+                let series: Vec<MemPoint> = pts.into_iter().map(|(t, p)| MemPoint { t_ns: t.saturating_sub(window_start), ..p }).collect();
+                let peak_rss = peaks.get(&pid).copied().unwrap_or(0).max(series.iter().map(|p| p.rss).max().unwrap_or(0));
+                let mut lines: Vec<GrowthLine> = lines.remove(&pid).map(|m| m.into_values().collect()).unwrap_or_default();
+                lines.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(b.released_bytes.cmp(&a.released_bytes)).then(a.site.cmp(&b.site)));
+                ProcessMemory { pid, growth_bytes_per_s: slope(&series), series, peak_rss, vm_hwm: hwm.get(&pid).copied(), lines }
+            })
+            .collect();
+        processes.sort_by(|a, b| b.peak_rss.cmp(&a.peak_rss).then(a.pid.cmp(&b.pid)));
+        rec.memory = Some(MemoryReport { growth_sample_bytes: GROWTH_SAMPLE_BYTES, processes });
+        Ok(())
+    }
+
+    fn detach(&mut self, cx: &mut Cx<'_>) {
+        self.drain();
+        self.links.detach(&mut cx.kernel.ebpf);
+    }
+}

@@ -1,0 +1,107 @@
+//! Resident memory per traced process (`record`'s memory family,
+//! `crate::families::memory`): the series, the peak, the growth rate and
+//! the lines that grew it (schema 1.x addition; docs/memory.md).
+
+use serde::{Deserialize, Serialize};
+
+use super::attribution::SiteRef;
+
+/// The memory part of a recording.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemoryReport {
+    /// Growth (or release) between two stack samples of a process, bytes.
+    pub growth_sample_bytes: u64,
+    /// One per traced process seen, largest peak first.
+    pub processes: Vec<ProcessMemory>,
+}
+
+/// One point of a process's resident memory (bytes).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemPoint {
+    /// From the start of the window.
+    pub t_ns: u64,
+    /// anon + file + shmem.
+    pub rss: u64,
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
+    pub swap: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    /// Points: when the resident size moved by 1 MiB, or 100 ms after the
+    /// last point when it changed at all; the first and last read from
+    /// `/proc/PID/status` at the start and the end (while it lived).
+    pub series: Vec<MemPoint>,
+    /// The highest resident size seen in the window (the kernel's counters
+    /// at each change; at least the points').
+    pub peak_rss: u64,
+    /// The kernel's own high-water mark (`VmHWM`, over the process's whole
+    /// life) at the end of the window, when the process still lived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_hwm: Option<u64>,
+    /// Least-squares slope of `rss` over the series, bytes per second.
+    pub growth_bytes_per_s: f64,
+    /// Resident growth and release by line, most growth first.
+    pub lines: Vec<GrowthLine>,
+}
+
+/// Growth attributed to one line: the stack samples taken there, each
+/// standing for the bytes the process grew (or shrank) since the last.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GrowthLine {
+    pub site: SiteRef,
+    /// The innermost Python frame beneath the user line, when different.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beneath: Option<SiteRef>,
+    pub grown_bytes: u64,
+    pub released_bytes: u64,
+    pub samples: u64,
+}
+
+impl MemPoint {
+    /// A point from the kernel's `MM_*` counters (file, anon, swap, shmem).
+    pub fn of_counters(t_ns: u64, cur: [u64; tracer_common::memory::MEMBERS]) -> MemPoint {
+        use tracer_common::memory::{MEMBER_ANON, MEMBER_FILE, MEMBER_SHMEM, MEMBER_SWAP};
+        let (anon, file, shmem) = (cur[MEMBER_ANON], cur[MEMBER_FILE], cur[MEMBER_SHMEM]);
+        MemPoint { t_ns, rss: anon + file + shmem, anon, file, shmem, swap: cur[MEMBER_SWAP] }
+    }
+}
+
+/// Least-squares slope of `rss` over `t_ns`, bytes per second (0 with
+/// fewer than two distinct times).
+pub fn slope(series: &[MemPoint]) -> f64 {
+    let n = series.len() as f64;
+    if series.len() < 2 {
+        return 0.0;
+    }
+    let mean_t = series.iter().map(|p| p.t_ns as f64 / 1e9).sum::<f64>() / n;
+    let mean_r = series.iter().map(|p| p.rss as f64).sum::<f64>() / n;
+    let (mut num, mut den) = (0.0, 0.0);
+    for p in series {
+        let dt = p.t_ns as f64 / 1e9 - mean_t;
+        num += dt * (p.rss as f64 - mean_r);
+        den += dt * dt;
+    }
+    if den > 0.0 { num / den } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_of_a_steady_growth() {
+        let s: Vec<MemPoint> = (0..10).map(|i| MemPoint { t_ns: i * 100_000_000, rss: 1000 + i * 50, ..Default::default() }).collect();
+        assert!((slope(&s) - 500.0).abs() < 1e-6, "{}", slope(&s));
+        assert_eq!(slope(&s[..1]), 0.0);
+    }
+
+    #[test]
+    fn a_point_from_the_counters() {
+        let p = MemPoint::of_counters(5, [10, 20, 7, 3]);
+        assert_eq!((p.rss, p.anon, p.file, p.shmem, p.swap), (33, 20, 10, 3, 7));
+    }
+}
