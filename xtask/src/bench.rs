@@ -288,6 +288,21 @@ const BENCHES: &[Bench] = &[
             ),
         ],
     ),
+    // Resident memory (issue 25): an allocator taking and returning
+    // ~3 GiB/s; the floor is an empty program on the same tracepoint.
+    Bench {
+        floor: Some(Kind::Floor(Floor::RssStat)),
+        ..workload(
+            "memory",
+            "bench_memory.py",
+            &[
+                mode(Kind::Untraced, "untraced", None, 4_000),
+                floor(Floor::RssStat, "floor: kmem:rss_stat, empty", 4_000),
+                infertrace_vs_floor(4_000, 1.1),
+                mode(Kind::Infertrace(&["--no-memory"]), "infertrace --no-memory -p", None, 4_000),
+            ],
+        )
+    },
     // Python attribution: the Python stack walked at every sample of a
     // deep, ever-changing stack; without it (--no-python); py-spy sampling
     // the same process at the same rate.
@@ -424,6 +439,7 @@ const BENCHES: &[Bench] = &[
 const LEGEND: &[&str] = &[
     "syscall loop = Python `os.write(out, os.read(fd, 64))` (2 syscalls), whole loop",
     "cpu loop     = pure-Python arithmetic, median of 20 chunks",
+    "memory       = mmap 1 MiB, touch its 256 pages, munmap (256 rss_stat events and a release), median of 20 chunks",
     "fib          = recursive pure-Python fib(15) (~2000 calls), median of 20 chunks",
     "ping-pong    = 1-byte round trip between two Python processes over two pipes (both \
      traced), median of 10 chunks",

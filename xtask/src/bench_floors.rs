@@ -31,6 +31,9 @@ pub enum Floor {
     /// runtime launch costs when the driver's launch functions stay probed
     /// (they are never taken off, docs/cuda.md).
     UprobePlusDriver,
+    /// `tracepoint:kmem:rss_stat {}`: every change of a process's memory
+    /// counters (page faults, unmaps) runs an empty program.
+    RssStat,
 }
 
 impl Floor {
@@ -45,6 +48,7 @@ impl Floor {
             Floor::UprobeUretprobe => {
                 format!("uprobe:{lib}:{function} {{}} uretprobe:{lib}:{function} {{}}")
             }
+            Floor::RssStat => "tracepoint:kmem:rss_stat {}".into(),
             Floor::UprobePlusDriver => {
                 let driver = std::path::Path::new(lib).with_file_name("libcuda.so.1");
                 let inner = driver_function(function).unwrap_or(function);
@@ -56,7 +60,7 @@ impl Floor {
     /// Whether the workload must wait for the uprobe's int3 before its
     /// loop (`bench_cuda.py --probed`).
     pub fn probes_user_code(self) -> bool {
-        !matches!(self, Floor::Syscalls)
+        !matches!(self, Floor::Syscalls | Floor::RssStat)
     }
 }
 
