@@ -128,3 +128,35 @@ fn growth_by_line_peak_and_series_match_the_workload() {
     eprint!("{table}");
     assert!(rows.iter().all(|(_, r)| r.is_ok()), "{table}");
 }
+
+/// A service leaking 1 MiB per request at a known line for 20 s: the
+/// verdict says `memory_growth` at that line, with the slope the workload
+/// measured itself (within 10%).
+#[test]
+fn a_leaking_service_is_memory_growth_at_its_line() {
+    let test = "a_leaking_service_is_memory_growth_at_its_line";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let source = workspace_root().join("tests/workloads/mem_leak.py");
+    let dir = TempDir::new("memory-leak");
+    let run = run_cmd(
+        infertrace(["record", "-q", "--format", "json", "-o"]).arg(dir.join("rec.itr")).arg("--").arg(&python).arg(&source),
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    let slope: f64 = run.stderr.lines().find_map(|l| l.strip_prefix("slope ")?.trim().parse().ok()).unwrap_or_else(|| panic!("no slope line: {}", run.stderr));
+    let report = run.json();
+    let m = markers_of(&source);
+    let procs = report.0["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report.0["verdict"]));
+    let p = procs.iter().find(|p| !p["memory"].is_null()).unwrap_or_else(|| panic!("no memory verdict: {procs:#?}"));
+    let v = &p["memory"];
+    eprintln!("[{test}] {v}; the workload measured {slope:.0} B/s");
+    assert_eq!((v["class"].as_str(), v["site"]["line"].as_u64()), (Some("memory_growth"), m.get("leak").copied()), "{v:#}");
+    let traced = v["growth_bytes_per_s"].as_f64().unwrap_or(0.0);
+    assert!((traced - slope).abs() <= slope * 0.10, "slope {traced} traced, {slope} measured: {v:#}");
+    let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
+    text.assert_ok();
+    assert!(text.stdout.contains("memory growth: resident memory grew") && text.stdout.contains("mem_leak.py"), "{}", text.stdout);
+}

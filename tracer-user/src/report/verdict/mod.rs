@@ -8,6 +8,7 @@
 //! report; the rules and thresholds are in docs/verdict.md.
 
 pub mod class;
+pub mod memory;
 pub mod parked;
 pub mod pools;
 pub mod text;
@@ -65,6 +66,10 @@ pub struct ProcessVerdict {
     /// (docs/verdict.md#parked-native-threads); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<parked::Parked>,
+    /// `memory_growth` when its resident memory grew steadily
+    /// (docs/verdict.md#memory; additive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<memory::MemoryVerdict>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -535,6 +540,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
                 bottleneck,
                 threads,
                 parked: (parked.threads > 0).then_some(parked),
+                memory: rec.memory.as_ref().and_then(|m| m.processes.iter().find(|p| p.pid == pid)).and_then(memory::memory_growth),
             }
         })
         .collect();

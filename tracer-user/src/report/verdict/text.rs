@@ -93,6 +93,17 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
     }
     let _ = writeln!(out, "  classes: {}", class_list(&p.classes));
+    if let Some(m) = &p.memory {
+        let at = m.site.as_ref().map(|s| format!(" at {}", printable(&s.short()))).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  memory growth: resident memory grew {} ({}/s, steady: R² {:.2}){at}",
+            crate::report::fmt::fmt_bytes(m.grown_bytes),
+            crate::report::fmt::fmt_bytes(m.growth_bytes_per_s.max(0.0) as u64),
+            m.fit
+        );
+        let _ = writeln!(out, "  memory advice: {}", m.advice);
+    }
     if let Some(k) = &p.parked {
         let _ = writeln!(
             out,
