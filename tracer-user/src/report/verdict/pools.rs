@@ -31,6 +31,9 @@ use crate::recording::{FrameKind, StackKind, StackRecord, ThreadTimes};
 
 /// A thread on CPU less than this share of its life is not a pool thread.
 pub const POOL_MIN_CPU_SHARE: f64 = 0.05;
+/// Nor one on CPU less than this in all (ns): a helper that lived a moment
+/// (onnxruntime 1.32 starts one that runs ~150 us) is no worker pool.
+pub const POOL_MIN_CPU_NS: u64 = 1_000_000;
 /// A busy-waiting pool thread is runnable at least this share of its life.
 pub const BUSY_MIN_RUNNABLE: f64 = 0.80;
 /// ... with at least this share of its CPU samples in spin/yield functions,
@@ -105,6 +108,7 @@ pub(super) fn apply(
                 && !python.contains(i)
                 && a.time.get(&Class::NativeCompute).copied().unwrap_or(0) > 0
                 && share(t.on_cpu_ns, t.wall_ns) >= POOL_MIN_CPU_SHARE
+                && t.on_cpu_ns >= POOL_MIN_CPU_NS
         })
         .collect();
     if pool.is_empty() {
