@@ -150,8 +150,12 @@ fn a_leaking_service_is_memory_growth_at_its_line() {
     let report = run.json();
     let m = markers_of(&source);
     let procs = report.0["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report.0["verdict"]));
-    let p = procs.iter().find(|p| !p["memory"].is_null()).unwrap_or_else(|| panic!("no memory verdict: {procs:#?}"));
-    let v = &p["memory"];
+    let v = procs
+        .iter()
+        .filter_map(|p| p["memory"].as_array())
+        .flatten()
+        .find(|v| v["class"] == "memory_growth")
+        .unwrap_or_else(|| panic!("no memory_growth verdict: {procs:#?}"));
     eprintln!("[{test}] {v}; the workload measured {slope:.0} B/s");
     assert_eq!((v["class"].as_str(), v["site"]["line"].as_u64()), (Some("memory_growth"), m.get("leak").copied()), "{v:#}");
     let traced = v["growth_bytes_per_s"].as_f64().unwrap_or(0.0);
@@ -159,4 +163,76 @@ fn a_leaking_service_is_memory_growth_at_its_line() {
     let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
     text.assert_ok();
     assert!(text.stdout.contains("memory growth: resident memory grew") && text.stdout.contains("mem_leak.py"), "{}", text.stdout);
+}
+
+/// A memory cgroup of its own under this test's (v1
+/// `memory.limit_in_bytes`, or v2 `memory.max`) limited to `bytes`:
+/// (its directory, the limit file). None, with the reason, when neither
+/// hierarchy lets us make one.
+fn limited_cgroup(name: &str, bytes: u64) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let v1 = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, rel) = (f.next()?, f.next()?, f.next()?);
+        ctrl.split(',').any(|c| c == "memory").then(|| rel.to_owned())
+    });
+    let (dir, file) = match v1 {
+        Some(rel) => (std::path::Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/')).join(name), "memory.limit_in_bytes"),
+        None => {
+            let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("no cgroup v1 memory controller nor a v2 hierarchy")?;
+            let parent = std::path::Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+            // v2: the parent must hand the memory controller down.
+            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
+            (parent.join(name), "memory.max")
+        }
+    };
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let limit = dir.join(file);
+    std::fs::write(&limit, bytes.to_string()).map_err(|e| format!("writing {}: {e}", limit.display()))?;
+    Ok((dir, limit))
+}
+
+/// A target killed by the OOM killer in a 150 MiB memory cgroup: the
+/// report says so (when, its resident size, the limit and its file) and
+/// names the growing line.
+#[test]
+fn an_oom_killed_target_is_reported_with_its_limit_and_line() {
+    let test = "an_oom_killed_target_is_reported_with_its_limit_and_line";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let limit_bytes: u64 = 150 << 20;
+    let (cg, limit_file) = match limited_cgroup(&format!("itr-oom-{}", std::process::id()), limit_bytes) {
+        Ok(c) => c,
+        Err(why) => {
+            skip(test, &format!("a memory cgroup to limit the workload ({why})"));
+            return;
+        }
+    };
+    let source = workspace_root().join("tests/workloads/mem_oom.py");
+    let dir = TempDir::new("memory-oom");
+    let script = format!("echo $$ > {}/cgroup.procs && exec {} {}", cg.display(), python.display(), source.display());
+    let run = run_cmd(infertrace(["record", "-q", "--format", "json", "-o"]).arg(dir.join("rec.itr")).args(["--", "sh", "-c", &script]), Duration::from_secs(120));
+    let _ = std::fs::remove_dir(&cg);
+    assert!(!run.stderr.contains("not killed"), "the workload was not killed: {}", run.stderr);
+    let report = run.json();
+    let m = markers_of(&source);
+    let procs = report.0["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report.0["verdict"]));
+    let v = procs
+        .iter()
+        .filter_map(|p| p["memory"].as_array())
+        .flatten()
+        .find(|v| v["class"] == "oom_killed")
+        .unwrap_or_else(|| panic!("no oom_killed verdict: {procs:#?}\nstderr: {}", run.stderr));
+    eprintln!("[{test}] {v}");
+    assert_eq!(v["limit_bytes"].as_u64(), Some(limit_bytes), "{v:#}");
+    assert_eq!(v["limit_file"].as_str(), Some(limit_file.to_str().unwrap()), "{v:#}");
+    assert_eq!(v["site"]["line"].as_u64(), m.get("oom_grow").copied(), "{v:#}");
+    // What the OOM killer saw: most of the limit, not above it.
+    let rss = v["rss_bytes"].as_u64().unwrap_or(0);
+    assert!(rss > limit_bytes / 2 && rss <= limit_bytes, "resident {rss} at the kill, limit {limit_bytes}: {v:#}");
+    let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
+    assert!(text.stdout.contains("OOM-KILLED") && text.stdout.contains("mem_oom.py"), "{}", text.stdout);
 }

@@ -60,6 +60,7 @@ pub const MEM_STATE: &str = "MEM_STATE";
 pub const MEM_MM: &str = "MEM_MM";
 pub const MEM_SAMPLES: &str = "MEM_SAMPLES";
 pub const MEM_GROWTH: &str = "MEM_GROWTH";
+pub const MEM_OOM: &str = "MEM_OOM";
 
 /// Every name above.
 pub const ALL: &[&str] = &[
@@ -110,4 +111,5 @@ pub const ALL: &[&str] = &[
     MEM_MM,
     MEM_SAMPLES,
     MEM_GROWTH,
+    MEM_OOM,
 ];

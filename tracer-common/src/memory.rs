@@ -77,8 +77,22 @@ pub struct GrowthStats {
     pub samples: u64,
 }
 
+/// Value of `MEM_OOM`, per target process the OOM killer chose
+/// (`oom/mark_victim`): when, and its resident memory then (kB, as the
+/// tracepoint gives it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomKill {
+    /// CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+    pub anon_kb: u64,
+    pub file_kb: u64,
+    pub shmem_kb: u64,
+}
+
 #[cfg(feature = "user")]
 mod pod {
+    unsafe impl aya::Pod for super::OomKill {}
     unsafe impl aya::Pod for super::MemState {}
     unsafe impl aya::Pod for super::MemSample {}
     unsafe impl aya::Pod for super::GrowthKey {}
@@ -95,5 +109,6 @@ mod tests {
         assert_eq!(core::mem::size_of::<MemSample>(), 56);
         assert_eq!(core::mem::size_of::<GrowthKey>(), 16);
         assert_eq!(core::mem::size_of::<GrowthStats>(), 24);
+        assert_eq!(core::mem::size_of::<OomKill>(), 32);
     }
 }

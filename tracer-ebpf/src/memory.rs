@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    memory::{GrowthKey, GrowthStats, MemSample, MemState, MEMBERS, MEMBER_SWAP, SERIES_BYTES, SERIES_NS},
+    memory::{GrowthKey, GrowthStats, MemSample, MemState, OomKill, MEMBERS, MEMBER_SWAP, SERIES_BYTES, SERIES_NS},
 };
 
 use crate::{count_drop, global, is_target, python, user_stack_id};
@@ -34,6 +34,41 @@ pub static MEM_SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 /// Growth and release per (process, stack), in bytes.
 #[map]
 pub static MEM_GROWTH: HashMap<GrowthKey, GrowthStats> = HashMap::with_max_entries(16384, 0);
+
+/// Per target process the OOM killer chose: when, and what it held.
+#[map]
+pub static MEM_OOM: HashMap<u32, OomKill> = HashMap::with_max_entries(1024, 0);
+
+/// Field offsets in the `oom/mark_victim` record, from tracefs before load.
+#[unsafe(no_mangle)]
+static OOM_PID_OFFSET: u32 = 8;
+#[unsafe(no_mangle)]
+static OOM_ANON_OFFSET: u32 = 24;
+#[unsafe(no_mangle)]
+static OOM_FILE_OFFSET: u32 = 32;
+#[unsafe(no_mangle)]
+static OOM_SHMEM_OFFSET: u32 = 40;
+
+/// The OOM killer chose a victim (a global or a memory cgroup's OOM).
+#[tracepoint(category = "oom", name = "mark_victim")]
+pub fn mem_oom_victim(ctx: TracePointContext) -> u32 {
+    // SAFETY: reads of the tracepoint's record at offsets tracefs gave.
+    let pid = unsafe { ctx.read_at::<i32>(global(&OOM_PID_OFFSET) as usize) }.unwrap_or(0);
+    if pid <= 0 || !is_target(pid as u32) {
+        return 0;
+    }
+    let read = |off: &u32| unsafe { ctx.read_at::<u64>(global(off) as usize) }.unwrap_or(0);
+    let kill = OomKill {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        anon_kb: read(&OOM_ANON_OFFSET),
+        file_kb: read(&OOM_FILE_OFFSET),
+        shmem_kb: read(&OOM_SHMEM_OFFSET),
+    };
+    if MEM_OOM.insert(&(pid as u32), &kill, 0).is_err() {
+        count_drop(counters::MEM_LOST);
+    }
+    0
+}
 
 /// Field offsets in the `kmem/rss_stat` record, from tracefs before load.
 #[unsafe(no_mangle)]

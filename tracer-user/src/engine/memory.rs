@@ -55,7 +55,12 @@ pub struct TooLittleMemory {
 /// under /sys/fs/cgroup; v1: `memory.limit_in_bytes` under
 /// /sys/fs/cgroup/memory.
 pub fn own_limit() -> Option<(u64, PathBuf)> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    limit_of(&std::fs::read_to_string("/proc/self/cgroup").ok()?)
+}
+
+/// The smallest memory limit of the cgroup a `/proc/PID/cgroup` text
+/// names and of those above it (as [`own_limit`], for any process).
+pub fn limit_of(text: &str) -> Option<(u64, PathBuf)> {
     for line in text.lines() {
         let mut f = line.splitn(3, ':');
         let (_, controllers, rel) = (f.next()?, f.next()?, f.next()?);

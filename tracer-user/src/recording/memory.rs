@@ -46,6 +46,33 @@ pub struct ProcessMemory {
     pub growth_bytes_per_s: f64,
     /// Resident growth and release by line, most growth first.
     pub lines: Vec<GrowthLine>,
+    /// The smallest memory limit of the process's cgroup and those above
+    /// it, when it has one (read when the process appeared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<MemoryLimit>,
+    /// Set when the OOM killer chose the process (`oom/mark_victim`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_killed: Option<OomKilled>,
+}
+
+/// A cgroup memory limit: v1 `memory.limit_in_bytes`, v2 `memory.max`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MemoryLimit {
+    pub bytes: u64,
+    /// The file that sets it.
+    pub file: String,
+}
+
+/// The OOM killer's choice of this process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OomKilled {
+    /// From the start of the window.
+    pub t_ns: u64,
+    /// Its resident memory then, as the OOM killer saw it.
+    pub rss: u64,
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
 }
 
 /// Growth attributed to one line: the stack samples taken there, each

@@ -11,7 +11,7 @@ mod status;
 use std::collections::{BTreeMap, HashMap};
 
 use aya::maps::{HashMap as BpfHashMap, RingBuf};
-use tracer_common::memory::{GrowthKey, GrowthStats, MemSample, MemState, GROWTH_SAMPLE_BYTES};
+use tracer_common::memory::{GrowthKey, GrowthStats, MemSample, MemState, OomKill, GROWTH_SAMPLE_BYTES};
 
 use crate::{
     engine::{
@@ -20,22 +20,27 @@ use crate::{
     os::probe::{self, ProbeError},
     recording::{
         attribution,
-        memory::{slope, GrowthLine, MemPoint, MemoryReport, ProcessMemory},
+        memory::{slope, GrowthLine, MemPoint, MemoryLimit, MemoryReport, OomKilled, ProcessMemory},
         Origin, Recording,
     },
 };
 
 const RSS_STAT: ProgramSpec = ProgramSpec { name: "mem_rss_stat", kind: ProgramKind::TracePoint { category: "kmem", name: "rss_stat" } };
+const OOM_VICTIM: ProgramSpec = ProgramSpec { name: "mem_oom_victim", kind: ProgramKind::TracePoint { category: "oom", name: "mark_victim" } };
 
 pub static TABLE: FamilyTable = FamilyTable {
     family: "memory",
-    programs: &[RSS_STAT],
+    programs: &[RSS_STAT, OOM_VICTIM],
     globals: &[
         GlobalSpec { name: "RSS_MM_ID_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "mm_id", 8))) },
         GlobalSpec { name: "RSS_CURR_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "curr", 12))) },
         GlobalSpec { name: "RSS_MEMBER_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "member", 16))) },
         GlobalSpec { name: "RSS_SIZE_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("kmem", "rss_stat", "size", 24))) },
         GlobalSpec { name: "MEM_GROWTH_SAMPLE_BYTES", value: |_| Ok(GlobalValue::U64(GROWTH_SAMPLE_BYTES)) },
+        GlobalSpec { name: "OOM_PID_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("oom", "mark_victim", "pid", 8))) },
+        GlobalSpec { name: "OOM_ANON_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("oom", "mark_victim", "anon_rss", 24))) },
+        GlobalSpec { name: "OOM_FILE_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("oom", "mark_victim", "file_rss", 32))) },
+        GlobalSpec { name: "OOM_SHMEM_OFFSET", value: |i| Ok(GlobalValue::U32(i.tracepoint_field("oom", "mark_victim", "shmem_rss", 40))) },
     ],
 };
 
@@ -48,12 +53,18 @@ pub struct MemoryCollector {
     series: BTreeMap<u32, Vec<(u64, MemPoint)>>,
     /// Per process: the highest resident size its points showed.
     peak: HashMap<u32, u64>,
+    /// Per process: its cgroup's memory limit, read when it appeared.
+    limits: HashMap<u32, MemoryLimit>,
     attached: bool,
 }
 
 impl MemoryCollector {
-    /// Adds a point read from `/proc/PID/status` now (a first one).
+    /// Adds a point read from `/proc/PID/status` now (a first one), and
+    /// notes the process's cgroup memory limit.
     fn read_point(&mut self, pid: u32) {
+        if let Some((bytes, file)) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok().and_then(|t| crate::engine::memory::limit_of(&t)) {
+            self.limits.insert(pid, MemoryLimit { bytes, file: file.display().to_string() });
+        }
         let Some(s) = status::read(pid) else { return };
         let now = crate::os::clock::monotonic_ns();
         self.push(pid, now, s.point);
@@ -97,6 +108,7 @@ impl Collector for MemoryCollector {
             return Ok(());
         }
         self.links.attach(&mut cx.kernel, &RSS_STAT)?;
+        self.links.attach(&mut cx.kernel, &OOM_VICTIM)?;
         let map = cx.kernel.ebpf.take_map(tracer_common::maps::MEM_SAMPLES).ok_or(ProbeError::MissingMap(tracer_common::maps::MEM_SAMPLES))?;
         self.samples = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::MEM_SAMPLES, e))?, "memory_short_records"));
         self.attached = true;
@@ -150,6 +162,16 @@ impl Collector for MemoryCollector {
             let map: BpfHashMap<_, GrowthKey, GrowthStats> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_GROWTH)?;
             map.iter().filter_map(Result::ok).collect()
         };
+        let ooms: Vec<(u32, OomKill)> = {
+            let map: BpfHashMap<_, u32, OomKill> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_OOM)?;
+            map.iter().filter_map(Result::ok).collect()
+        };
+        let mut oom_of: HashMap<u32, OomKilled> = HashMap::new();
+        for (pid, k) in ooms {
+            let (anon, file, shmem) = (k.anon_kb << 10, k.file_kb << 10, k.shmem_kb << 10);
+            oom_of.insert(pid, OomKilled { t_ns: k.ts_ns.saturating_sub(window_start), rss: anon + file + shmem, anon, file, shmem });
+            series.entry(pid).or_default();
+        }
         let mut lines: HashMap<u32, BTreeMap<String, GrowthLine>> = HashMap::new();
         for (k, v) in growth {
             let frames = cx.frames(k.pid, k.user_stack, tracer_common::sched::NO_STACK, k.py_stack)?;
@@ -173,7 +195,16 @@ impl Collector for MemoryCollector {
                 let peak_rss = peaks.get(&pid).copied().unwrap_or(0).max(series.iter().map(|p| p.rss).max().unwrap_or(0));
                 let mut lines: Vec<GrowthLine> = lines.remove(&pid).map(|m| m.into_values().collect()).unwrap_or_default();
                 lines.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(b.released_bytes.cmp(&a.released_bytes)).then(a.site.cmp(&b.site)));
-                ProcessMemory { pid, growth_bytes_per_s: slope(&series), series, peak_rss, vm_hwm: hwm.get(&pid).copied(), lines }
+                ProcessMemory {
+                    pid,
+                    growth_bytes_per_s: slope(&series),
+                    series,
+                    peak_rss,
+                    vm_hwm: hwm.get(&pid).copied(),
+                    lines,
+                    memory_limit: self.limits.get(&pid).cloned(),
+                    oom_killed: oom_of.remove(&pid),
+                }
             })
             .collect();
         processes.sort_by(|a, b| b.peak_rss.cmp(&a.peak_rss).then(a.pid.cmp(&b.pid)));

@@ -65,6 +65,20 @@ fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
         fmt_bytes(last.shmem),
         fmt_bytes(last.swap)
     );
+    if let Some(l) = &p.memory_limit {
+        let _ = writeln!(out, "  cgroup memory limit: {} ({}), peak at {:.0}% of it", fmt_bytes(l.bytes), printable(&l.file), 100.0 * p.peak_rss as f64 / l.bytes.max(1) as f64);
+    }
+    if let Some(k) = &p.oom_killed {
+        let _ = writeln!(
+            out,
+            "  OOM-KILLED {} into the window: resident {} (anon {}, file {}, shmem {})",
+            fmt_duration(k.t_ns),
+            fmt_bytes(k.rss),
+            fmt_bytes(k.anon),
+            fmt_bytes(k.file),
+            fmt_bytes(k.shmem)
+        );
+    }
     if p.lines.is_empty() {
         return;
     }

@@ -66,10 +66,10 @@ pub struct ProcessVerdict {
     /// (docs/verdict.md#parked-native-threads); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<parked::Parked>,
-    /// `memory_growth` when its resident memory grew steadily
-    /// (docs/verdict.md#memory; additive).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<memory::MemoryVerdict>,
+    /// Its memory classes (`oom_killed`, `near_memory_limit`,
+    /// `memory_growth`; docs/verdict.md#memory; additive), empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<memory::MemoryVerdict>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -540,7 +540,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
                 bottleneck,
                 threads,
                 parked: (parked.threads > 0).then_some(parked),
-                memory: rec.memory.as_ref().and_then(|m| m.processes.iter().find(|p| p.pid == pid)).and_then(memory::memory_growth),
+                memory: rec.memory.as_ref().and_then(|m| m.processes.iter().find(|p| p.pid == pid)).map(memory::memory_verdicts).unwrap_or_default(),
             }
         })
         .collect();

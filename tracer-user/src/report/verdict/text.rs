@@ -93,16 +93,8 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
     }
     let _ = writeln!(out, "  classes: {}", class_list(&p.classes));
-    if let Some(m) = &p.memory {
-        let at = m.site.as_ref().map(|s| format!(" at {}", printable(&s.short()))).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "  memory growth: resident memory grew {} ({}/s, steady: R² {:.2}){at}",
-            crate::report::fmt::fmt_bytes(m.grown_bytes),
-            crate::report::fmt::fmt_bytes(m.growth_bytes_per_s.max(0.0) as u64),
-            m.fit
-        );
-        let _ = writeln!(out, "  memory advice: {}", m.advice);
+    for m in &p.memory {
+        memory_line(m, out);
     }
     if let Some(k) = &p.parked {
         let _ = writeln!(
@@ -121,6 +113,32 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
             let _ = writeln!(out, "  thread {} {}: {}{}{pool}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb));
         }
     }
+}
+
+/// One memory class of a process, and its advice.
+fn memory_line(m: &super::memory::MemoryVerdict, out: &mut String) {
+    use crate::report::fmt::fmt_bytes;
+    let at = m.site.as_ref().map(|s| format!(" at {}", printable(&s.short()))).unwrap_or_default();
+    let limit = match (m.limit_bytes, &m.limit_file) {
+        (Some(b), Some(f)) => format!(", limit {} ({})", fmt_bytes(b), printable(f)),
+        _ => String::new(),
+    };
+    let what = match m.class.as_str() {
+        "oom_killed" => format!(
+            "OOM-KILLED {} into the window, resident {}{limit}; grown most{at}",
+            fmt_duration(m.at_ns.unwrap_or(0)),
+            fmt_bytes(m.rss_bytes.unwrap_or(0))
+        ),
+        "near_memory_limit" => format!("near its memory limit: peak {}{limit}; grown most{at}", fmt_bytes(m.rss_bytes.unwrap_or(0))),
+        _ => format!(
+            "memory growth: resident memory grew {} ({}/s, steady: R² {:.2}){at}",
+            fmt_bytes(m.grown_bytes.unwrap_or(0)),
+            fmt_bytes(m.growth_bytes_per_s.unwrap_or(0.0).max(0.0) as u64),
+            m.fit.unwrap_or(0.0)
+        ),
+    };
+    let _ = writeln!(out, "  {what}");
+    let _ = writeln!(out, "  memory advice: {}", printable(&m.advice));
 }
 
 /// `; native worker pool, busy-waiting (runnable 99.7% of its life, ...)`.
