@@ -230,9 +230,11 @@ fn an_oom_killed_target_is_reported_with_its_limit_and_line() {
     assert_eq!(v["limit_bytes"].as_u64(), Some(limit_bytes), "{v:#}");
     assert_eq!(v["limit_file"].as_str(), Some(limit_file.to_str().unwrap()), "{v:#}");
     assert_eq!(v["site"]["line"].as_u64(), m.get("oom_grow").copied(), "{v:#}");
-    // What the OOM killer saw: most of the limit, not above it.
+    // What the OOM killer saw: about the limit (the resident size counts
+    // file pages the interpreter shares, charged to other cgroups: it can
+    // pass the limit by their size).
     let rss = v["rss_bytes"].as_u64().unwrap_or(0);
-    assert!(rss > limit_bytes / 2 && rss <= limit_bytes, "resident {rss} at the kill, limit {limit_bytes}: {v:#}");
+    assert!(rss > limit_bytes / 2 && rss <= limit_bytes + limit_bytes / 2, "resident {rss} at the kill, limit {limit_bytes}: {v:#}");
     let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
     assert!(text.stdout.contains("OOM-KILLED") && text.stdout.contains("mem_oom.py"), "{}", text.stdout);
 }
