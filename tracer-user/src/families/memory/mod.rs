@@ -107,8 +107,14 @@ impl Collector for MemoryCollector {
             cx.sink.note("tracefs unavailable: no resident-memory series (kmem/rss_stat)");
             return Ok(());
         }
-        self.links.attach(&mut cx.kernel, &RSS_STAT)?;
-        self.links.attach(&mut cx.kernel, &OOM_VICTIM)?;
+        // A kernel without one of the tracepoints loses that part, not the recording.
+        if let Err(e) = self.links.attach(&mut cx.kernel, &RSS_STAT) {
+            cx.sink.note(format!("no resident-memory series: attaching kmem/rss_stat failed: {e}"));
+            return Ok(());
+        }
+        if let Err(e) = self.links.attach(&mut cx.kernel, &OOM_VICTIM) {
+            cx.sink.note(format!("OOM kills are not reported: attaching oom/mark_victim failed: {e}"));
+        }
         let map = cx.kernel.ebpf.take_map(tracer_common::maps::MEM_SAMPLES).ok_or(ProbeError::MissingMap(tracer_common::maps::MEM_SAMPLES))?;
         self.samples = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::MEM_SAMPLES, e))?, "memory_short_records"));
         self.attached = true;
