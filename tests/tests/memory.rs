@@ -129,6 +129,18 @@ fn growth_by_line_peak_and_series_match_the_workload() {
     assert!(rows.iter().all(|(_, r)| r.is_ok()), "{table}");
 }
 
+/// The verdict's memory class `class` of any process of `report` (the
+/// run's `stderr` in the message when there is none).
+fn memory_verdict<'a>(report: &'a Value, class: &str, stderr: &str) -> &'a Value {
+    let procs = report["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report["verdict"]));
+    procs
+        .iter()
+        .filter_map(|p| p["memory"].as_array())
+        .flatten()
+        .find(|v| v["class"] == class)
+        .unwrap_or_else(|| panic!("no {class} verdict: {procs:#?}\nstderr: {stderr}"))
+}
+
 /// A service leaking 1 MiB per request at a known line for 20 s: the
 /// verdict says `memory_growth` at that line, with the slope the workload
 /// measured itself (within 10%).
@@ -149,13 +161,7 @@ fn a_leaking_service_is_memory_growth_at_its_line() {
     let slope: f64 = run.stderr.lines().find_map(|l| l.strip_prefix("slope ")?.trim().parse().ok()).unwrap_or_else(|| panic!("no slope line: {}", run.stderr));
     let report = run.json();
     let m = markers_of(&source);
-    let procs = report.0["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report.0["verdict"]));
-    let v = procs
-        .iter()
-        .filter_map(|p| p["memory"].as_array())
-        .flatten()
-        .find(|v| v["class"] == "memory_growth")
-        .unwrap_or_else(|| panic!("no memory_growth verdict: {procs:#?}"));
+    let v = memory_verdict(&report.0, "memory_growth", &run.stderr);
     eprintln!("[{test}] {v}; the workload measured {slope:.0} B/s");
     assert_eq!((v["class"].as_str(), v["site"]["line"].as_u64()), (Some("memory_growth"), m.get("leak").copied()), "{v:#}");
     let traced = v["growth_bytes_per_s"].as_f64().unwrap_or(0.0);
@@ -219,13 +225,7 @@ fn an_oom_killed_target_is_reported_with_its_limit_and_line() {
     assert!(!run.stderr.contains("not killed"), "the workload was not killed: {}", run.stderr);
     let report = run.json();
     let m = markers_of(&source);
-    let procs = report.0["verdict"]["processes"].as_array().unwrap_or_else(|| panic!("no verdict: {:#}", report.0["verdict"]));
-    let v = procs
-        .iter()
-        .filter_map(|p| p["memory"].as_array())
-        .flatten()
-        .find(|v| v["class"] == "oom_killed")
-        .unwrap_or_else(|| panic!("no oom_killed verdict: {procs:#?}\nstderr: {}", run.stderr));
+    let v = memory_verdict(&report.0, "oom_killed", &run.stderr);
     eprintln!("[{test}] {v}");
     assert_eq!(v["limit_bytes"].as_u64(), Some(limit_bytes), "{v:#}");
     assert_eq!(v["limit_file"].as_str(), Some(limit_file.to_str().unwrap()), "{v:#}");
