@@ -18,9 +18,9 @@ pub const SERIES_BYTES: u64 = 1 << 20;
 pub const SERIES_NS: u64 = 100_000_000;
 
 /// Growth (or release) between two stack samples of a process, default:
-/// 512 KiB, so that an allocator touching 1 GiB/s costs 2,048 stack
-/// walks a second (about 2 ms of CPU at the ~1 us a reused Python stack
-/// costs), and a line that grows by 10 MiB gets ~20 samples.
+/// 512 KiB: an allocator touching 1 GiB/s takes 2,048 stack samples a
+/// second, a line that grows by 10 MiB gets ~20 (docs/memory.md; the cost,
+/// measured: `cargo xtask bench --only memory`).
 pub const GROWTH_SAMPLE_BYTES: u64 = 512 << 10;
 
 /// Value of `MEM_STATE`, per target process.

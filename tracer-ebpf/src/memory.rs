@@ -85,15 +85,41 @@ static MEM_GROWTH_SAMPLE_BYTES: u64 = tracer_common::memory::GROWTH_SAMPLE_BYTES
 
 static STATE_ZERO: MemState = unsafe { core::mem::zeroed() };
 
+/// Counters whose first value a series point waits for: file and anon
+/// (every process has both; shmem and swap may never change).
+const RSS_SEEN: u32 = 1 << tracer_common::memory::MEMBER_FILE | 1 << tracer_common::memory::MEMBER_ANON;
+
+/// Fires at every change of any process's memory counters (each page
+/// fault of the machine): a non-target's own event costs one `TARGETS`
+/// lookup, another task's (reclaim) one `MEM_MM` lookup.
 #[tracepoint(category = "kmem", name = "rss_stat")]
 pub fn mem_rss_stat(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: reads of the tracepoint's record at offsets tracefs gave.
-    let (mm_id, curr, member, size) = unsafe {
+    let curr = unsafe { ctx.read_at::<u32>(global(&RSS_CURR_OFFSET) as usize) }.unwrap_or(0);
+    let own = curr != 0;
+    if own && !is_target(tgid) {
+        return 0;
+    }
+    let mm_id = unsafe { ctx.read_at::<u32>(global(&RSS_MM_ID_OFFSET) as usize) }.unwrap_or(0);
+    let pid = if own {
+        tgid
+    } else {
+        // Another task on this mm: a target's only when the mm is known.
+        match unsafe { MEM_MM.get(&mm_id) } {
+            Some(p) => *p,
+            None => return 0,
+        }
+    };
+    if !own && (tgid == pid || !is_target(pid)) {
+        // tgid == pid: the process's own thread on an mm that is no longer
+        // its current one, its exit tearing the memory down: the series
+        // keeps what it held before.
+        return 0;
+    }
+    let (member, size) = unsafe {
         (
-            ctx.read_at::<u32>(global(&RSS_MM_ID_OFFSET) as usize).unwrap_or(0),
-            ctx.read_at::<u32>(global(&RSS_CURR_OFFSET) as usize).unwrap_or(0),
             ctx.read_at::<i32>(global(&RSS_MEMBER_OFFSET) as usize).unwrap_or(-1),
             ctx.read_at::<i64>(global(&RSS_SIZE_OFFSET) as usize).unwrap_or(0),
         )
@@ -103,35 +129,17 @@ pub fn mem_rss_stat(ctx: TracePointContext) -> u32 {
     }
     let member = member as usize & (MEMBERS - 1);
     let size = if size > 0 { size as u64 } else { 0 };
-    let own = curr != 0 && is_target(tgid);
-    let pid = if own {
-        if unsafe { MEM_MM.get(&mm_id) }.copied() != Some(tgid) {
-            let _ = MEM_MM.insert(&mm_id, &tgid, 0);
-        }
-        tgid
-    } else if curr == 0 {
-        match unsafe { MEM_MM.get(&mm_id) } {
-            Some(p) => *p,
-            None => return 0,
-        }
-    } else {
-        return 0;
-    };
-    if !is_target(pid) {
-        return 0;
-    }
-    if curr == 0 && tgid == pid {
-        // The process's own thread on an mm that is no longer its
-        // current one: its exit tearing the memory down. The series keeps
-        // what it held before.
-        return 0;
-    }
     let Some(st) = state(pid) else { return 0 };
     // SAFETY: a map value; a process's threads share it: a lost update is
     // a counter set again by its next event.
     let st = unsafe { &mut *st };
     if st.mm_id != mm_id {
-        // A new program (exec): its counters start over.
+        if !own {
+            return 0;
+        }
+        // A new program (exec), or the first event: its counters start
+        // over, and the mm is the process's from now on.
+        let _ = MEM_MM.insert(&mm_id, &pid, 0);
         st.cur = [0; MEMBERS];
         st.seen = 0;
         st.peak = 0;
@@ -144,6 +152,10 @@ pub fn mem_rss_stat(ctx: TracePointContext) -> u32 {
     st.cur[member] = size;
     let first = st.seen & bit == 0;
     st.seen |= bit;
+    if st.seen & RSS_SEEN != RSS_SEEN {
+        // Not all of the resident size is known yet (just after an exec).
+        return 0;
+    }
     let rss = st.cur[0] + st.cur[1] + st.cur[3];
     if rss > st.peak {
         st.peak = rss;

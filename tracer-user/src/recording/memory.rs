@@ -100,19 +100,32 @@ impl MemPoint {
 /// Least-squares slope of `rss` over `t_ns`, bytes per second (0 with
 /// fewer than two distinct times).
 pub fn slope(series: &[MemPoint]) -> f64 {
-    let n = series.len() as f64;
+    linear_fit(series).0
+}
+
+/// The least-squares line of `rss` over `t_ns`: its slope (bytes per
+/// second) and how well it fits (R², 0 to 1; 0 when undefined).
+pub fn linear_fit(series: &[MemPoint]) -> (f64, f64) {
     if series.len() < 2 {
-        return 0.0;
+        return (0.0, 0.0);
     }
-    let mean_t = series.iter().map(|p| p.t_ns as f64 / 1e9).sum::<f64>() / n;
+    let n = series.len() as f64;
+    let t = |p: &MemPoint| p.t_ns as f64 / 1e9;
+    let mean_t = series.iter().map(t).sum::<f64>() / n;
     let mean_r = series.iter().map(|p| p.rss as f64).sum::<f64>() / n;
-    let (mut num, mut den) = (0.0, 0.0);
+    let (mut num, mut den, mut ss_tot) = (0.0, 0.0, 0.0);
     for p in series {
-        let dt = p.t_ns as f64 / 1e9 - mean_t;
-        num += dt * (p.rss as f64 - mean_r);
+        let (dt, dr) = (t(p) - mean_t, p.rss as f64 - mean_r);
+        num += dt * dr;
         den += dt * dt;
+        ss_tot += dr * dr;
     }
-    if den > 0.0 { num / den } else { 0.0 }
+    if den <= 0.0 {
+        return (0.0, 0.0);
+    }
+    let slope = num / den;
+    let ss_res: f64 = series.iter().map(|p| (p.rss as f64 - mean_r - slope * (t(p) - mean_t)).powi(2)).sum();
+    (slope, if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 0.0 })
 }
 
 #[cfg(test)]

@@ -121,8 +121,18 @@ impl Collector for MemoryCollector {
         Ok(())
     }
 
-    fn target(&mut self, _cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
+    fn target(&mut self, cx: &mut Cx<'_>, ev: &TargetEvent) -> Result<(), ProbeError> {
         match ev {
+            // Its counters leave the kernel map (bounded: a churning
+            // service would fill it); its peak stays here.
+            TargetEvent::Exited { pid } if self.attached => {
+                let mut state: BpfHashMap<_, u32, MemState> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_STATE)?;
+                if let Ok(st) = state.get(pid, 0) {
+                    let peak = self.peak.entry(*pid).or_default();
+                    *peak = (*peak).max(st.peak);
+                    let _ = state.remove(pid);
+                }
+            }
             // A launched process is held before its exec: its memory then
             // is ours; its first point comes at the exec.
             TargetEvent::Appeared { origin: Origin::Launched, .. } => {}

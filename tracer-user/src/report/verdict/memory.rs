@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::recording::{
     attribution::SiteRef,
-    memory::{slope, MemPoint, ProcessMemory},
+    memory::{linear_fit, ProcessMemory},
 };
 
 /// A growth is steady when the window is at least this long...
@@ -102,23 +102,6 @@ pub fn memory_verdicts(p: &ProcessMemory) -> Vec<MemoryVerdict> {
 
 const GROWTH_ADVICE: &str = "resident memory grows steadily: something keeps what it allocates (a cache without a bound, a list or dict that only grows, tensors kept for logging); the line named holds the growth; bound the cache, drop references, or take a heap snapshot there (tracemalloc, memray)";
 
-/// R² of the least-squares line of `rss` over time.
-fn fit(series: &[MemPoint], slope: f64) -> f64 {
-    let n = series.len() as f64;
-    if series.len() < 3 {
-        return 0.0;
-    }
-    let mean_t = series.iter().map(|p| p.t_ns as f64 / 1e9).sum::<f64>() / n;
-    let mean_r = series.iter().map(|p| p.rss as f64).sum::<f64>() / n;
-    let (mut ss_res, mut ss_tot) = (0.0, 0.0);
-    for p in series {
-        let predicted = mean_r + slope * (p.t_ns as f64 / 1e9 - mean_t);
-        ss_res += (p.rss as f64 - predicted).powi(2);
-        ss_tot += (p.rss as f64 - mean_r).powi(2);
-    }
-    if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 0.0 }
-}
-
 /// `memory_growth` for `p`, when its growth is steady (the thresholds
 /// above). Judged on the growth phase: the series up to its highest point
 /// (a script's teardown frees everything as it exits), which must be at
@@ -133,8 +116,7 @@ pub fn memory_growth(p: &ProcessMemory) -> Option<MemoryVerdict> {
     if span < MIN_WINDOW_NS || span.saturating_mul(2) < last.t_ns.saturating_sub(first.t_ns) || grown < MIN_GROWTH {
         return None;
     }
-    let growth = slope(phase);
-    let fit = fit(phase, growth);
+    let (growth, fit) = linear_fit(phase);
     if growth < MIN_SLOPE || fit < MIN_FIT {
         return None;
     }
@@ -154,7 +136,7 @@ pub fn memory_growth(p: &ProcessMemory) -> Option<MemoryVerdict> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::memory::GrowthLine;
+    use crate::recording::memory::{slope, GrowthLine, MemPoint};
 
     fn process(step: u64, jitter: u64) -> ProcessMemory {
         let series: Vec<MemPoint> =
