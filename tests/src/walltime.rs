@@ -39,7 +39,8 @@ impl ThreadTimes {
             .as_object()
             .unwrap_or_else(|| panic!("threads[]: off_cpu is not an object: {v}"))
             .iter()
-            .filter(|(k, _)| !known.contains(&k.as_str()))
+            // `*_ns` reasons; objects (`memory`) break one of them down.
+            .filter(|(k, _)| !known.contains(&k.as_str()) && k.ends_with("_ns"))
             .map(|(k, x)| (k.clone(), u(x, k)))
             .collect();
         ThreadTimes {

@@ -18,7 +18,34 @@ pub const REASON_POLL: u32 = 3;
 pub const REASON_SLEEP: u32 = 4;
 /// Waiting to take a CPython GIL (a futex inside the process's GIL state).
 pub const REASON_GIL: u32 = 5;
-pub const REASONS: usize = 6;
+/// Blocked on memory (the `memory` reason, docs/memory.md), by cause: in a
+/// page fault (a page-in from a file or swap, or the mm lock a fault
+/// takes) outside any syscall; in direct reclaim (global or a memory
+/// cgroup's limit); in compaction; throttled above a cgroup's `memory.high`.
+pub const REASON_MEM_FAULT: u32 = 6;
+pub const REASON_MEM_RECLAIM: u32 = 7;
+pub const REASON_MEM_COMPACTION: u32 = 8;
+pub const REASON_MEM_THROTTLE: u32 = 9;
+pub const REASONS: usize = 10;
+
+/// Memory operations a thread can be inside (`ThreadState::mem_op`), each
+/// one of the memory reasons above: `REASON_MEM_FAULT + op`.
+pub const MEM_OP_NONE: u32 = 0;
+pub const MEM_OP_RECLAIM: u32 = 1;
+pub const MEM_OP_COMPACTION: u32 = 2;
+pub const MEM_OP_THROTTLE: u32 = 3;
+
+/// The off-CPU reason of a wait that began inside memory operation `op`.
+#[inline(always)]
+pub fn reason_of_mem_op(op: u32) -> u32 {
+    REASON_MEM_FAULT + op
+}
+
+/// Whether `reason` is one of the memory reasons.
+#[inline(always)]
+pub fn is_memory_reason(reason: u32) -> bool {
+    (REASON_MEM_FAULT..=REASON_MEM_THROTTLE).contains(&reason)
+}
 
 /// Size of the syscall-number -> reason table.
 pub const REASON_TABLE_SIZE: u32 = 1024;
@@ -52,7 +79,10 @@ pub struct ThreadState {
     pub kernel_stack: i32,
     /// 1 while the current off-CPU / run-queue interval began inside a syscall.
     pub in_syscall: u32,
-    pub _pad: u32,
+    /// The memory operation (`MEM_OP_*`) the thread is inside now, set and
+    /// cleared by the reclaim and compaction tracepoints: a wait that
+    /// begins inside one is a memory wait, whatever syscall it is in.
+    pub mem_op: u32,
     /// Thread name, refreshed at each switch-out.
     pub comm: [u8; 16],
     /// Python stack (hash into `PY_STACKS`, 0 = none) when the current

@@ -4,10 +4,11 @@
 //! stacks) and run-queue latency histograms. (CPU samples: `cpu_samples.rs`.)
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_stack},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{tracing::StackIdContext, BtfTracePointContext},
+    EbpfContext,
 };
 use tracer_common::{
     counters,
@@ -60,6 +61,35 @@ static TASK_EXEC_OFFSET: u64 = 0;
 /// `TASK_RUNNING` as `prev_state`: the thread was preempted.
 const TASK_RUNNING: u64 = 0;
 const TASK_DEAD: u64 = 0x80;
+/// `__TASK_STOPPED | __TASK_TRACED`: a stop (SIGSTOP, a debugger), not a wait on memory.
+const TASK_STOPPED_OR_TRACED: u64 = 0x4 | 0x8;
+
+/// Kernel text ranges [start, end) that mark a wait outside any syscall as
+/// a memory wait (`memory_reason_of_stack`), from `/proc/kallsyms` at load
+/// time (all 0: symbols hidden, such waits stay `other`): the page-fault
+/// entry (two functions: the entry stub and its handler) and memory.high
+/// throttling on the way back to user mode.
+#[unsafe(no_mangle)]
+static MEM_FAULT_START: u64 = 0;
+#[unsafe(no_mangle)]
+static MEM_FAULT_END: u64 = 0;
+#[unsafe(no_mangle)]
+static MEM_FAULT2_START: u64 = 0;
+#[unsafe(no_mangle)]
+static MEM_FAULT2_END: u64 = 0;
+#[unsafe(no_mangle)]
+static MEM_THROTTLE_START: u64 = 0;
+#[unsafe(no_mangle)]
+static MEM_THROTTLE_END: u64 = 0;
+
+/// Kernel frames read to find a page fault under a wait: a fault waiting
+/// for a page-in is ~15 frames deep under `__schedule` (filesystem and
+/// block layers included); 48 leaves room.
+const KSTACK_SCAN: usize = 48;
+
+/// Per CPU: the kernel stack `memory_reason_of_stack` reads (too big for the BPF stack).
+#[map]
+static KSTACK_SCRATCH: PerCpuArray<[u64; KSTACK_SCAN]> = PerCpuArray::with_max_entries(1, 0);
 
 /// (tgid, tid) of a task pointer.
 #[inline(always)]
@@ -208,8 +238,13 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         t.reason = REASON_OTHER;
     } else {
         t.state = STATE_OFF_CPU;
-        t.reason = if nr == NO_SYSCALL {
-            REASON_OTHER
+        t.reason = if t.mem_op != MEM_OP_NONE {
+            // In reclaim or compaction: a memory wait, in a syscall or not.
+            reason_of_mem_op(t.mem_op)
+        } else if nr == NO_SYSCALL {
+            // Blocked in the kernel outside any syscall: a page fault
+            // (or memory.high throttling), unless the stack says otherwise.
+            if prev_state & TASK_STOPPED_OR_TRACED == 0 { memory_reason_of_stack(ctx.as_ptr()) } else { REASON_OTHER }
         } else {
             let r = REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER);
             if r == REASON_LOCK && python::is_gil_address(tgid, uaddr) { REASON_GIL } else { r }
@@ -276,6 +311,111 @@ fn wakeup(ctx: &BtfTracePointContext, new: bool) {
         t.state = STATE_RUNNABLE;
         t.since_ns = now;
     }
+}
+
+/// The reason of a wait that began outside any syscall and any memory
+/// operation, from the kernel stack of the thread switching out: a frame
+/// in the page-fault entry makes it a page-fault wait, one in memory.high
+/// throttling a throttling wait; anything else (a thread still in a syscall
+/// that began before the window, a freezer) stays `other`. A function of its
+/// own: its frame stays off the chain under the off-CPU stack walk.
+#[inline(never)]
+fn memory_reason_of_stack(ctx: *mut core::ffi::c_void) -> u32 {
+    let fault = (global(&MEM_FAULT_START), global(&MEM_FAULT_END));
+    let fault2 = (global(&MEM_FAULT2_START), global(&MEM_FAULT2_END));
+    let throttle = (global(&MEM_THROTTLE_START), global(&MEM_THROTTLE_END));
+    if fault.1 == 0 && fault2.1 == 0 && throttle.1 == 0 {
+        return REASON_OTHER;
+    }
+    let Some(buf) = KSTACK_SCRATCH.get_ptr_mut(0) else { return REASON_OTHER };
+    // SAFETY: the helper writes at most the size given into the per-CPU slot.
+    let n = unsafe { bpf_get_stack(ctx, buf as *mut core::ffi::c_void, (KSTACK_SCAN * 8) as u32, 0) };
+    if n <= 0 {
+        return REASON_OTHER;
+    }
+    let frames = n as usize / 8;
+    // SAFETY: this CPU's slot, read after the helper filled it.
+    let buf = unsafe { &*buf };
+    for (i, ip) in buf.iter().enumerate() {
+        if i >= frames {
+            break;
+        }
+        let ip = *ip;
+        if (ip >= fault.0 && ip < fault.1) || (ip >= fault2.0 && ip < fault2.1) {
+            return REASON_MEM_FAULT;
+        }
+        if ip >= throttle.0 && ip < throttle.1 {
+            return REASON_MEM_THROTTLE;
+        }
+    }
+    REASON_OTHER
+}
+
+/// A target thread enters memory operation `op` (reclaim, compaction): the
+/// waits that begin inside are memory waits. An operation inside another
+/// keeps the outer one's cause.
+#[inline(always)]
+fn mem_op_begin(op: u32) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(t) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: the thread's own entry; only it changes `mem_op`.
+        let t = unsafe { &mut *t };
+        if t.mem_op == MEM_OP_NONE {
+            t.mem_op = op;
+        }
+    }
+}
+
+#[inline(always)]
+fn mem_op_end(op: u32) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(t) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: as in `mem_op_begin`.
+        let t = unsafe { &mut *t };
+        if t.mem_op == op {
+            t.mem_op = MEM_OP_NONE;
+        }
+    }
+}
+
+/// Direct reclaim by an allocating thread (the machine short of memory).
+#[btf_tracepoint(function = "mm_vmscan_direct_reclaim_begin")]
+pub fn sched_mem_reclaim_begin(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_begin(MEM_OP_RECLAIM);
+    0
+}
+
+#[btf_tracepoint(function = "mm_vmscan_direct_reclaim_end")]
+pub fn sched_mem_reclaim_end(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_end(MEM_OP_RECLAIM);
+    0
+}
+
+/// Reclaim in a memory cgroup over its limit (or `memory.high`), by the
+/// thread charging the page.
+#[btf_tracepoint(function = "mm_vmscan_memcg_reclaim_begin")]
+pub fn sched_memcg_reclaim_begin(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_begin(MEM_OP_RECLAIM);
+    0
+}
+
+#[btf_tracepoint(function = "mm_vmscan_memcg_reclaim_end")]
+pub fn sched_memcg_reclaim_end(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_end(MEM_OP_RECLAIM);
+    0
+}
+
+/// Compaction of a zone (kcompactd's is not a target's).
+#[btf_tracepoint(function = "mm_compaction_begin")]
+pub fn sched_mem_compaction_begin(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_begin(MEM_OP_COMPACTION);
+    0
+}
+
+#[btf_tracepoint(function = "mm_compaction_end")]
+pub fn sched_mem_compaction_end(_ctx: BtfTracePointContext) -> i32 {
+    mem_op_end(MEM_OP_COMPACTION);
+    0
 }
 
 /// `sched_wakeup(struct task_struct *p)`

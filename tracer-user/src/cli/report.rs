@@ -21,10 +21,11 @@ pub enum Format {
     Folded,
     /// A flame graph, rendered in-process.
     Svg,
-    /// speedscope JSON (speedscope.app): one profile per thread, for --profile cpu|off-cpu|wall.
+    /// speedscope JSON (speedscope.app): one profile per thread, for --profile cpu|off-cpu|wall (per process for memory).
     Speedscope,
     /// Gzipped pprof profile.proto (go tool pprof, Pyroscope, Grafana): samples/count, cpu/nanoseconds,
-    /// off_cpu/nanoseconds, a `thread` label per sample (binary; use -o FILE).
+    /// off_cpu/nanoseconds, a `thread` label per sample; with --profile memory: resident_growth/bytes and
+    /// resident_release/bytes, a `process` label (binary; use -o FILE).
     Pprof,
     /// Perfetto protobuf trace of the timeline (ui.perfetto.dev; needs `record --timeline`; binary, use -o FILE).
     Perfetto,
@@ -36,7 +37,8 @@ pub struct ReportArgs {
     pub file: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
-    /// Which time the folded/svg/speedscope output weighs: CPU samples, off-CPU time, or both (wall).
+    /// What the folded/svg/speedscope/pprof output weighs: CPU samples, off-CPU time, both (wall), or
+    /// resident memory growth in bytes (memory: the stacks the memory family sampled).
     #[arg(long, value_enum, default_value = "cpu")]
     pub profile: Profile,
     /// Write the report here instead of stdout.
@@ -77,8 +79,11 @@ pub fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Resu
         Format::Perfetto => report::perfetto::render(rec).map_err(|e| {
             anyhow::anyhow!("{e}: no events to put in a Perfetto trace (hint: record with `infertrace record --timeline ...`)")
         })?,
-        Format::Pprof => report::pprof::render(rec).context("encoding the pprof profile (hint: retry; this is an in-memory step)")?,
+        Format::Pprof => report::pprof::render(rec, profile).context("encoding the pprof profile (hint: retry; this is an in-memory step)")?,
         Format::Svg => report::svg::render(rec, profile).map_err(|e| match e {
+            report::svg::SvgError::Empty if profile == Profile::Memory => anyhow::anyhow!(
+                "no memory growth stacks in this recording (hint: record without --no-memory a target whose resident memory grows)"
+            ),
             report::svg::SvgError::Empty => anyhow::anyhow!(
                 "no {} stacks in this recording (hint: record with sampling on (-F 99) and scheduler tracing (no --no-sched))",
                 profile.title()

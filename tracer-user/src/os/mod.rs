@@ -7,6 +7,7 @@ pub mod bpf_stats;
 pub mod btf_offsets;
 pub mod clock;
 pub mod elf;
+pub mod kallsyms;
 pub mod probe;
 pub mod procfs;
 pub mod symbolize;

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::attribution::SiteRef;
+use super::{attribution::SiteRef, MemoryWaits};
 
 /// The memory part of a recording.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -53,6 +53,14 @@ pub struct ProcessMemory {
     /// Set when the OOM killer chose the process (`oom/mark_victim`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_killed: Option<OomKilled>,
+    /// The stacks the growth samples were taken at (what `report
+    /// --profile memory` draws), most growth first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<GrowthStack>,
+    /// Its threads' off-CPU time blocked on memory, by cause (the `memory`
+    /// reason of the wall-time partition, summed; absent when none).
+    #[serde(default, skip_serializing_if = "MemoryWaits::is_zero")]
+    pub waits: MemoryWaits,
 }
 
 /// A cgroup memory limit: v1 `memory.limit_in_bytes`, v2 `memory.max`.
@@ -86,6 +94,16 @@ pub struct GrowthLine {
     pub grown_bytes: u64,
     pub released_bytes: u64,
     pub samples: u64,
+}
+
+/// Growth and release sampled at one stack of a process.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GrowthStack {
+    pub grown_bytes: u64,
+    pub released_bytes: u64,
+    pub samples: u64,
+    /// Leaf first, as `stacks[].frames`.
+    pub frames: Vec<super::Frame>,
 }
 
 impl MemPoint {

@@ -183,18 +183,22 @@ pub enum OffCpuReason {
     Other,
     /// Waiting to take a CPython GIL.
     Gil,
+    /// Blocked on memory: a page fault's page-in, reclaim, compaction,
+    /// memory.high throttling (`OffCpuTimes::memory` has the causes).
+    Memory,
 }
 
 impl OffCpuReason {
     /// The reason a kernel record's code (`tracer_common::sched::REASON_*`) stands for.
     pub fn from_code(code: u32) -> Self {
-        use tracer_common::sched::{REASON_GIL, REASON_IO, REASON_LOCK, REASON_POLL, REASON_SLEEP};
+        use tracer_common::sched::{is_memory_reason, REASON_GIL, REASON_IO, REASON_LOCK, REASON_POLL, REASON_SLEEP};
         match code {
             REASON_IO => Self::Io,
             REASON_LOCK => Self::Lock,
             REASON_POLL => Self::Poll,
             REASON_SLEEP => Self::Sleep,
             REASON_GIL => Self::Gil,
+            c if is_memory_reason(c) => Self::Memory,
             _ => Self::Other,
         }
     }
@@ -208,6 +212,7 @@ impl OffCpuReason {
             Self::Sleep => "sleep",
             Self::Other => "other",
             Self::Gil => "gil",
+            Self::Memory => "memory",
         }
     }
 }
@@ -252,11 +257,49 @@ pub struct OffCpuTimes {
     /// Waiting to take a CPython GIL (not counted in `lock_ns`).
     #[serde(default)]
     pub gil_ns: u64,
+    /// Blocked on memory (not counted in the others): the sum of `memory`.
+    #[serde(default)]
+    pub memory_ns: u64,
+    /// `memory_ns` by cause.
+    #[serde(default, skip_serializing_if = "MemoryWaits::is_zero")]
+    pub memory: MemoryWaits,
 }
 
 impl OffCpuTimes {
     pub fn total(&self) -> u64 {
-        [self.io_ns, self.lock_ns, self.poll_ns, self.sleep_ns, self.other_ns, self.gil_ns].into_iter().fold(0, u64::saturating_add)
+        [self.io_ns, self.lock_ns, self.poll_ns, self.sleep_ns, self.other_ns, self.gil_ns, self.memory_ns].into_iter().fold(0, u64::saturating_add)
+    }
+}
+
+/// Off-CPU time blocked on memory, by cause (docs/memory.md).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemoryWaits {
+    /// In a page fault outside any syscall: a page-in from a file or swap,
+    /// or the memory-map lock the fault takes.
+    pub page_fault_ns: u64,
+    /// In direct reclaim: the machine's, or a memory cgroup's at its limit.
+    pub reclaim_ns: u64,
+    /// In compaction (making room for a huge page or a large allocation).
+    pub compaction_ns: u64,
+    /// Throttled above a memory cgroup's `memory.high`.
+    pub throttle_ns: u64,
+}
+
+impl MemoryWaits {
+    pub fn total(&self) -> u64 {
+        [self.page_fault_ns, self.reclaim_ns, self.compaction_ns, self.throttle_ns].into_iter().fold(0, u64::saturating_add)
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.total() == 0
+    }
+
+    /// Adds `other`'s waits.
+    pub fn add(&mut self, other: &MemoryWaits) {
+        self.page_fault_ns = self.page_fault_ns.saturating_add(other.page_fault_ns);
+        self.reclaim_ns = self.reclaim_ns.saturating_add(other.reclaim_ns);
+        self.compaction_ns = self.compaction_ns.saturating_add(other.compaction_ns);
+        self.throttle_ns = self.throttle_ns.saturating_add(other.throttle_ns);
     }
 }
 

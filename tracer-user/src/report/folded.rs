@@ -11,13 +11,16 @@
 //! - `wall`: both, in microseconds: each CPU sample counts 1/sample_hz
 //!   seconds, under an `[on-cpu]` frame; off-CPU time under
 //!   `[off-cpu: reason]`.
+//! - `memory`: resident growth in bytes, at the stacks the memory family
+//!   sampled (each sample weighs the bytes the process grew since the last;
+//!   docs/memory.md).
 //!
 //! Lines are sorted; stacks whose weight rounds to 0 are left out.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::fmt::printable;
-use crate::recording::{FrameKind, OffCpuReason, Recording, StackKind, StackRecord};
+use crate::recording::{memory::GrowthStack, Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord};
 
 /// Which time a flame graph shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -28,6 +31,8 @@ pub enum Profile {
     OffCpu,
     /// On-CPU and off-CPU time together.
     Wall,
+    /// Resident memory growth by stack (the memory family).
+    Memory,
 }
 
 impl Profile {
@@ -36,6 +41,7 @@ impl Profile {
         match self {
             Profile::Cpu => "samples",
             Profile::OffCpu | Profile::Wall => "us",
+            Profile::Memory => "bytes",
         }
     }
 
@@ -45,6 +51,7 @@ impl Profile {
             Profile::Cpu => "on-CPU",
             Profile::OffCpu => "off-CPU",
             Profile::Wall => "wall-clock",
+            Profile::Memory => "resident memory growth",
         }
     }
 }
@@ -66,6 +73,12 @@ pub(crate) fn fold(rec: &Recording, profile: Profile) -> BTreeMap<String, u64> {
     let comms = process_names(rec);
     // Cpu: samples; OffCpu and Wall: nanoseconds, converted at the end.
     let mut sums: BTreeMap<String, u128> = BTreeMap::new();
+    if profile == Profile::Memory {
+        for (pid, s) in memory_stacks(rec) {
+            let line = stack_line_of(&comms, pid, &s.frames, None);
+            *sums.entry(line).or_default() += u128::from(s.grown_bytes);
+        }
+    }
     for stack in &rec.stacks {
         let (context, weight) = match (profile, stack.kind) {
             (Profile::Cpu, StackKind::Cpu) => (None, stack.samples as u128),
@@ -85,7 +98,7 @@ pub(crate) fn fold(rec: &Recording, profile: Profile) -> BTreeMap<String, u64> {
     sums.into_iter()
         .filter_map(|(line, w)| {
             let w = match profile {
-                Profile::Cpu => w,
+                Profile::Cpu | Profile::Memory => w,
                 Profile::OffCpu | Profile::Wall => (w + 500) / 1000,
             };
             (w > 0).then(|| (line, u64::try_from(w).unwrap_or(u64::MAX)))
@@ -111,16 +124,25 @@ pub(crate) fn off_cpu_frame(reason: Option<OffCpuReason>) -> String {
     }
 }
 
+/// Every growth stack of the memory part, with its process.
+pub(crate) fn memory_stacks(rec: &Recording) -> impl Iterator<Item = (u32, &GrowthStack)> {
+    rec.memory.iter().flat_map(|m| m.processes.iter()).flat_map(|p| p.stacks.iter().map(move |s| (p.pid, s)))
+}
+
 fn stack_line(comms: &HashMap<u32, String>, stack: &StackRecord, context: Option<&str>) -> String {
-    let mut line = match comms.get(&stack.pid) {
+    stack_line_of(comms, stack.pid, &stack.frames, context)
+}
+
+fn stack_line_of(comms: &HashMap<u32, String>, pid: u32, frames: &[Frame], context: Option<&str>) -> String {
+    let mut line = match comms.get(&pid) {
         Some(comm) => sanitize(comm),
-        None => format!("pid {}", stack.pid),
+        None => format!("pid {pid}"),
     };
     if let Some(context) = context {
         line.push(';');
         line.push_str(context);
     }
-    for frame in stack.frames.iter().rev() {
+    for frame in frames.iter().rev() {
         line.push(';');
         if frame.function.is_empty() {
             line.push_str("[unknown]");
@@ -269,5 +291,49 @@ pub(crate) mod tests {
         rec.stacks.clear();
         assert_eq!(render(&rec, Profile::Cpu), "");
         assert_eq!(Profile::OffCpu.unit(), "us");
+    }
+
+    /// `stacks_sample` with a memory part: two stacks of pid 10 (one
+    /// Python, under interpreter frames), one that only released.
+    pub(crate) fn memory_sample() -> Recording {
+        use crate::recording::memory::{GrowthStack, MemoryReport, ProcessMemory};
+        let py = |f: &str, line: u32| Frame { function: f.into(), file: Some("/srv/app.py".into()), line: Some(line), kind: FrameKind::Python, module: None };
+        let eval = frame("_PyEval_EvalFrameDefault", FrameKind::Native);
+        let grow = |g: u64, r: u64, frames: Vec<Frame>| GrowthStack { grown_bytes: g, released_bytes: r, samples: g / (256 << 10), frames };
+        let mut rec = stacks_sample();
+        rec.memory = Some(MemoryReport {
+            growth_sample_bytes: 256 << 10,
+            processes: vec![ProcessMemory {
+                pid: 10,
+                series: vec![],
+                peak_rss: 0,
+                vm_hwm: None,
+                growth_bytes_per_s: 0.0,
+                lines: vec![],
+                memory_limit: None,
+                oom_killed: None,
+                stacks: vec![
+                    grow(200 << 20, 0, vec![eval.clone(), py("keep", 10), py("main", 40)]),
+                    grow(100 << 20, 100 << 20, vec![py("transient", 20), py("main", 41)]),
+                    grow(0, 1 << 20, vec![py("drop", 30)]),
+                ],
+                waits: Default::default(),
+            }],
+        });
+        rec
+    }
+
+    #[test]
+    fn memory_weighs_bytes_grown() {
+        let out = render(&memory_sample(), Profile::Memory);
+        assert_eq!(
+            out,
+            "demo;main;keep;_PyEval_EvalFrameDefault 209715200\n\
+             demo;main;transient 104857600\n"
+        );
+        assert_eq!(Profile::Memory.unit(), "bytes");
+        assert_eq!(render(&stacks_sample(), Profile::Memory), "");
+        // The time profiles do not see it.
+        assert_eq!(render(&memory_sample(), Profile::OffCpu), render(&stacks_sample(), Profile::OffCpu));
     }
 }

@@ -6,7 +6,7 @@
 //! command line), one thread track per thread (thread descriptor), and
 //! under each thread a `CUDA` and a `syscalls` track. Slices:
 //! - on the thread track, the thread's states: `on-cpu`, `runqueue`,
-//!   `off-cpu: io|lock|poll|sleep|other|gil` (with `stack`, the stack
+//!   `off-cpu: io|lock|poll|sleep|other|gil|memory` (with `stack`, the stack
 //!   captured when it began); CPU samples as instant events `cpu sample`
 //!   with `stack`; `thread start` / `thread exit` instants;
 //! - on `CUDA`, every call named by its API, args `bytes`, `kind`, `site`,
@@ -16,7 +16,9 @@
 //!
 //! Counter tracks: `GPU N utilization %` and `GPU N memory used` per GPU
 //! (NVML samples), and `copy bandwidth` per process (bytes of the CUDA
-//! copies that ended in each 10 ms bin, in B/s). Process fork, exec and
+//! copies that ended in each 10 ms bin, in B/s), and `resident memory` and
+//! `resident anon` per process (the memory family's series, bytes; absent
+//! with `--no-memory`). Process fork, exec and
 //! exit are instants on the process track. Timestamps are CLOCK_MONOTONIC
 //! ns (the packets name no clock, so viewers take them as their default).
 //!
@@ -268,6 +270,7 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     timeline_events(tl, base, &process_track, &thread_tracks, &mut b);
     copy_bandwidth(tl, base, &process_track, &mut tracks, &mut ids, &mut b);
     gpu_counters(rec, base, &mut tracks, &mut ids, &mut b);
+    memory_counters(rec, base, &process_track, &mut tracks, &mut ids, &mut b);
     Ok(proto::Trace { packet: packets(base, tracks, b) })
 }
 
@@ -423,6 +426,30 @@ fn gpu_counters(rec: &Recording, base: u64, tracks: &mut Vec<TrackDescriptor>, i
     }
 }
 
+/// Resident memory per process, and its anonymous part: the memory
+/// family's series (times from the same window start as the timeline).
+fn memory_counters(rec: &Recording, base: u64, process_track: &HashMap<u32, u64>, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids, b: &mut Builder) {
+    let Some(m) = &rec.memory else { return };
+    for p in m.processes.iter().filter(|p| !p.series.is_empty()) {
+        let parent = process_track.get(&p.pid).copied();
+        // A process with no track of its own says which it is.
+        let name = |what: &str| if parent.is_some() { what.to_owned() } else { format!("pid {} {what}", p.pid) };
+        let (rss, anon) = (ids.next(), ids.next());
+        for (u, what) in [(rss, "resident memory"), (anon, "resident anon")] {
+            tracks.push(TrackDescriptor {
+                name: Some(name(what)),
+                parent_uuid: parent,
+                counter: Some(proto::CounterDescriptor { unit: Some(3), unit_name: None }),
+                ..descriptor(u)
+            });
+        }
+        for pt in &p.series {
+            b.push(base + pt.t_ns, COUNTER, rss, None, Vec::new(), Some(pt.rss as f64));
+            b.push(base + pt.t_ns, COUNTER, anon, None, Vec::new(), Some(pt.anon as f64));
+        }
+    }
+}
+
 /// The tracks' descriptors first, then the events in time order.
 fn packets(base: u64, tracks: Vec<TrackDescriptor>, b: Builder) -> Vec<TracePacket> {
     let mut packet = Vec::with_capacity(tracks.len() + b.events.len());
@@ -519,5 +546,45 @@ mod tests {
         assert_eq!(threads, 1);
         // A copy-bandwidth counter track for pid 10.
         assert!(back.packet.iter().any(|p| p.track_descriptor.as_ref().is_some_and(|d| d.name.as_deref() == Some("copy bandwidth"))));
+    }
+
+    #[test]
+    fn resident_memory_is_a_counter_track_per_process() {
+        use crate::recording::memory::{MemPoint, MemoryReport, ProcessMemory};
+        let mut rec = crate::recording::tests::sample();
+        rec.timeline = Some(Timeline {
+            window_start_mono_ns: 1000,
+            limit: 10,
+            states: vec![StateInterval { pid: 10, tid: 10, state: ThreadState::OnCpu, reason: None, begin_ns: 0, end_ns: 5, stack: None }],
+            ..Default::default()
+        });
+        let pt = |t_ns, rss| MemPoint { t_ns, rss, anon: rss / 2, ..Default::default() };
+        rec.memory = Some(MemoryReport {
+            growth_sample_bytes: 256 << 10,
+            processes: vec![ProcessMemory {
+                pid: 10,
+                series: vec![pt(0, 100 << 20), pt(50, 120 << 20)],
+                peak_rss: 120 << 20,
+                vm_hwm: None,
+                growth_bytes_per_s: 0.0,
+                lines: vec![],
+                memory_limit: None,
+                oom_killed: None,
+                stacks: vec![],
+                waits: Default::default(),
+            }],
+        });
+        let back = proto::Trace::decode(&trace(&rec).unwrap().encode_to_vec()[..]).unwrap();
+        let track = |name: &str| {
+            back.packet.iter().find_map(|p| p.track_descriptor.as_ref().filter(|d| d.name.as_deref() == Some(name)).and_then(|d| d.uuid)).unwrap()
+        };
+        let values = |uuid: u64| -> Vec<(Option<u64>, Option<f64>)> {
+            back.packet
+                .iter()
+                .filter_map(|p| p.track_event.as_ref().filter(|e| e.track_uuid == Some(uuid) && e.r#type == Some(COUNTER)).map(|e| (p.timestamp, e.double_counter_value)))
+                .collect()
+        };
+        assert_eq!(values(track("resident memory")), [(Some(1000), Some((100u64 << 20) as f64)), (Some(1050), Some((120u64 << 20) as f64))]);
+        assert_eq!(values(track("resident anon")).len(), 2);
     }
 }

@@ -10,7 +10,10 @@
 //! `off_cpu_reason` label. One location per distinct frame, with one line:
 //! its function (name, file: the Python source file, or a native frame's
 //! module) and line. Stacks with Python frames start at their Python leaf
-//! (as in the speedscope output). `--profile` does not apply: all three types are in the file.
+//! (as in the speedscope output). `--profile cpu|off-cpu|wall` all give
+//! that file (all three types are in it); `--profile memory` gives
+//! `resident_growth/bytes` (the default) and `resident_release/bytes` per
+//! stack the memory family sampled, with `process` and `pid` labels.
 
 use std::{
     collections::HashMap,
@@ -21,8 +24,8 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use super::{
-    folded::Profile,
-    speedscope::{thread_name, thread_names, weighted},
+    folded::{memory_stacks, Profile},
+    speedscope::{from_python_leaf, thread_name, thread_names, weighted},
 };
 use crate::recording::{Frame, FrameKind, OffCpuReason, Recording};
 
@@ -179,27 +182,24 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The profile of `rec` (not yet encoded).
-pub fn profile(rec: &Recording) -> proto::Profile {
-    let mut strings = Strings::new();
-    let names = thread_names(rec);
-    let vt = |s: &mut Strings, t: &str, u: &str| proto::ValueType { r#type: s.get(t), unit: s.get(u) };
-    let sample_type = vec![vt(&mut strings, "samples", "count"), vt(&mut strings, "cpu", "nanoseconds"), vt(&mut strings, "off_cpu", "nanoseconds")];
-    let period = 1_000_000_000u64.checked_div(rec.sample_hz).unwrap_or(0);
-    let period_type = Some(vt(&mut strings, "cpu", "nanoseconds"));
-    let default_sample_type = strings.get("cpu");
+/// Functions and locations, one location per distinct frame.
+struct Locations<'a> {
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(String, String), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<&'a Frame, u64>,
+}
 
-    let mut functions: Vec<proto::Function> = Vec::new();
-    let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
-    let mut locations: Vec<proto::Location> = Vec::new();
-    let mut location_ids: HashMap<&Frame, u64> = HashMap::new();
-    let mut samples = Vec::new();
-    let keys = (strings.get("thread"), strings.get("pid"), strings.get("tid"), strings.get("off_cpu_reason"));
-    // Wall holds every CPU sample and every off-CPU stack once.
-    for w in weighted(rec, Profile::Wall) {
-        let mut ids = Vec::with_capacity(w.frames.len());
-        for f in w.frames {
-            if let Some(id) = location_ids.get(f) {
+impl<'a> Locations<'a> {
+    fn new() -> Self {
+        Locations { functions: Vec::new(), function_ids: HashMap::new(), locations: Vec::new(), location_ids: HashMap::new() }
+    }
+
+    /// The location ids of `frames`, leaf first.
+    fn of(&mut self, strings: &mut Strings, frames: &'a [Frame]) -> Vec<u64> {
+        let mut ids = Vec::with_capacity(frames.len());
+        for f in frames {
+            if let Some(id) = self.location_ids.get(f) {
                 ids.push(*id);
                 continue;
             }
@@ -208,7 +208,8 @@ pub fn profile(rec: &Recording) -> proto::Profile {
                 name.push_str(" [kernel]");
             }
             let file = f.file.clone().or_else(|| f.module.clone()).unwrap_or_default();
-            let fid = *function_ids.entry((name.clone(), file.clone())).or_insert_with(|| {
+            let functions = &mut self.functions;
+            let fid = *self.function_ids.entry((name.clone(), file.clone())).or_insert_with(|| {
                 let id = functions.len() as u64 + 1;
                 functions.push(proto::Function {
                     id,
@@ -219,17 +220,39 @@ pub fn profile(rec: &Recording) -> proto::Profile {
                 });
                 id
             });
-            let id = locations.len() as u64 + 1;
-            locations.push(proto::Location {
+            let id = self.locations.len() as u64 + 1;
+            self.locations.push(proto::Location {
                 id,
                 mapping_id: 0,
                 address: 0,
                 line: vec![proto::Line { function_id: fid, line: f.line.map_or(0, i64::from) }],
                 is_folded: false,
             });
-            location_ids.insert(f, id);
+            self.location_ids.insert(f, id);
             ids.push(id);
         }
+        ids
+    }
+}
+
+/// The profile of `rec` (not yet encoded): time, or with
+/// [`Profile::Memory`] resident growth.
+pub fn profile(rec: &Recording, which: Profile) -> proto::Profile {
+    if which == Profile::Memory {
+        return memory_profile(rec);
+    }
+    let mut strings = Strings::new();
+    let names = thread_names(rec);
+    let sample_type = vec![vt(&mut strings, "samples", "count"), vt(&mut strings, "cpu", "nanoseconds"), vt(&mut strings, "off_cpu", "nanoseconds")];
+    let period = 1_000_000_000u64.checked_div(rec.sample_hz).unwrap_or(0);
+    let period_type = Some(vt(&mut strings, "cpu", "nanoseconds"));
+    let default_sample_type = strings.get("cpu");
+    let mut locs = Locations::new();
+    let mut samples = Vec::new();
+    let keys = (strings.get("thread"), strings.get("pid"), strings.get("tid"), strings.get("off_cpu_reason"));
+    // Wall holds every CPU sample and every off-CPU stack once.
+    for w in weighted(rec, Profile::Wall) {
+        let ids = locs.of(&mut strings, w.frames);
         let thread = thread_name(&names, w.pid, w.tid);
         let mut label = vec![
             proto::Label { key: keys.0, str: strings.get(&thread), num: 0, num_unit: 0 },
@@ -244,27 +267,66 @@ pub fn profile(rec: &Recording) -> proto::Profile {
         };
         samples.push(proto::Sample { location_id: ids, value, label });
     }
+    finish(rec, strings, locs, Parts { sample_type, samples, period_type, period, default_sample_type })
+}
+
+fn vt(s: &mut Strings, t: &str, u: &str) -> proto::ValueType {
+    proto::ValueType { r#type: s.get(t), unit: s.get(u) }
+}
+
+/// `resident_growth/bytes` (default) and `resident_release/bytes` per
+/// stack the memory family sampled, a `process` label and a `pid` one.
+fn memory_profile(rec: &Recording) -> proto::Profile {
+    let mut strings = Strings::new();
+    let sample_type = vec![vt(&mut strings, "resident_growth", "bytes"), vt(&mut strings, "resident_release", "bytes")];
+    let period_type = Some(vt(&mut strings, "resident_growth", "bytes"));
+    let period = rec.memory.as_ref().map_or(0, |m| m.growth_sample_bytes);
+    let default_sample_type = strings.get("resident_growth");
+    let keys = (strings.get("process"), strings.get("pid"));
+    let comm = |pid: u32| rec.targets.iter().find(|t| t.pid == pid).map(|t| t.comm.clone()).unwrap_or_else(|| format!("pid {pid}"));
+    let mut locs = Locations::new();
+    let mut samples = Vec::new();
+    for (pid, s) in memory_stacks(rec) {
+        let ids = locs.of(&mut strings, from_python_leaf(&s.frames));
+        let label = vec![
+            proto::Label { key: keys.0, str: strings.get(&comm(pid)), num: 0, num_unit: 0 },
+            proto::Label { key: keys.1, str: 0, num: i64::from(pid), num_unit: 0 },
+        ];
+        samples.push(proto::Sample { location_id: ids, value: vec![to_i64(s.grown_bytes), to_i64(s.released_bytes)], label });
+    }
+    finish(rec, strings, locs, Parts { sample_type, samples, period_type, period, default_sample_type })
+}
+
+struct Parts {
+    sample_type: Vec<proto::ValueType>,
+    samples: Vec<proto::Sample>,
+    period_type: Option<proto::ValueType>,
+    period: u64,
+    default_sample_type: i64,
+}
+
+fn finish(rec: &Recording, strings: Strings, locs: Locations<'_>, p: Parts) -> proto::Profile {
     proto::Profile {
-        sample_type,
-        sample: samples,
+        sample_type: p.sample_type,
+        sample: p.samples,
         mapping: Vec::new(),
-        location: locations,
-        function: functions,
+        location: locs.locations,
+        function: locs.functions,
         drop_frames: 0,
         keep_frames: 0,
         time_nanos: to_i64(rec.started_unix_ms.saturating_mul(1_000_000)),
         duration_nanos: to_i64(rec.duration_ns),
-        period_type,
-        period: to_i64(period),
+        period_type: p.period_type,
+        period: to_i64(p.period),
         comment: Vec::new(),
-        default_sample_type,
+        default_sample_type: p.default_sample_type,
         string_table: strings.table,
     }
 }
 
 /// The gzipped, encoded profile of `rec`.
-pub fn render(rec: &Recording) -> std::io::Result<Vec<u8>> {
-    let bytes = profile(rec).encode_to_vec();
+pub fn render(rec: &Recording, which: Profile) -> std::io::Result<Vec<u8>> {
+    let bytes = profile(rec, which).encode_to_vec();
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());
     gz.write_all(&bytes)?;
     gz.finish()
@@ -280,7 +342,7 @@ mod tests {
     #[test]
     fn totals_types_and_labels() {
         let rec = stacks_sample();
-        let gz = render(&rec).unwrap();
+        let gz = render(&rec, Profile::Cpu).unwrap();
         let mut raw = Vec::new();
         GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
         let p = proto::Profile::decode(&raw[..]).unwrap();
@@ -299,6 +361,28 @@ mod tests {
             for id in &x.location_id {
                 assert!(p.location.iter().any(|l| l.id == *id));
             }
+        }
+    }
+
+    #[test]
+    fn memory_profile_is_bytes_by_stack() {
+        let rec = crate::report::folded::tests::memory_sample();
+        let gz = render(&rec, Profile::Memory).unwrap();
+        let mut raw = Vec::new();
+        GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = proto::Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+        assert_eq!(types, [("resident_growth", "bytes"), ("resident_release", "bytes")]);
+        assert_eq!(s(p.default_sample_type), "resident_growth");
+        assert_eq!(p.period, 256 << 10);
+        let sum = |i: usize| p.sample.iter().map(|x| x.value[i]).sum::<i64>();
+        assert_eq!((sum(0), sum(1)), (300 << 20, 101 << 20));
+        // Python stacks start at their Python leaf: the interpreter frame is left out.
+        let names: Vec<&str> = p.function.iter().map(|f| s(f.name)).collect();
+        assert!(!names.contains(&"_PyEval_EvalFrameDefault") && names.contains(&"keep"), "{names:?}");
+        for x in &p.sample {
+            assert!(x.label.iter().any(|l| s(l.key) == "process" && s(l.str) == "demo"));
         }
     }
 }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::folded::{off_cpu_frame, Profile};
+use super::folded::{memory_stacks, off_cpu_frame, Profile};
 use crate::recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind};
 
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -74,8 +74,9 @@ pub(crate) struct Weighted<'a> {
     pub tid: u32,
     pub context: Option<String>,
     pub frames: &'a [Frame],
-    /// CPU samples (0 for off-CPU stacks).
+    /// CPU samples (0 for off-CPU stacks; growth samples for memory ones).
     pub samples: u64,
+    /// Nanoseconds; bytes grown for [`Profile::Memory`].
     pub weight_ns: u64,
     /// Off-CPU reason (`None` for CPU samples).
     pub reason: Option<OffCpuReason>,
@@ -85,6 +86,22 @@ pub(crate) struct Weighted<'a> {
 /// The stacks of `rec` that `profile` counts, with their weights in ns.
 /// CPU samples weigh one sampling period each (none when `sample_hz` is 0).
 pub(crate) fn weighted(rec: &Recording, profile: Profile) -> Vec<Weighted<'_>> {
+    if profile == Profile::Memory {
+        // Per process (tid = pid): the memory family samples processes.
+        return memory_stacks(rec)
+            .filter(|(_, s)| s.grown_bytes > 0)
+            .map(|(pid, s)| Weighted {
+                pid,
+                tid: pid,
+                context: None,
+                frames: from_python_leaf(&s.frames),
+                samples: s.samples,
+                weight_ns: s.grown_bytes,
+                reason: None,
+                on_cpu: false,
+            })
+            .collect();
+    }
     let period = 1_000_000_000u64.checked_div(rec.sample_hz);
     let mut out = Vec::new();
     for s in &rec.stacks {
@@ -98,21 +115,14 @@ pub(crate) fn weighted(rec: &Recording, profile: Profile) -> Vec<Weighted<'_>> {
             (Profile::Cpu, true) => (None, period.map(|p| p.saturating_mul(s.samples))),
             (Profile::Wall, true) => (Some("[on-cpu]".to_owned()), period.map(|p| p.saturating_mul(s.samples))),
             (Profile::OffCpu | Profile::Wall, false) => (Some(off_cpu_frame(reason)), Some(s.weight_ns)),
-            (Profile::Cpu, false) | (Profile::OffCpu, true) => continue,
+            (Profile::Cpu, false) | (Profile::OffCpu, true) | (Profile::Memory, _) => continue,
         };
         let Some(weight_ns) = weight_ns.filter(|w| *w > 0) else { continue };
-        // With Python frames, the interpreter's own frames above the Python
-        // leaf are left out (as py-spy shows them without --native): self time
-        // goes to the Python function.
-        let frames = match s.frames.iter().position(|f| f.kind == FrameKind::Python) {
-            Some(i) => &s.frames[i..],
-            None => &s.frames[..],
-        };
         out.push(Weighted {
             pid: s.pid,
             tid: s.tid,
             context,
-            frames,
+            frames: from_python_leaf(&s.frames),
             samples: if on_cpu { s.samples } else { 0 },
             weight_ns,
             reason,
@@ -120,6 +130,24 @@ pub(crate) fn weighted(rec: &Recording, profile: Profile) -> Vec<Weighted<'_>> {
         });
     }
     out
+}
+
+/// With Python frames, the interpreter's own frames above the Python leaf
+/// are left out (as py-spy shows them without --native): self time goes to
+/// the Python function.
+pub(crate) fn from_python_leaf(frames: &[Frame]) -> &[Frame] {
+    match frames.iter().position(|f| f.kind == FrameKind::Python) {
+        Some(i) => &frames[i..],
+        None => frames,
+    }
+}
+
+/// Display name of a process: `comm (pid N)`.
+fn process_name(rec: &Recording, pid: u32) -> String {
+    match rec.targets.iter().find(|t| t.pid == pid).map(|t| t.comm.as_str()).filter(|c| !c.is_empty()) {
+        Some(comm) => format!("{comm} (pid {pid})"),
+        None => format!("pid {pid}"),
+    }
 }
 
 /// Display name of a thread: `comm (tid N)`, `pid N exited threads` for tid 0.
@@ -186,8 +214,8 @@ pub fn render(rec: &Recording, profile: Profile) -> String {
             let end_value = weights.iter().fold(0u64, |a, w| a.saturating_add(*w));
             SampledProfile {
                 kind: "sampled",
-                name: thread_name(&names, pid, tid),
-                unit: "nanoseconds",
+                name: if profile == Profile::Memory { process_name(rec, pid) } else { thread_name(&names, pid, tid) },
+                unit: if profile == Profile::Memory { "bytes" } else { "nanoseconds" },
                 start_value: 0,
                 end_value,
                 samples,
@@ -260,5 +288,15 @@ mod tests {
         let fib = v["shared"]["frames"].as_array().unwrap().iter().find(|f| f["name"] == "fib").unwrap();
         assert_eq!(fib["file"], "/w/bench_fib.py");
         assert_eq!(fib["line"], 7);
+    }
+
+    #[test]
+    fn memory_is_one_profile_per_process_in_bytes() {
+        let v: serde_json::Value = serde_json::from_str(&render(&crate::report::folded::tests::memory_sample(), Profile::Memory)).unwrap();
+        let profiles = v["profiles"].as_array().unwrap();
+        assert_eq!(profiles.len(), 1, "{v}");
+        let p = &profiles[0];
+        assert_eq!((p["unit"].as_str(), p["name"].as_str()), (Some("bytes"), Some("demo (pid 10)")));
+        assert_eq!(p["endValue"], 300u64 << 20);
     }
 }

@@ -27,6 +27,10 @@ pub fn render(rec: &Recording, profile: Profile) -> Result<String, SvgError> {
         Profile::Cpu => "CPU samples".to_owned(),
         Profile::OffCpu => "time blocked off CPU, microseconds".to_owned(),
         Profile::Wall => "on-CPU and off-CPU time, microseconds".to_owned(),
+        Profile::Memory => format!(
+            "resident memory growth, bytes (a stack sampled per {} grown)",
+            crate::report::fmt::fmt_bytes(rec.memory.as_ref().map_or(0, |m| m.growth_sample_bytes))
+        ),
     });
     opt.count_name = profile.unit().to_owned();
     // Java semantics: `_[k]` kernel frames orange, `::` (C++/Rust) yellow.

@@ -82,7 +82,7 @@ pub struct Metrics {
     /// (pid, nr) (calls, errors, ns); wall time by pid and category; lost
     /// events by cause; the last CUDA section and when it was taken.
     hw_syscalls: HashMap<(u32, u32), (u64, u64, u64)>,
-    hw_wall: HashMap<u32, [u64; 9]>,
+    hw_wall: HashMap<u32, [u64; CATEGORIES.len()]>,
     hw_lost: BTreeMap<String, u64>,
     last_cuda: Option<crate::recording::cuda::CudaReport>,
     last_ns: u64,
@@ -128,7 +128,7 @@ impl Metrics {
         registry.register("syscall_seconds", "Time inside syscalls, by name", m.syscall_seconds.clone());
         registry.register(
             "wall_seconds",
-            "Thread wall time by category: on_cpu, syscall (the on-CPU part in syscalls), io, lock, poll, sleep, gil, other, runqueue",
+            "Thread wall time by category: on_cpu, syscall (the on-CPU part in syscalls), io, lock, poll, sleep, gil, other, runqueue, memory (page faults, reclaim, compaction, throttling)",
             m.wall_seconds.clone(),
         );
         registry.register("lost_events", "Events the kernel side could not keep, by cause", m.lost.clone());
@@ -202,12 +202,12 @@ impl Metrics {
             }
         }
         self.hw_syscalls = hw;
-        let mut wall: HashMap<u32, [u64; 9]> = HashMap::new();
+        let mut wall: HashMap<u32, [u64; CATEGORIES.len()]> = HashMap::new();
         for t in &cur.threads {
             let o = &t.off_cpu;
             let w = wall.entry(t.pid).or_default();
             for (slot, v) in w.iter_mut().zip([
-                t.on_cpu_ns, t.syscall_ns, o.io_ns, o.lock_ns, o.poll_ns, o.sleep_ns, o.gil_ns, o.other_ns, t.runqueue_ns,
+                t.on_cpu_ns, t.syscall_ns, o.io_ns, o.lock_ns, o.poll_ns, o.sleep_ns, o.gil_ns, o.other_ns, t.runqueue_ns, o.memory_ns,
             ]) {
                 *slot += v;
             }
@@ -215,9 +215,9 @@ impl Metrics {
         let mut hw = HashMap::with_capacity(wall.len());
         for (pid, w) in wall {
             let old = self.hw_wall.get(&pid).copied().unwrap_or_default();
-            let mut d = [0u64; 9];
-            let mut top = [0u64; 9];
-            for i in 0..9 {
+            let mut d = [0u64; CATEGORIES.len()];
+            let mut top = [0u64; CATEGORIES.len()];
+            for i in 0..CATEGORIES.len() {
                 d[i] = w[i].saturating_sub(old[i]);
                 top[i] = w[i].max(old[i]);
             }
@@ -319,7 +319,7 @@ impl Metrics {
     }
 }
 
-pub const CATEGORIES: [&str; 9] = ["on_cpu", "syscall", "io", "lock", "poll", "sleep", "gil", "other", "runqueue"];
+pub const CATEGORIES: [&str; 10] = ["on_cpu", "syscall", "io", "lock", "poll", "sleep", "gil", "other", "runqueue", "memory"];
 
 /// (user+system CPU seconds, RSS bytes) of this process.
 pub fn self_usage() -> Option<(f64, u64)> {

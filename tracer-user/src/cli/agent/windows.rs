@@ -231,7 +231,11 @@ fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> 
         |t| t.tid == 0,
         |t| {
             let o = &t.off_cpu;
-            [t.wall_ns, t.on_cpu_ns, t.syscall_ns, o.io_ns, o.lock_ns, o.poll_ns, o.sleep_ns, o.other_ns, o.gil_ns, t.runqueue_ns]
+            let m = &o.memory;
+            [
+                t.wall_ns, t.on_cpu_ns, t.syscall_ns, o.io_ns, o.lock_ns, o.poll_ns, o.sleep_ns, o.other_ns, o.gil_ns, t.runqueue_ns,
+                o.memory_ns, m.page_fault_ns, m.reclaim_ns, m.compaction_ns, m.throttle_ns,
+            ]
                 .into_iter()
                 .map(i128::from)
                 .collect()
@@ -252,6 +256,8 @@ fn threads_delta(cur: &[ThreadTimes], prev: &[ThreadTimes]) -> Vec<ThreadTimes> 
             r.off_cpu.other_ns = g(7);
             r.off_cpu.gil_ns = g(8);
             r.runqueue_ns = g(9);
+            r.off_cpu.memory_ns = g(10);
+            r.off_cpu.memory = crate::recording::MemoryWaits { page_fault_ns: g(11), reclaim_ns: g(12), compaction_ns: g(13), throttle_ns: g(14) };
             Some(r)
         },
     )

@@ -145,6 +145,14 @@ fn thread_delta(now: &ThreadTimes, before: Option<&ThreadTimes>) -> ThreadTimes 
     d.off_cpu.sleep_ns = delta(now.off_cpu.sleep_ns, b.off_cpu.sleep_ns);
     d.off_cpu.other_ns = delta(now.off_cpu.other_ns, b.off_cpu.other_ns);
     d.off_cpu.gil_ns = delta(now.off_cpu.gil_ns, b.off_cpu.gil_ns);
+    d.off_cpu.memory_ns = delta(now.off_cpu.memory_ns, b.off_cpu.memory_ns);
+    let (m, bm) = (&now.off_cpu.memory, &b.off_cpu.memory);
+    d.off_cpu.memory = crate::recording::MemoryWaits {
+        page_fault_ns: delta(m.page_fault_ns, bm.page_fault_ns),
+        reclaim_ns: delta(m.reclaim_ns, bm.reclaim_ns),
+        compaction_ns: delta(m.compaction_ns, bm.compaction_ns),
+        throttle_ns: delta(m.throttle_ns, bm.throttle_ns),
+    };
     d
 }
 
@@ -294,7 +302,7 @@ impl State {
 }
 
 /// The wall-time parts of a thread row, as in the text report's bars.
-pub fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
+pub fn parts(t: &ThreadTimes) -> [(char, u64); 10] {
     walltime::parts(t)
 }
 

@@ -102,6 +102,7 @@ fn part_style(c: char) -> Style {
         'l' => Color::LightRed,
         'p' => Color::Cyan,
         'z' => Color::DarkGray,
+        'm' => Color::LightYellow,
         _ => Color::Gray,
     };
     Style::default().fg(color)
@@ -198,6 +199,7 @@ fn threads(m: &Model, sort: Sort, width: u16) -> Vec<Line<'static>> {
             times.off_cpu.sleep_ns,
             times.off_cpu.other_ns,
             times.off_cpu.gil_ns,
+            times.off_cpu.memory_ns,
         ]);
         let mut spans = vec![Span::raw(format!("{label:<LABEL$} |"))];
         spans.extend(bar(times, bar_width));

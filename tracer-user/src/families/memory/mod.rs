@@ -20,8 +20,8 @@ use crate::{
     os::probe::{self, ProbeError},
     recording::{
         attribution,
-        memory::{slope, GrowthLine, MemPoint, MemoryLimit, MemoryReport, OomKilled, ProcessMemory},
-        Origin, Recording,
+        memory::{slope, GrowthLine, GrowthStack, MemPoint, MemoryLimit, MemoryReport, OomKilled, ProcessMemory},
+        MemoryWaits, Origin, Recording,
     },
 };
 
@@ -189,9 +189,14 @@ impl Collector for MemoryCollector {
             series.entry(pid).or_default();
         }
         let mut lines: HashMap<u32, BTreeMap<String, GrowthLine>> = HashMap::new();
+        let mut stacks: HashMap<u32, Vec<GrowthStack>> = HashMap::new();
         for (k, v) in growth {
             let frames = cx.frames(k.pid, k.user_stack, tracer_common::sched::NO_STACK, k.py_stack)?;
-            let Some(charged) = attribution::charge(&frames) else { continue };
+            let charged = attribution::charge(&frames);
+            if !frames.is_empty() {
+                stacks.entry(k.pid).or_default().push(GrowthStack { grown_bytes: v.grown, released_bytes: v.released, samples: v.samples, frames });
+            }
+            let Some(charged) = charged else { continue };
             let e = lines.entry(k.pid).or_default().entry(charged.site.key()).or_insert_with(|| GrowthLine {
                 site: charged.site.clone(),
                 beneath: charged.beneath.clone(),
@@ -202,6 +207,11 @@ impl Collector for MemoryCollector {
             e.grown_bytes += v.grown;
             e.released_bytes += v.released;
             e.samples += v.samples;
+        }
+        // The threads' memory waits (the sched collector's snapshot ran first).
+        let mut waits: HashMap<u32, MemoryWaits> = HashMap::new();
+        for t in &rec.threads {
+            waits.entry(t.pid).or_default().add(&t.off_cpu.memory);
         }
         let mut processes: Vec<ProcessMemory> = series
             .into_iter()
@@ -220,6 +230,12 @@ impl Collector for MemoryCollector {
                     lines,
                     memory_limit: self.limits.get(&pid).cloned(),
                     oom_killed: oom_of.remove(&pid),
+                    waits: waits.get(&pid).copied().unwrap_or_default(),
+                    stacks: {
+                        let mut s = stacks.remove(&pid).unwrap_or_default();
+                        s.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(b.released_bytes.cmp(&a.released_bytes)));
+                        s
+                    },
                 }
             })
             .collect();

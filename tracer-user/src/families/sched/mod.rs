@@ -15,8 +15,9 @@ use aya::{
 use tracer_common::{
     cpu_samples::SampleKey,
     sched::{
-        Charge, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL,
-        REASON_IO, REASON_LOCK, REASON_OTHER, REASON_POLL, REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
+        Charge, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL, REASON_IO, REASON_LOCK,
+        REASON_MEM_COMPACTION, REASON_MEM_FAULT, REASON_MEM_RECLAIM, REASON_MEM_THROTTLE, REASON_OTHER, REASON_POLL,
+        REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
         STATE_RUNNING, STATE_UNKNOWN,
     },
     syscalls::HIST_BUCKETS,
@@ -30,13 +31,14 @@ use crate::{
     },
     os::probe::{self, ProbeError},
     os::procfs,
-    recording::{OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
+    recording::{MemoryWaits, OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
     system::syscall_name,
 };
 
 /// Syscalls whose blocking counts as I/O, lock, poll or sleep time; every
-/// other blocking (page faults, wait4, ...) is `other`. docs/wall-time.md
-/// shows this table to users.
+/// other blocking in a syscall (wait4, ...) is `other`, and a wait in a page
+/// fault, reclaim or compaction is `memory` (the kernel decides, see
+/// `MEMORY_WAIT_PROGRAMS`). docs/wall-time.md shows this table to users.
 pub const CLASSIFICATION: &[(OffCpuReason, &[&str])] = &[
     (
         OffCpuReason::Io,
@@ -64,6 +66,7 @@ fn reason_code(r: OffCpuReason) -> u32 {
         OffCpuReason::Poll => REASON_POLL,
         OffCpuReason::Sleep => REASON_SLEEP,
         OffCpuReason::Gil => REASON_GIL,
+        OffCpuReason::Memory => REASON_MEM_FAULT,
     }
 }
 
@@ -78,14 +81,70 @@ pub fn classify(arch: &str, nr: u32) -> OffCpuReason {
         .unwrap_or(OffCpuReason::Other)
 }
 
+/// The state machine's programs.
+const SCHED_PROGRAMS: [ProgramSpec; 3] = [
+    ProgramSpec { name: "sched_switch", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_switch" } },
+    ProgramSpec { name: "sched_wakeup", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup" } },
+    ProgramSpec { name: "sched_wakeup_new", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup_new" } },
+];
+
+/// Mark a thread inside reclaim or compaction, so that a wait that begins
+/// there is a `memory` wait: they fire only when the kernel reclaims or
+/// compacts for the thread (docs/memory.md). A kernel without them keeps
+/// the page-fault waits.
+const MEMORY_WAIT_PROGRAMS: [ProgramSpec; 6] = [
+    ProgramSpec { name: "sched_mem_reclaim_begin", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_vmscan_direct_reclaim_begin" } },
+    ProgramSpec { name: "sched_mem_reclaim_end", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_vmscan_direct_reclaim_end" } },
+    ProgramSpec { name: "sched_memcg_reclaim_begin", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_vmscan_memcg_reclaim_begin" } },
+    ProgramSpec { name: "sched_memcg_reclaim_end", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_vmscan_memcg_reclaim_end" } },
+    ProgramSpec { name: "sched_mem_compaction_begin", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_compaction_begin" } },
+    ProgramSpec { name: "sched_mem_compaction_end", kind: ProgramKind::BtfTracePoint { tracepoint: "mm_compaction_end" } },
+];
+
+/// Kernel functions whose frame under a wait outside any syscall makes it a
+/// page-fault wait: the fault entry and its handler, per architecture.
+fn fault_entry_functions() -> [&'static str; 2] {
+    match std::env::consts::ARCH {
+        "aarch64" => ["do_page_fault", "do_translation_fault"],
+        _ => ["asm_exc_page_fault", "exc_page_fault"],
+    }
+}
+
+/// Same for memory.high throttling on the way back to user mode (renamed in 6.x).
+const THROTTLE_FUNCTIONS: [&str; 2] = ["__mem_cgroup_handle_over_high", "mem_cgroup_handle_over_high"];
+
+/// The kernel text ranges of `MEM_FAULT_*` and `MEM_THROTTLE_*`, read once.
+fn memory_wait_ranges() -> &'static [(u64, u64); 3] {
+    static RANGES: std::sync::OnceLock<[(u64, u64); 3]> = std::sync::OnceLock::new();
+    RANGES.get_or_init(|| {
+        let [f1, f2] = fault_entry_functions();
+        let found = crate::os::kallsyms::ranges(&[f1, f2, THROTTLE_FUNCTIONS[0], THROTTLE_FUNCTIONS[1]]);
+        let get = |n: &str| found.get(n).copied().unwrap_or((0, 0));
+        let throttle = found.get(THROTTLE_FUNCTIONS[0]).or_else(|| found.get(THROTTLE_FUNCTIONS[1])).copied().unwrap_or((0, 0));
+        [get(f1), get(f2), throttle]
+    })
+}
+
 pub static TABLE: FamilyTable = FamilyTable {
     family: "sched",
     programs: &[
-        ProgramSpec { name: "sched_switch", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_switch" } },
-        ProgramSpec { name: "sched_wakeup", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup" } },
-        ProgramSpec { name: "sched_wakeup_new", kind: ProgramKind::BtfTracePoint { tracepoint: "sched_wakeup_new" } },
+        SCHED_PROGRAMS[0],
+        SCHED_PROGRAMS[1],
+        SCHED_PROGRAMS[2],
+        MEMORY_WAIT_PROGRAMS[0],
+        MEMORY_WAIT_PROGRAMS[1],
+        MEMORY_WAIT_PROGRAMS[2],
+        MEMORY_WAIT_PROGRAMS[3],
+        MEMORY_WAIT_PROGRAMS[4],
+        MEMORY_WAIT_PROGRAMS[5],
     ],
     globals: &[
+        GlobalSpec { name: "MEM_FAULT_START", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[0].0)) },
+        GlobalSpec { name: "MEM_FAULT_END", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[0].1)) },
+        GlobalSpec { name: "MEM_FAULT2_START", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[1].0)) },
+        GlobalSpec { name: "MEM_FAULT2_END", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[1].1)) },
+        GlobalSpec { name: "MEM_THROTTLE_START", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[2].0)) },
+        GlobalSpec { name: "MEM_THROTTLE_END", value: |_| Ok(GlobalValue::U64(memory_wait_ranges()[2].1)) },
         GlobalSpec { name: "TASK_PID_OFFSET", value: |i| i.task_member("pid").map(GlobalValue::U64) },
         GlobalSpec { name: "TASK_TGID_OFFSET", value: |i| i.task_member("tgid").map(GlobalValue::U64) },
         GlobalSpec {
@@ -161,6 +220,12 @@ fn comm_of(raw: &[u8; 16]) -> String {
 }
 
 fn off_cpu_times(off: &[u64; REASONS]) -> OffCpuTimes {
+    let memory = MemoryWaits {
+        page_fault_ns: off[REASON_MEM_FAULT as usize],
+        reclaim_ns: off[REASON_MEM_RECLAIM as usize],
+        compaction_ns: off[REASON_MEM_COMPACTION as usize],
+        throttle_ns: off[REASON_MEM_THROTTLE as usize],
+    };
     OffCpuTimes {
         other_ns: off[REASON_OTHER as usize],
         io_ns: off[REASON_IO as usize],
@@ -168,6 +233,8 @@ fn off_cpu_times(off: &[u64; REASONS]) -> OffCpuTimes {
         poll_ns: off[REASON_POLL as usize],
         sleep_ns: off[REASON_SLEEP as usize],
         gil_ns: off[REASON_GIL as usize],
+        memory_ns: memory.total(),
+        memory,
     }
 }
 
@@ -456,8 +523,22 @@ impl Collector for SchedCollector {
                 }
             }
         }
-        for spec in TABLE.programs {
+        let (sched, memory_waits) = TABLE.programs.split_at(SCHED_PROGRAMS.len());
+        for spec in sched {
             self.links.attach(&mut cx.kernel, spec)?;
+        }
+        // Memory waits are a refinement: a kernel without these tracepoints
+        // (or without kernel symbols) counts such waits as `other`, noted.
+        // Per (begin, end) pair, the end first: a begin without its end
+        // would mark the thread for good.
+        for pair in memory_waits.chunks(2) {
+            let attached = self.links.attach(&mut cx.kernel, &pair[1]).and_then(|()| self.links.attach(&mut cx.kernel, &pair[0]));
+            if let Err(e) = attached {
+                cx.sink.note(format!("some waits in reclaim or compaction count as `other`, not `memory`: attaching {} failed: {e}", pair[0].name));
+            }
+        }
+        if memory_wait_ranges()[0].1 == 0 && memory_wait_ranges()[1].1 == 0 {
+            cx.sink.note("waits in page faults count as `other`, not `memory`: the page-fault entry is not in /proc/kallsyms (kernel symbols hidden?)");
         }
         Ok(())
     }

@@ -65,6 +65,15 @@ fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
         fmt_bytes(last.shmem),
         fmt_bytes(last.swap)
     );
+    if !p.waits.is_zero() {
+        let w = &p.waits;
+        let parts: Vec<String> = [("page faults", w.page_fault_ns), ("reclaim", w.reclaim_ns), ("compaction", w.compaction_ns), ("memory.high throttling", w.throttle_ns)]
+            .into_iter()
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(what, ns)| format!("{what} {}", fmt_duration(ns)))
+            .collect();
+        let _ = writeln!(out, "  waited on memory (off CPU, all threads): {} ({})", fmt_duration(w.total()), parts.join(", "));
+    }
     if let Some(l) = &p.memory_limit {
         let _ = writeln!(out, "  cgroup memory limit: {} ({}), peak at {:.0}% of it", fmt_bytes(l.bytes), printable(&l.file), 100.0 * p.peak_rss as f64 / l.bytes.max(1) as f64);
     }

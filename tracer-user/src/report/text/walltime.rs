@@ -19,11 +19,11 @@ const TOP_STACKS: usize = 5;
 const STACK_DEPTH_SHOWN: usize = 12;
 
 /// One-letter legend used in the bars.
-pub const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  o other";
+pub const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  m memory  o other";
 
 /// The parts of a thread's wall time in bar order, each with its letter of
 /// [`LEGEND`] (also `infertrace top`'s bars).
-pub fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
+pub fn parts(t: &ThreadTimes) -> [(char, u64); 10] {
     [
         ('#', t.on_cpu_ns.saturating_sub(t.syscall_ns)),
         ('s', t.syscall_ns.min(t.on_cpu_ns)),
@@ -33,6 +33,7 @@ pub fn parts(t: &ThreadTimes) -> [(char, u64); 9] {
         ('l', t.off_cpu.lock_ns),
         ('p', t.off_cpu.poll_ns),
         ('z', t.off_cpu.sleep_ns),
+        ('m', t.off_cpu.memory_ns),
         ('o', t.off_cpu.other_ns),
     ]
 }
@@ -80,6 +81,8 @@ fn sum(threads: &[&ThreadTimes]) -> ThreadTimes {
         add(&mut s.off_cpu.sleep_ns, t.off_cpu.sleep_ns);
         add(&mut s.off_cpu.other_ns, t.off_cpu.other_ns);
         add(&mut s.off_cpu.gil_ns, t.off_cpu.gil_ns);
+        add(&mut s.off_cpu.memory_ns, t.off_cpu.memory_ns);
+        s.off_cpu.memory.add(&t.off_cpu.memory);
     }
     s
 }
@@ -90,7 +93,7 @@ fn line(out: &mut String, label: &str, t: &ThreadTimes) -> bool {
     let over = exceeds_wall(t);
     let _ = writeln!(
         out,
-        "{label:<24} {:>10} |{}|{} cpu {} (sys {}) rq {} gil {} io {} lock {} poll {} sleep {} other {}",
+        "{label:<24} {:>10} |{}|{} cpu {} (sys {}) rq {} gil {} io {} lock {} poll {} sleep {} mem {} other {}",
         fmt_duration(w),
         bar(t),
         if over { "!" } else { "" },
@@ -102,6 +105,7 @@ fn line(out: &mut String, label: &str, t: &ThreadTimes) -> bool {
         fmt_share(t.off_cpu.lock_ns, w),
         fmt_share(t.off_cpu.poll_ns, w),
         fmt_share(t.off_cpu.sleep_ns, w),
+        fmt_share(t.off_cpu.memory_ns, w),
         fmt_share(t.off_cpu.other_ns, w),
     );
     over

@@ -22,7 +22,7 @@ pub enum Class {
     Polling,
     /// Blocked in nanosleep & co (time.sleep, timers).
     Sleeping,
-    /// Blocked elsewhere (wait4, page faults...).
+    /// Blocked elsewhere (wait4, a child, a stop...).
     OtherWait,
     /// Runnable, waiting for a CPU (run-queue delay).
     CpuStarvation,
@@ -39,10 +39,14 @@ pub enum Class {
     /// OpenMP, PyTorch intra-op pools): a thread without Python frames in a
     /// Python process (verdict/pools.rs).
     NativePool,
+    /// Blocked on memory: page-ins in page faults (file-backed mappings,
+    /// swap), direct reclaim, compaction, memory.high throttling (the
+    /// `memory` off-CPU reason; schema 1.x addition).
+    MemoryStall,
 }
 
 impl Class {
-    pub const ALL: [Class; 13] = [
+    pub const ALL: [Class; 14] = [
         Class::PythonCompute,
         Class::NativeCompute,
         Class::Gil,
@@ -56,6 +60,7 @@ impl Class {
         Class::CopyWork,
         Class::Collective,
         Class::NativePool,
+        Class::MemoryStall,
     ];
 
     /// The JSON name (`python_compute`, ...), also what `diff --metric` takes.
@@ -74,6 +79,7 @@ impl Class {
             Class::CopyWork => "copy_work",
             Class::Collective => "collective",
             Class::NativePool => "native_pool",
+            Class::MemoryStall => "memory_stall",
         }
     }
 
@@ -97,6 +103,7 @@ impl Class {
             Class::CopyWork => "host<->device copy work",
             Class::Collective => "waiting on collectives (NCCL)",
             Class::NativePool => "native worker pool",
+            Class::MemoryStall => "waiting on memory (page-ins, reclaim)",
         }
     }
 
@@ -118,7 +125,7 @@ impl Class {
             }
             Class::Polling => "waiting for network or events (poll/epoll/select): idle between requests, or waiting on a slow peer",
             Class::Sleeping => "the code sleeps (time.sleep, timers): remove fixed sleeps and back-offs or make them event-driven",
-            Class::OtherWait => "blocked outside the usual syscalls (waiting for a child, page faults): see the off-CPU stacks",
+            Class::OtherWait => "blocked outside the usual syscalls (waiting for a child, a stop): see the off-CPU stacks",
             Class::CpuStarvation => {
                 "runnable but no CPU free: more busy threads than cores (affinity, cgroup CPU quota, oversized thread pools); reduce them or add CPUs"
             }
@@ -131,6 +138,9 @@ impl Class {
             }
             Class::NativePool => {
                 "a native library's worker threads (onnxruntime, OpenBLAS, OpenMP, torch intra-op) use the CPU: size the pool (intra_op_num_threads, OMP_NUM_THREADS, torch.set_num_threads) to the cores you have; a busy-waiting pool spins between requests: turn spinning off (onnxruntime session.intra_op.allow_spinning=0, OMP_WAIT_POLICY=passive)"
+            }
+            Class::MemoryStall => {
+                "the thread waits for memory: page-ins of a file-backed mapping (mmap'd weights: read them once, or use MAP_POPULATE/madvise WILLNEED), swap-ins, or reclaim and throttling at a memory limit (raise the cgroup's memory.high/limit, or hold less: see the memory growth lines)"
             }
         }
     }

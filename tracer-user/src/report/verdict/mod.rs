@@ -334,6 +334,7 @@ fn reason_class(r: OffCpuReason) -> Class {
         OffCpuReason::Sleep => Class::Sleeping,
         OffCpuReason::Other => Class::OtherWait,
         OffCpuReason::Gil => Class::Gil,
+        OffCpuReason::Memory => Class::MemoryStall,
     }
 }
 
@@ -398,6 +399,7 @@ fn thread_acc(t: &ThreadTimes, stacks: &[&StackRecord], cuda: Option<&CudaSites>
         (OffCpuReason::Poll, o.poll_ns),
         (OffCpuReason::Sleep, o.sleep_ns),
         (OffCpuReason::Other, o.other_ns),
+        (OffCpuReason::Memory, o.memory_ns),
     ] {
         let class = reason_class(reason);
         spread(&mut acc, ns, &of(StackKind::OffCpu, Some(reason)), |s| s.weight_ns, |s, _, _| gpu_class(&s.frames, cuda, false).unwrap_or(class), class);
