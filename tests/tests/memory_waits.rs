@@ -120,3 +120,64 @@ fn page_ins_of_a_mapped_file_are_memory_waits_at_their_line() {
     text.assert_ok();
     assert!(text.stdout.contains("m memory") && text.stdout.contains("waited on memory"), "{}", text.stdout);
 }
+
+/// A writer in a 64 MiB memory cgroup (v1 `memory.limit_in_bytes` here,
+/// v2 `memory.max` elsewhere) writing 512 MiB: the page cache it fills is
+/// charged to the cgroup, whose reclaim waits for dirty pages to be
+/// written back. Those waits are `memory` (cause `reclaim_ns`) at the
+/// writing line, though they happen inside `write()`; no more than the
+/// loop's blocked time by its own clocks, and most of it here.
+#[test]
+fn reclaim_at_a_cgroup_limit_is_a_memory_wait_at_the_writing_line() {
+    let test = "reclaim_at_a_cgroup_limit_is_a_memory_wait_at_the_writing_line";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let limit: u64 = 64 << 20;
+    let cg = match MemCgroup::new("reclaim", limit) {
+        Ok(c) => c,
+        Err(why) => {
+            skip(test, &format!("a memory cgroup to limit the workload ({why})"));
+            return;
+        }
+    };
+    let dir = TempDir::new("memory-reclaim");
+    let data = data_file("reclaim");
+    let source = workload();
+    let args: Vec<&std::ffi::OsStr> = vec![source.as_os_str(), "reclaim".as_ref(), data.as_os_str(), "512".as_ref()];
+    let inner = cg.command(&python, &args);
+    let run = run_cmd(
+        infertrace(["record", "-q", "--format", "json", "-o"]).arg(dir.join("rec.itr")).arg("--").arg(inner.get_program()).args(inner.get_args()),
+        Duration::from_secs(180),
+    );
+    let _ = std::fs::remove_file(&data);
+    run.assert_ok();
+    let peak = cg.peak().unwrap_or(0);
+    let lp = loop_truth(&run.stderr).unwrap_or_else(|| panic!("no loop line from the workload: {}", run.stderr));
+    let blocked = lp.blocked();
+    let report = run.json();
+    // The writer: the thread with the most memory waits (the launched shell exec'd it).
+    let row = report.threads().iter().max_by_key(|t| u(&t["off_cpu"]["memory_ns"])).cloned().unwrap_or_default();
+    let (pid, tid) = (u(&row["pid"]), u(&row["tid"]));
+    let main = report.thread_times().into_iter().find(|t| t.tid == tid && t.pid == pid).unwrap_or_else(|| panic!("no row for {tid}"));
+    let reclaim = u(&row["off_cpu"]["memory"]["reclaim_ns"]);
+    let memory = u(&row["off_cpu"]["memory_ns"]);
+    let line = markers_of(&workload())["reclaim_write"];
+    let (at_line, stacks) = memory_stack_weight(&report, pid, line);
+    let ms = |n: u64| n as f64 / 1e6;
+    eprintln!(
+        "[{test}] cgroup peak {:.1} MiB of {:.0}; loop {:.1} ms, cpu {:.1} ms, run queue {:?} ms, blocked {:.1} ms; traced memory {:.1} ms (reclaim {:.1}), at the line {:.1} of {:.1} ms of stacks; {}",
+        peak as f64 / 1048576.0, limit as f64 / 1048576.0, ms(lp.wall), ms(lp.cpu), lp.runq.map(ms), ms(blocked), ms(memory), ms(reclaim), ms(at_line), ms(stacks), main.describe()
+    );
+    // The oracle that the cgroup was at its limit (reclaim had to run).
+    assert!(peak >= limit / 10 * 9, "the cgroup peaked at {peak} bytes, under its {limit}-byte limit: no reclaim to see");
+    // Reclaim waits happen in the loop only (nothing else allocates once the
+    // cgroup is full), and are most of its blocked time here (0.91x).
+    assert!(reclaim as f64 <= 1.15 * blocked as f64 + 10e6, "reclaim waits {:.1} ms > the loop's {:.1} ms blocked", ms(reclaim), ms(blocked));
+    assert!(reclaim as f64 >= 0.3 * blocked as f64, "reclaim waits {:.1} ms < 30% of the loop's {:.1} ms blocked", ms(reclaim), ms(blocked));
+    // Charged to the writing line.
+    assert!(at_line as f64 >= 0.8 * reclaim as f64, "memory stacks at line {line}: {:.1} ms, reclaim {:.1} ms", ms(at_line), ms(reclaim));
+    let parts = main.parts_ns();
+    assert!(parts.abs_diff(main.wall_ns) as f64 <= 0.02 * main.wall_ns as f64, "parts {} vs wall {}: {}", parts, main.wall_ns, main.describe());
+}
