@@ -145,6 +145,37 @@ fn pprof_reads_with_go_tool_and_lists_fib_first() {
     assert_eq!(first_cpu, "fib");
 }
 
+/// `report --format pprof --profile memory` read by `go tool pprof`:
+/// `resident_growth` is the default sample type, and the line that grew
+/// most in `tests/workloads/mem_growth.py` (300 MiB at @mem_b) comes first.
+#[test]
+fn pprof_memory_profile_reads_with_go_tool_and_lists_the_largest_line_first() {
+    let test = "pprof_memory_profile_reads_with_go_tool_and_lists_the_largest_line_first";
+    require!(test, Root, Binary);
+    if !prereq::in_path("go") {
+        return skip(test, "go (Debian golang-go; cargo xtask setup)");
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let dir = TempDir::new("pprof-memory");
+    let rec = dir.join("rec.itr");
+    let w = workspace_root().join("tests/workloads/mem_growth.py");
+    run_cmd(infertrace(["record", "-q", "-o"]).arg(&rec).arg("--").arg(&python).arg(&w), RUN_TIMEOUT).assert_ok();
+    let out = dir.join("memory.pb.gz");
+    report_to(&rec, "pprof", "memory", &out);
+    let o = Command::new("go").args(["tool", "pprof", "-top", "-lines"]).arg(&out).env("HOME", std::env::temp_dir()).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "go tool pprof failed: {text}{}", String::from_utf8_lossy(&o.stderr));
+    let first = text.lines().skip_while(|l| !l.trim_start().starts_with("flat")).nth(1).unwrap_or_else(|| panic!("no rows in:\n{text}"));
+    let line_b = markers_of(&w)["mem_b"];
+    assert!(first.trim_end().ends_with(&format!("mem_growth.py:{line_b}")), "first row {first:?} is not line {line_b}:\n{text}");
+    assert!(text.contains("Type: resident_growth"), "{text}");
+    // The folded form weighs the same stacks in bytes.
+    let folded = run_infertrace(["report".as_ref(), rec.as_os_str(), "--format".as_ref(), "folded".as_ref(), "--profile".as_ref(), "memory".as_ref()]);
+    folded.assert_ok();
+    let total: u64 = folded.stdout.lines().filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum();
+    assert!(total >= 600 << 20, "folded memory profile totals {total} bytes; the workload grows by over 600 MiB");
+}
+
 #[test]
 fn perfetto_needs_a_timeline() {
     require!("perfetto_needs_a_timeline", Root, Binary);
