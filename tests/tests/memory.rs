@@ -129,6 +129,114 @@ fn growth_by_line_peak_and_series_match_the_workload() {
     assert!(rows.iter().all(|(_, r)| r.is_ok()), "{table}");
 }
 
+/// Bytes per marked line of `mem_growth.py` from a peer's `NAME BYTES` view.
+type PerLine = std::collections::BTreeMap<String, u64>;
+
+/// memray (`memray run`, then `memray stats --json`): bytes allocated per
+/// location, `FUNCTION:FILE:LINE`.
+fn memray_per_line(python: &std::path::Path, dir: &TempDir, m: &std::collections::BTreeMap<String, u64>) -> Result<PerLine, String> {
+    let bin = dir.join("memray.bin");
+    let run = run_cmd(std::process::Command::new(python).args(["-m", "memray", "run", "-q", "-o"]).arg(&bin).arg(workload()), Duration::from_secs(120));
+    if !run.status.success() {
+        return Err(format!("memray run failed: {}", run.describe()));
+    }
+    let json = dir.join("memray.json");
+    let stats = run_cmd(std::process::Command::new(python).args(["-m", "memray", "stats", "--json", "-f", "-n", "20", "-o"]).arg(&json).arg(&bin), Duration::from_secs(60));
+    if !stats.status.success() {
+        return Err(format!("memray stats failed: {}", stats.describe()));
+    }
+    let v: Value = infertrace_e2e::serde_json::from_str(&std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?).map_err(|e| e.to_string())?;
+    let mut out = PerLine::new();
+    for a in v["top_allocations_by_size"].as_array().ok_or("no top_allocations_by_size in memray's stats")? {
+        let loc = a["location"].as_str().unwrap_or("");
+        let Some((file, line)) = loc.rsplit_once(':') else { continue };
+        if !file.ends_with("mem_growth.py") {
+            continue;
+        }
+        if let Some((name, _)) = m.iter().find(|(_, l)| line.parse::<u64>().ok() == Some(**l)) {
+            *out.entry(name.clone()).or_default() += u(&a["size"]);
+        }
+    }
+    Ok(out)
+}
+
+/// tracemalloc (the workload under `-X tracemalloc=1`): live bytes at each
+/// marked line, C right after its allocation, the others at the end.
+fn tracemalloc_per_line(python: &std::path::Path) -> Result<PerLine, String> {
+    let run = run_cmd(std::process::Command::new(python).args(["-X", "tracemalloc=1"]).arg(workload()), Duration::from_secs(120));
+    if !run.status.success() {
+        return Err(format!("the workload under tracemalloc failed: {}", run.describe()));
+    }
+    Ok(run
+        .stderr
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            ["tracemalloc", name, bytes] => Some((name.to_owned(), bytes.parse().ok()?)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Peers side by side: the same workload under memray and tracemalloc.
+/// For every line that owns over 10% of the growth infertrace saw, the
+/// three agree within 15%, and they rank those lines the same.
+#[test]
+fn growth_by_line_agrees_with_memray_and_tracemalloc() {
+    let test = "growth_by_line_agrees_with_memray_and_tracemalloc";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let has_memray = std::process::Command::new(&python).args(["-c", "import memray"]).output().is_ok_and(|o| o.status.success());
+    if !has_memray {
+        skip(test, &format!("memray importable by {} (PyPI; cargo xtask setup)", python.display()));
+        return;
+    }
+    let dir = TempDir::new("memory-peers");
+    let out = dir.join("rec.itr");
+    let run = run_cmd(infertrace(["record", "-q", "--format", "json", "-o"]).arg(&out).arg("--").arg(&python).arg(workload()), Duration::from_secs(120));
+    run.assert_ok();
+    let report = run.json();
+    let m = markers_of(&workload());
+    let procs = report.0["memory"]["processes"].as_array().unwrap_or_else(|| panic!("no memory part: {:#}", report.0["notes"]));
+    let p = procs.iter().max_by_key(|p| u(&p["peak_rss"])).expect("a process");
+    let mut ours = PerLine::new();
+    for l in p["lines"].as_array().expect("lines") {
+        if !l["site"]["file"].as_str().is_some_and(|f| f.ends_with("mem_growth.py")) {
+            continue;
+        }
+        if let Some((name, _)) = m.iter().find(|(_, line)| l["site"]["line"].as_u64() == Some(**line)) {
+            ours.insert(name.clone(), u(&l["grown_bytes"]));
+        }
+    }
+    let total: u64 = p["lines"].as_array().expect("lines").iter().map(|l| u(&l["grown_bytes"])).sum();
+    let memray = memray_per_line(&python, &dir, &m).unwrap_or_else(|e| panic!("{e}"));
+    let tracemalloc = tracemalloc_per_line(&python).unwrap_or_else(|e| panic!("{e}"));
+    let big: Vec<&String> = ours.iter().filter(|(_, b)| **b * 10 > total).map(|(n, _)| n).collect();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let mut table = format!("{test}: line: infertrace / memray / tracemalloc MiB (total growth {:.0} MiB)\n", mib(total));
+    for name in &big {
+        let (o, r, t) = (ours[*name], memray.get(*name).copied().unwrap_or(0), tracemalloc.get(*name).copied().unwrap_or(0));
+        table += &format!("  {name}: {:.1} / {:.1} / {:.1}\n", mib(o), mib(r), mib(t));
+    }
+    eprint!("{table}");
+    assert!(big.len() >= 3, "fewer than 3 lines own over 10% of the growth: {ours:?}\n{table}");
+    for name in &big {
+        let o = ours[*name] as f64;
+        for (peer, v) in [("memray", &memray), ("tracemalloc", &tracemalloc)] {
+            let x = v.get(*name).copied().unwrap_or(0) as f64;
+            assert!((o - x).abs() <= 0.15 * x, "@{name}: infertrace {o} bytes, {peer} {x}\n{table}");
+        }
+    }
+    let rank = |v: &PerLine| {
+        let mut names: Vec<&String> = big.clone();
+        names.sort_by_key(|n| std::cmp::Reverse(v.get(*n).copied().unwrap_or(0)));
+        names
+    };
+    assert_eq!(rank(&ours), rank(&memray), "rank against memray\n{table}");
+    assert_eq!(rank(&ours), rank(&tracemalloc), "rank against tracemalloc\n{table}");
+}
+
 /// The verdict's memory class `class` of any process of `report` (the
 /// run's `stderr` in the message when there is none).
 fn memory_verdict<'a>(report: &'a Value, class: &str, stderr: &str) -> &'a Value {

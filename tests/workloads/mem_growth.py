@@ -7,11 +7,16 @@ high-water mark at the end (`hwm BYTES`, VmHWM).
 Line A keeps 200 x 1 MiB bytearrays, line B a 300 MiB one (bytearray()
 zero-fills: every page is touched), line C makes a 100 MiB transient that
 the next line frees. Lines the tests look for carry a `# @name` marker.
+
+Run with `-X tracemalloc=1`, it also prints what tracemalloc holds at
+each marked line, `tracemalloc NAME BYTES` (a peer to compare with): C
+right after its allocation, the others at the end.
 """
 
 import os
 import sys
 import time
+import tracemalloc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -29,6 +34,22 @@ def hwm():
     return 0
 
 
+def marker_lines():
+    with open(__file__) as f:
+        return {l.rsplit("# @", 1)[1].strip(): i for i, l in enumerate(f, 1) if "# @" in l and "marker_lines" not in l}
+
+
+def traced(names):
+    """Prints tracemalloc's live bytes at the lines marked `names`."""
+    if not tracemalloc.is_tracing():
+        return
+    lines = marker_lines()
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    for name in names:
+        size = sum(s.size for s in stats if s.traceback[0].filename == __file__ and s.traceback[0].lineno == lines[name])
+        print(f"tracemalloc {name} {size}", file=sys.stderr)
+
+
 def main():
     keep = []
     r0 = rss()
@@ -39,6 +60,7 @@ def main():
     r2 = rss()
     t = bytearray(100 << 20)  # @mem_c
     r3 = rss()
+    traced(["mem_c"])
     del t  # @mem_c_free
     r4 = rss()
     print(f"delta a {r1 - r0}", file=sys.stderr)
@@ -51,6 +73,7 @@ def main():
         time.sleep(0.15)
         print(f"plateau {i} {rss()}", file=sys.stderr)
     print(f"hwm {hwm()}", file=sys.stderr)
+    traced(["mem_a", "mem_b", "mem_step"])
     sys.stderr.flush()
     return keep, big, steps
 

@@ -5,7 +5,8 @@
 //! file-format schema). `go tool pprof` comes from Debian's `golang-go`
 //! (in `setup::APT_PACKAGES`). Also `onnxruntime`, `onnx` and `numpy` for
 //! the native worker pool test (tests/tests/verdict_pools.rs), and
-//! `cupy-cuda12x` (tests/tests/cuda_static.rs). Each is installed only when
+//! `cupy-cuda12x` (tests/tests/cuda_static.rs), and `memray` (a peer of the
+//! memory family, tests/tests/memory.rs). Each is installed only when
 //! missing.
 use std::process::Command;
 
@@ -27,6 +28,8 @@ const PY_MODULES: &[(&str, &str)] = &[
     // Real CuPy, whose extension modules link the CUDA runtime statically
     // (tests/tests/cuda_static.rs; runs without a GPU: its calls fail).
     ("cupy-cuda12x", "cupy"),
+    // A peer for resident growth by line (tests/tests/memory.rs).
+    ("memray", "memray"),
 ];
 
 fn py_importable(module: &str) -> bool {
