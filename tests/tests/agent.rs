@@ -530,3 +530,73 @@ fn agent_scrape_with_200_targets_is_fast() {
         let _ = k.wait();
     }
 }
+
+/// Memory metrics of a target against `/proc` and the workload's own
+/// clocks: a process that reads a 64 MiB file through a mapping after the
+/// page cache dropped it (`tests/workloads/mem_stall.py pagein`), then
+/// idles. `/metrics` serves its resident bytes by kind and its peak as
+/// `/proc/PID/status` says, its minor and major page faults as
+/// `/proc/PID/stat` says, and the loop's page-in waits as
+/// `memory_stall_seconds_total{cause="page_fault"}`.
+#[test]
+fn agent_exports_memory_metrics_that_match_proc() {
+    const TEST: &str = "agent_exports_memory_metrics_that_match_proc";
+    require!(TEST, Root, Binary);
+    let Some((python, _)) = system_python() else { return skip(TEST, "a python3 on PATH") };
+    let dir = TempDir::new("agent-memory");
+    let data = workspace_root().join(format!("target/e2e-data/agent-pagein-{}.bin", std::process::id()));
+    let _ = std::fs::create_dir_all(data.parent().unwrap());
+    let script = format!(
+        "import os, runpy, sys\nprint('pid', os.getpid(), flush=True)\ninput()\nsys.argv = ['mem_stall.py', 'pagein', {:?}, '64']\nrunpy.run_path({:?}, run_name='__main__')\nprint('done', flush=True)\ninput()\n",
+        data.to_str().unwrap(),
+        workspace_root().join("tests/workloads/mem_stall.py").to_str().unwrap()
+    );
+    let mut child = Command::new(python).args(["-c", &script]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn the workload");
+    let _guard = KillOnDrop::new(child.id());
+    let mut stdin = child.stdin.take().expect("stdin");
+    let lines = line_channel(child.stdout.take().expect("stdout"));
+    let errs = line_channel(child.stderr.take().expect("stderr"));
+    let first = lines.recv_timeout(Duration::from_secs(30)).expect("the workload's pid line");
+    let pid: u32 = first.strip_prefix("pid ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("pid line: {first:?}"));
+    let agent = start_agent(&["--pid", &pid.to_string(), "--window", "10m", "--out-dir", dir.join("w").to_str().unwrap()]);
+    assert_eq!(target_pids(&targets_json(&agent.addr)), [u64::from(pid)]);
+    stdin.write_all(b"go\n").expect("release the workload");
+    let done = lines.recv_timeout(Duration::from_secs(120));
+    let _ = std::fs::remove_file(&data);
+    assert_eq!(done.as_deref().ok(), Some("done"), "{TEST}: the workload did not finish");
+    let loop_line = errs.try_iter().find(|l| l.starts_with("loop ")).unwrap_or_else(|| panic!("{TEST}: no loop line on the workload's stderr"));
+    let f: Vec<u64> = loop_line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let blocked = f[0].saturating_sub(f[1]).saturating_sub(f.get(3).copied().unwrap_or(0));
+    // The truth, read now that the workload idles.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse::<f64>().ok()).unwrap_or(-1.0) * 1024.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let sf: Vec<f64> = stat[stat.rfind(')').unwrap() + 1..].split_whitespace().map(|v| v.parse().unwrap_or(-1.0)).collect();
+    let (minor, major) = (sf[7], sf[9]);
+    let mut last = String::new();
+    let got = poll(Duration::from_secs(20), || {
+        let (_, text) = get(&agent.addr, "/metrics");
+        let s = parse_exposition(&text);
+        let v = |name: &str, with: &[(&str, &str)]| counter_sum(&s, name, pid, with);
+        let row = (
+            v("infertrace_resident_bytes", &[("kind", "anon")]),
+            v("infertrace_resident_peak_bytes", &[]),
+            v("infertrace_page_faults_total", &[("kind", "minor")]),
+            v("infertrace_page_faults_total", &[("kind", "major")]),
+            v("infertrace_memory_stall_seconds_total", &[("cause", "page_fault")]),
+        );
+        last = format!("{row:?}");
+        (row.2 == minor && row.3 == major && row.4 > 0.0).then_some(row)
+    });
+    let Some((anon, peak, _, _, stall)) = got else {
+        panic!("{TEST}: /metrics (anon, peak, minor, major, page-fault stall) {last}, /proc: minor {minor} major {major}")
+    };
+    eprintln!("{TEST}: anon {anon} (/proc {}), peak {peak} (VmHWM {}), faults {minor}/{major}, page-fault stall {stall:.4} s (loop blocked {:.4} s)", kb("RssAnon"), kb("VmHWM"), blocked as f64 / 1e9);
+    assert!((anon - kb("RssAnon")).abs() <= (1u64 << 20) as f64, "{TEST}: resident anon {anon}, /proc {}", kb("RssAnon"));
+    assert_eq!(peak, kb("VmHWM"), "{TEST}: peak");
+    assert!(major > 0.0, "{TEST}: no major faults: the page cache was not dropped");
+    let b = blocked as f64 / 1e9;
+    assert!(stall >= 0.85 * b - 0.005 && stall <= 1.15 * b + 0.02, "{TEST}: page-fault stall {stall} s, the loop blocked {b} s");
+    drop(stdin);
+    let _ = child.wait();
+}

@@ -43,6 +43,9 @@ pub struct MemState {
     /// The `mm_id` these counters are of: an event of another (the
     /// process exec'd a new program) starts them over.
     pub mm_id: u32,
+    /// `rss_stat` events of the process in the window (its programs' runs:
+    /// what the tracer's overhead estimate counts), across execs.
+    pub events: u64,
 }
 
 /// A point of a process's resident-memory series (`MEM_SAMPLES`).

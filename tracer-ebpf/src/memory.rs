@@ -131,8 +131,9 @@ pub fn mem_rss_stat(ctx: TracePointContext) -> u32 {
     let size = if size > 0 { size as u64 } else { 0 };
     let Some(st) = state(pid) else { return 0 };
     // SAFETY: a map value; a process's threads share it: a lost update is
-    // a counter set again by its next event.
+    // a counter set again by its next event (or, for `events`, one event).
     let st = unsafe { &mut *st };
+    st.events += 1;
     if st.mm_id != mm_id {
         if !own {
             return 0;

@@ -57,6 +57,10 @@ pub struct ProcessMemory {
     /// --profile memory` draws), most growth first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<GrowthStack>,
+    /// `kmem/rss_stat` events the process caused in the window: the runs of
+    /// the memory family's program it paid for (`tracer_overhead`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rss_stat_events: u64,
     /// Its threads' off-CPU time blocked on memory, by cause (the `memory`
     /// reason of the wall-time partition, summed; absent when none).
     #[serde(default, skip_serializing_if = "MemoryWaits::is_zero")]
@@ -94,6 +98,10 @@ pub struct GrowthLine {
     pub grown_bytes: u64,
     pub released_bytes: u64,
     pub samples: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Growth and release sampled at one stack of a process.

@@ -318,6 +318,7 @@ pub(crate) mod tests {
                     grow(0, 1 << 20, vec![py("drop", 30)]),
                 ],
                 waits: Default::default(),
+                rss_stat_events: 0,
             }],
         });
         rec

@@ -572,6 +572,7 @@ mod tests {
                 oom_killed: None,
                 stacks: vec![],
                 waits: Default::default(),
+                rss_stat_events: 0,
             }],
         });
         let back = proto::Trace::decode(&trace(&rec).unwrap().encode_to_vec()[..]).unwrap();

@@ -71,6 +71,8 @@ pub struct Metrics {
     last_cpu_s: f64,
     /// CUDA calls, sync time, findings, GPU gauges.
     cuda: super::cuda_metrics::CudaMetrics,
+    /// Resident memory, page faults, memory waits.
+    memory: super::memory_metrics::MemoryMetrics,
     /// The label sets each pid has series under (removed when it is gone).
     series: HashMap<u32, (TargetLabels, Vec<String>, Vec<String>)>,
     /// Windows since each dead pid was last seen alive, since when, and
@@ -114,6 +116,7 @@ impl Metrics {
             agent_rss: Gauge::default(),
             last_cpu_s: 0.0,
             cuda: Default::default(),
+            memory: Default::default(),
             series: HashMap::new(),
             gone_for: HashMap::new(),
             scrapes: 0,
@@ -137,6 +140,7 @@ impl Metrics {
         registry.register("agent_cpu_seconds", "CPU time of the agent itself (user + system)", m.agent_cpu.clone());
         registry.register("agent_resident_memory_bytes", "Resident memory of the agent itself", m.agent_rss.clone());
         m.cuda.register(&mut registry);
+        m.memory.register(&mut registry);
         Metrics { registry, ..m }
     }
 
@@ -242,6 +246,8 @@ impl Metrics {
             self.cuda.add_window(&d, &mut labels_of);
         }
         self.last_cuda = cur.cuda.clone();
+        let live: Vec<u32> = info.iter().filter(|(_, i)| i.alive).map(|(pid, _)| *pid).collect();
+        self.memory.publish(cur, &live, &mut labels_of);
         self.last_ns = cur.duration_ns;
         for (cause, n) in &cur.lost {
             let old = self.hw_lost.get(cause).copied().unwrap_or(0);
@@ -281,6 +287,7 @@ impl Metrics {
             }
             self.gone_for.remove(&pid);
             self.cuda.forget(pid);
+            self.memory.forget(pid);
             if let Some((labels, syscalls, cats)) = self.series.remove(&pid) {
                 for s in syscalls {
                     let l = SyscallLabels { target: labels.clone(), syscall: s };

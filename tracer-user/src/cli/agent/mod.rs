@@ -15,6 +15,7 @@
 pub mod container;
 pub mod cuda_delta;
 pub mod cuda_metrics;
+pub mod memory_metrics;
 pub mod http;
 pub mod labels;
 pub mod metrics;

@@ -6,7 +6,7 @@
 //! `GROWTH_SAMPLE_BYTES`). Here: the series (with a first and last point
 //! read from `/proc/PID/status`), the peak, the slope and the lines.
 
-mod status;
+pub mod status;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -55,6 +55,8 @@ pub struct MemoryCollector {
     peak: HashMap<u32, u64>,
     /// Per process: its cgroup's memory limit, read when it appeared.
     limits: HashMap<u32, MemoryLimit>,
+    /// Per process gone from the kernel map: its `rss_stat` events.
+    events: HashMap<u32, u64>,
     attached: bool,
 }
 
@@ -130,6 +132,7 @@ impl Collector for MemoryCollector {
                 if let Ok(st) = state.get(pid, 0) {
                     let peak = self.peak.entry(*pid).or_default();
                     *peak = (*peak).max(st.peak);
+                    *self.events.entry(*pid).or_default() += st.events;
                     let _ = state.remove(pid);
                 }
             }
@@ -167,11 +170,13 @@ impl Collector for MemoryCollector {
             }
         }
         let mut peaks = self.peak.clone();
+        let mut events = self.events.clone();
         {
             let state: BpfHashMap<_, u32, MemState> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::MEM_STATE)?;
             for (pid, st) in state.iter().filter_map(Result::ok) {
                 let p = peaks.entry(pid).or_default();
                 *p = (*p).max(st.peak);
+                *events.entry(pid).or_default() += st.events;
             }
         }
         let growth: Vec<(GrowthKey, GrowthStats)> = {
@@ -231,6 +236,7 @@ impl Collector for MemoryCollector {
                     memory_limit: self.limits.get(&pid).cloned(),
                     oom_killed: oom_of.remove(&pid),
                     waits: waits.get(&pid).copied().unwrap_or_default(),
+                    rss_stat_events: events.get(&pid).copied().unwrap_or(0),
                     stacks: {
                         let mut s = stacks.remove(&pid).unwrap_or_default();
                         s.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(b.released_bytes.cmp(&a.released_bytes)));

@@ -322,6 +322,12 @@ pub fn assemble(
     let per_entry = calibration.uprobe_ns + mean_run_ns(&families, "cuda", |n| !is_return_program(n));
     let per_return = calibration.uretprobe_ns + mean_run_ns(&families, "cuda", is_return_program);
 
+    // Per pid: the memory family's `rss_stat` runs it caused, each its
+    // program's measured mean run time (the tracepoint's own dispatch is
+    // not calibrated: a lower bound).
+    let memory: HashMap<u32, u64> =
+        rec.memory.iter().flat_map(|m| &m.processes).filter(|p| p.rss_stat_events > 0).map(|p| (p.pid, p.rss_stat_events)).collect();
+    let per_rss_stat = mean_run_ns(&families, "memory", |n| n == "mem_rss_stat");
     let mut wall: HashMap<u32, u64> = HashMap::new();
     for t in &rec.threads {
         let w = wall.entry(t.pid).or_default();
@@ -341,6 +347,10 @@ pub fn assemble(
             hits.insert("cuda".to_owned(), (e + r).round() as u64);
             added.insert("cuda".to_owned(), (e * per_entry + r * per_return) as u64);
         }
+        if let Some(&n) = memory.get(&t.pid) {
+            hits.insert("memory".to_owned(), n);
+            added.insert("memory".to_owned(), (n as f64 * per_rss_stat) as u64);
+        }
         let estimated_added_ns = added.values().copied().fold(0, u64::saturating_add);
         let wall_ns = wall.get(&t.pid).copied().filter(|w| *w > 0).unwrap_or(rec.duration_ns);
         let (uretprobe_syscalls, uretprobe_syscall_ns) = uret.get(&t.pid).copied().unwrap_or((0, 0));
@@ -359,6 +369,9 @@ pub fn assemble(
     out_targets.sort_by_key(|t| t.pid);
     if families.iter().any(|f| f.family == "sched" || f.family == "cpu_samples") {
         notes.push("scheduler and CPU-sampling programs run machine-wide: given per family, not in the per-target estimate".into());
+    }
+    if !memory.is_empty() {
+        notes.push("memory: each kmem/rss_stat event of a target counts its program's measured run time; the tracepoint's own dispatch is not calibrated (a lower bound), and other processes' events cost them a target lookup each".into());
     }
     TracerOverhead { version: OVERHEAD_VERSION, calibration, families, targets: out_targets, tracer, notes }
 }
@@ -431,6 +444,36 @@ mod tests {
         assert_eq!(t.added_ns["cuda"], 550_000);
         assert_eq!(t.estimated_added_ns, 770_000);
         assert!((t.share_percent - 77.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memory_hits_are_rss_stat_events_times_the_program_mean() {
+        use crate::recording::memory::{MemoryReport, ProcessMemory};
+        let mut rec = crate::recording::tests::sample();
+        rec.threads = vec![ThreadTimes { pid: 10, tid: 10, wall_ns: 1_000_000, ..Default::default() }];
+        rec.memory = Some(MemoryReport {
+            growth_sample_bytes: 1,
+            processes: vec![ProcessMemory {
+                pid: 10,
+                series: vec![],
+                peak_rss: 0,
+                vm_hwm: None,
+                growth_bytes_per_s: 0.0,
+                lines: vec![],
+                memory_limit: None,
+                oom_killed: None,
+                stacks: vec![],
+                waits: Default::default(),
+                rss_stat_events: 4000,
+            }],
+        });
+        // 10000 runs machine-wide at 30 ns each on average.
+        let fams = vec![family("memory", &[("mem_rss_stat", 10_000, 300_000), ("mem_oom_victim", 0, 0)])];
+        let targets = rec.targets.clone();
+        let o = assemble(&mut rec, &targets, Calibration::default(), fams, TracerSelf::default(), vec![]);
+        let t = &o.targets[0];
+        assert_eq!((t.hits["memory"], t.added_ns["memory"]), (4000, 120_000));
+        assert!(o.notes.iter().any(|n| n.contains("rss_stat")), "{:?}", o.notes);
     }
 
     #[test]

@@ -152,6 +152,7 @@ mod tests {
             oom_killed: None,
             waits: Default::default(),
             stacks: Vec::new(),
+            rss_stat_events: 0,
             lines: vec![
                 GrowthLine { site: site(10), beneath: None, grown_bytes: 900 << 20, released_bytes: 0, samples: 1800 },
                 GrowthLine { site: site(20), beneath: None, grown_bytes: 950 << 20, released_bytes: 940 << 20, samples: 3800 },
