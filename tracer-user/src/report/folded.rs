@@ -305,20 +305,12 @@ pub(crate) mod tests {
             growth_sample_bytes: 256 << 10,
             processes: vec![ProcessMemory {
                 pid: 10,
-                series: vec![],
-                peak_rss: 0,
-                vm_hwm: None,
-                growth_bytes_per_s: 0.0,
-                lines: vec![],
-                memory_limit: None,
-                oom_killed: None,
                 stacks: vec![
                     grow(200 << 20, 0, vec![eval.clone(), py("keep", 10), py("main", 40)]),
                     grow(100 << 20, 100 << 20, vec![py("transient", 20), py("main", 41)]),
                     grow(0, 1 << 20, vec![py("drop", 30)]),
                 ],
-                waits: Default::default(),
-                rss_stat_events: 0,
+                ..Default::default()
             }],
         });
         rec

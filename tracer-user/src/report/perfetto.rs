@@ -565,14 +565,7 @@ mod tests {
                 pid: 10,
                 series: vec![pt(0, 100 << 20), pt(50, 120 << 20)],
                 peak_rss: 120 << 20,
-                vm_hwm: None,
-                growth_bytes_per_s: 0.0,
-                lines: vec![],
-                memory_limit: None,
-                oom_killed: None,
-                stacks: vec![],
-                waits: Default::default(),
-                rss_stat_events: 0,
+                ..Default::default()
             }],
         });
         let back = proto::Trace::decode(&trace(&rec).unwrap().encode_to_vec()[..]).unwrap();

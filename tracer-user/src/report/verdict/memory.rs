@@ -146,17 +146,11 @@ mod tests {
             pid: 1,
             growth_bytes_per_s: slope(&series),
             series,
-            peak_rss: 0,
-            vm_hwm: None,
-            memory_limit: None,
-            oom_killed: None,
-            waits: Default::default(),
-            stacks: Vec::new(),
-            rss_stat_events: 0,
             lines: vec![
                 GrowthLine { site: site(10), beneath: None, grown_bytes: 900 << 20, released_bytes: 0, samples: 1800 },
                 GrowthLine { site: site(20), beneath: None, grown_bytes: 950 << 20, released_bytes: 940 << 20, samples: 3800 },
             ],
+            ..Default::default()
         }
     }
 
