@@ -47,6 +47,8 @@ pub struct ElfSymbols {
     pub segments: Vec<(u64, u64, u64)>,
     /// `.data` and `.bss`: (link-time address, size).
     pub data_sections: Vec<(u64, u64)>,
+    /// The bytes of `.note.stapsdt` ([`sdt_notes`] only).
+    pub sdt_notes: Option<Vec<u8>>,
 }
 
 impl ElfSymbols {
@@ -145,6 +147,19 @@ pub fn section_and_segments(file: &File, shown: &str, name: &str) -> Result<(Opt
     Ok((section, found.unwrap_or_default()))
 }
 
+/// The largest `.note.stapsdt` read (libjvm's, 560 probes, is ~60 KiB).
+pub const NOTES_LIMIT: u64 = 4 << 20;
+
+/// The SDT notes of an ELF file (`.note.stapsdt`, at most
+/// [`NOTES_LIMIT`]; `None` in `sdt_notes` when the file has none), the
+/// address of `.stapsdt.base` (what the notes' addresses are relative to
+/// when the file was prelinked), and the loadable segments; read as
+/// [`lookup`] reads (bounded, symbol tables checked).
+pub fn sdt_notes(file: &File, shown: &str) -> Result<(Option<u64>, ElfSymbols), String> {
+    let (found, base) = with_elf(file, shown, Want::Notes)?;
+    Ok((base, found.unwrap_or_default()))
+}
+
 /// The largest string table [`symbol_names_present`] reads.
 pub const SCAN_LIMIT: u64 = 16 << 20;
 
@@ -205,6 +220,8 @@ enum Want<'w> {
     Symbols(&'w [&'w str]),
     /// The address of this section, and the segments.
     Section(&'w str),
+    /// `.note.stapsdt`'s bytes, `.stapsdt.base`'s address, the segments.
+    Notes,
 }
 
 fn with_elf(file: &File, shown: &str, want: Want<'_>) -> Result<(Option<ElfSymbols>, Option<u64>), String> {
@@ -256,6 +273,7 @@ fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
         Want::Check => return Ok((None, None)),
         Want::Symbols(w) => (w, None),
         Want::Section(name) => (&[], Some(name)),
+        Want::Notes => (&[], None),
     };
     let mut out = ElfSymbols::default();
     for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB].into_iter().filter(|_| !wanted.is_empty()) {
@@ -292,6 +310,21 @@ fn lookup_in<Elf: FileHeader<Endian = Endianness>>(
     if let Some(name) = section {
         let address = sections.section_by_name(endian, name.as_bytes()).map(|(_, s)| s.sh_addr(endian).into());
         return Ok((Some(out), address));
+    }
+    if matches!(want, Want::Notes) {
+        if let Some((_, s)) = sections.section_by_name(endian, b".note.stapsdt") {
+            let (offset, size): (u64, u64) = (s.sh_offset(endian).into(), s.sh_size(endian).into());
+            if size > NOTES_LIMIT {
+                return Err(refused::refuse(shown, Refused::TooLarge { what: "ELF SDT notes", size, cap: NOTES_LIMIT }).to_string());
+            }
+            if offset.checked_add(size).is_none_or(|end| end > len) {
+                let detail = format!("SDT notes at {offset:#x}+{size:#x} end past the file's {len} bytes");
+                return Err(refused::refuse(shown, Refused::Malformed { what: "ELF file", detail }).to_string());
+            }
+            out.sdt_notes = Some(s.data(endian, data).map_err(|_| format!("{shown}: unreadable SDT notes"))?.to_vec());
+        }
+        let base = sections.section_by_name(endian, b".stapsdt.base").map(|(_, s)| s.sh_addr(endian).into());
+        return Ok((Some(out), base));
     }
     for name in [".data", ".bss"] {
         if let Some((_, s)) = sections.section_by_name(endian, name.as_bytes()) {

@@ -8,6 +8,7 @@ pub mod btf_offsets;
 pub mod clock;
 pub mod elf;
 pub mod kallsyms;
+pub mod usdt;
 pub mod probe;
 pub mod procfs;
 pub mod symbolize;
