@@ -19,7 +19,7 @@ use infertrace_e2e::*;
 #[test]
 fn pool_and_vmm_allocations_counted_and_paired() {
     let test = "pool_and_vmm_allocations_counted_and_paired";
-    let Some((_dir, run)) = record_on_standins(test, "pools") else { return };
+    let Some((dir, run)) = record_on_standins(test, "pools") else { return };
     let report = run.json();
     let cuda = &report.0["cuda"];
     let m = markers_of(&workspace_root().join("tests/workloads/cuda_patterns.py"));
@@ -51,6 +51,32 @@ fn pool_and_vmm_allocations_counted_and_paired() {
         .collect();
     let want: BTreeMap<u64, (u64, u64)> = [(m["pool_alloc"], (30, 30 << 16)), (m["vmm_leak"], (18, 18 << 21))].into_iter().collect();
     assert_eq!(leaks, want, "{:#}", report.0["findings"]);
+    // Device memory held by line, at the end and at most, as the workload
+    // allocates and frees in order.
+    let dm = cuda["device_memory"].as_array().and_then(|a| a.iter().find(|d| d["lines"].as_array().is_some_and(|l| !l.is_empty()))).unwrap_or_else(|| panic!("no device_memory: {:#}", cuda["device_memory"]));
+    let held: BTreeMap<u64, (u64, u64, u64, u64)> = dm["lines"]
+        .as_array()
+        .expect("lines")
+        .iter()
+        .map(|l| (u(&l["site"]["line"]), (u(&l["held_bytes"]), u(&l["peak_held_bytes"]), u(&l["allocs"]), u(&l["frees"]))))
+        .collect();
+    let want: BTreeMap<u64, (u64, u64, u64, u64)> = [
+        (m["pool_alloc"], (30 << 16, 40 << 16, 40, 10)),
+        (m["pool_alloc_ptsz"], (0, 4096, 3, 3)),
+        (m["drv_pool_alloc"], (0, 8192, 5, 5)),
+        (m["vmm_create"], (0, 2 << 20, 20, 20)),
+        (m["vmm_leak"], (18 << 21, 18 << 21, 18, 0)),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(held, want, "{:#}", dm);
+    // The process: 30 pool chunks and 18 physical ones at the end, the
+    // peak with them (the 2 MiB chunks came and went before).
+    let end = (30u64 << 16) + (18 << 21);
+    assert_eq!((u(&dm["held_bytes"]), u(&dm["peak_held_bytes"])), (end, end), "{dm:#}");
+    let text = run_infertrace([std::ffi::OsString::from("report"), dir.join("rec.itr").into()]);
+    text.assert_ok();
+    assert!(text.stdout.contains("GPU memory held by line"), "{}", text.stdout);
 }
 
 #[test]

@@ -493,6 +493,35 @@ pub struct CudaReport {
     /// NCCL calls by API, communicator and site (schema 1.x addition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub collectives: Vec<CudaCollective>,
+    /// Device memory held by the allocation calls, per process and line
+    /// (schema 1.x addition; docs/memory.md#gpu-memory-by-line).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_memory: Vec<DeviceMemory>,
+}
+
+/// Device memory a process's allocation calls held (`cudaMalloc*`,
+/// pool allocations, `cuMemAlloc*`, `cuMemCreate`; less their frees and
+/// releases, in call order): at the end of the window and at most.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct DeviceMemory {
+    pub pid: u32,
+    pub held_bytes: u64,
+    pub peak_held_bytes: u64,
+    /// By the line that allocated, most held first.
+    pub lines: Vec<DeviceMemoryLine>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct DeviceMemoryLine {
+    pub site: Site,
+    /// Successful or not; `frees`: of those, freed (or released) in the window.
+    pub allocs: u64,
+    pub frees: u64,
+    /// Still allocated at the end of the window.
+    pub held_bytes: u64,
+    /// The most it held at once (its allocations less its frees, in call
+    /// order; a line reached by several native paths: at most their sum).
+    pub peak_held_bytes: u64,
 }
 
 /// One driver function a process reached only through its runtime, whose

@@ -22,7 +22,7 @@ use crate::{
     engine::{Cx, Topic},
     os::probe::{self, ProbeError},
     recording::{
-        cuda::{api_name, kind_name, CallClass, CudaCall, CudaCollective, CudaLaunch, CudaLibrary, CudaReport, Site},
+        cuda::{api_name, kind_name, CallClass, CudaCall, CudaCollective, CudaLaunch, CudaLibrary, CudaReport, DeviceMemory, DeviceMemoryLine, Site},
         Frame, FrameKind, UNKNOWN,
     },
 };
@@ -81,6 +81,7 @@ impl CudaCollector {
         }
 
         let summaries = site_summaries(&stats, &replay, &mut sites, cx)?;
+        report.device_memory = device_memory(&summaries, &replay);
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
         report.findings.extend(graphs::recaptured(&report.graph_captures, window_ns, &self.thresholds));
         report.findings.extend(findings::launch_bound(&report.launches, window_ns, &self.thresholds));
@@ -276,6 +277,29 @@ fn collectives(replay: &Replay, calls: &[CudaCall], sites: &mut SiteCache, cx: &
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then(a.api.cmp(&b.api)));
     Ok(out)
+}
+
+/// Device memory held per process and line, from the replay's allocations.
+fn device_memory(summaries: &[SiteSummary], replay: &Replay) -> Vec<DeviceMemory> {
+    let mut by_pid: BTreeMap<u32, Vec<DeviceMemoryLine>> = BTreeMap::new();
+    for s in summaries.iter().filter(|s| s.allocs.allocs > 0) {
+        let a = &s.allocs;
+        by_pid.entry(s.pid).or_default().push(DeviceMemoryLine {
+            site: s.site.clone(),
+            allocs: a.allocs,
+            frees: a.freed,
+            held_bytes: a.live_bytes,
+            peak_held_bytes: a.peak_held_bytes,
+        });
+    }
+    by_pid
+        .into_iter()
+        .map(|(pid, mut lines)| {
+            lines.sort_by(|a, b| b.held_bytes.cmp(&a.held_bytes).then(b.peak_held_bytes.cmp(&a.peak_held_bytes)).then(a.site.cmp(&b.site)));
+            let (held_bytes, peak_held_bytes) = replay.held.get(&pid).copied().unwrap_or_default();
+            DeviceMemory { pid, held_bytes, peak_held_bytes, lines }
+        })
+        .collect()
 }
 
 /// What the detector looks at, per resolved site: the events' replay,

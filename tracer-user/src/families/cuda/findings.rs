@@ -515,7 +515,7 @@ mod tests {
             SiteSummary {
                 pid: 1,
                 site: site(50),
-                allocs: AllocObs { allocs: 20, bytes: 20 << 20, live: 20, live_bytes: 20 << 20, live_late: 10, freed: 0 },
+                allocs: AllocObs { allocs: 20, bytes: 20 << 20, live: 20, live_bytes: 20 << 20, live_late: 10, freed: 0, ..Default::default() },
                 ..Default::default()
             },
         ];

@@ -147,6 +147,10 @@ pub struct AllocObs {
     pub live_bytes: u64,
     /// Of `live`, how many were allocated in the second half of the window.
     pub live_late: u64,
+    /// Bytes the site held at once, at most (its allocations less its
+    /// frees, in call order); `held_now` is the running value.
+    pub peak_held_bytes: u64,
+    pub held_now: u64,
 }
 
 impl AllocObs {
@@ -157,6 +161,9 @@ impl AllocObs {
         self.live += o.live;
         self.live_bytes += o.live_bytes;
         self.live_late += o.live_late;
+        // Raw sites of one line peaking at different times: at most the sum.
+        self.peak_held_bytes += o.peak_held_bytes;
+        self.held_now += o.held_now;
     }
 }
 
@@ -220,6 +227,8 @@ pub struct Replay {
     names: HashMap<(u32, u64), String>,
     /// NCCL calls by (site, API, communicator).
     pub collectives: HashMap<(RawSite, u32, u64), CollObs>,
+    /// pid -> device memory its allocation calls hold now, and at most.
+    pub held: HashMap<u32, (u64, u64)>,
     /// (pid, `CUfunction`) -> the `CUkernel` it was got from
     /// (`cuKernelGetFunction`): named by the kernel's name.
     kernel_of: HashMap<(u32, u64), u64>,
@@ -400,6 +409,11 @@ impl Replay {
         a.allocs += 1;
         if e.rc == 0 && e.dst != 0 {
             a.bytes += e.bytes;
+            a.held_now += e.bytes;
+            a.peak_held_bytes = a.peak_held_bytes.max(a.held_now);
+            let h = self.held.entry(e.pid).or_default();
+            h.0 += e.bytes;
+            h.1 = h.1.max(h.0);
             let live = if physical { &mut self.physical } else { &mut self.device };
             live.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
         }
@@ -409,7 +423,11 @@ impl Replay {
     fn freed(&mut self, e: &CudaEvent, physical: bool) {
         let live = if physical { &mut self.physical } else { &mut self.device };
         if let Some(a) = live.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
-            self.allocs.entry(a.site).or_default().freed += 1;
+            let o = self.allocs.entry(a.site).or_default();
+            o.freed += 1;
+            o.held_now = o.held_now.saturating_sub(a.size);
+            let h = self.held.entry(e.pid).or_default();
+            h.0 = h.0.saturating_sub(a.size);
         }
     }
 

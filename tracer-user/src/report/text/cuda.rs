@@ -206,6 +206,35 @@ fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
         more(out, memory.len());
         incomplete(out, cuda, &memory, "the failed-call codes and the leak finding");
     }
+    device_memory_section(out, cuda);
+}
+
+/// Device memory held by line: what each process's allocation calls held
+/// at the end and at most.
+fn device_memory_section(out: &mut String, cuda: &CudaReport) {
+    for d in cuda.device_memory.iter().filter(|d| d.peak_held_bytes > 0) {
+        let _ = writeln!(
+            out,
+            "
+GPU memory held by line, pid {} (allocation calls less frees): {} at the end, peak {}",
+            d.pid,
+            fmt_bytes(d.held_bytes),
+            fmt_bytes(d.peak_held_bytes)
+        );
+        let _ = writeln!(out, "  {:>10} {:>10} {:>8} {:>8}  SITE", "HELD", "PEAK", "ALLOCS", "FREES");
+        for l in d.lines.iter().take(MAX_ROWS) {
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>10} {:>8} {:>8}  {}",
+                fmt_bytes(l.held_bytes),
+                fmt_bytes(l.peak_held_bytes),
+                l.allocs,
+                l.frees,
+                short_site(&l.site)
+            );
+        }
+        more(out, d.lines.len());
+    }
 }
 
 /// Event records, waits on events and queries by site: the queries'
