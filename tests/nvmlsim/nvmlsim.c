@@ -14,6 +14,8 @@
  * Memory: nvmlDeviceGetMemoryInfo_v2 reports `used` as above and
  * reserved = 64 MiB; the v1 nvmlDeviceGetMemoryInfo reports used + reserved
  * (as NVML does), i.e. 1 GiB + 64 MiB / 3 GiB + 64 MiB.
+ * NVMLSIM_GPU0_USED_PERCENT=N (environment): GPU 0 has N% of its 16 GiB
+ * in use instead (a GPU near capacity).
  *
  * Variants (compile-time):
  *   -DNVMLSIM_OLD     no nvmlDeviceGetMemoryInfo_v2 and no
@@ -23,6 +25,7 @@
  * Build: tests/nvmlsim/build.sh (gcc -O2 -shared -fPIC -Wl,-soname,libnvidia-ml.so.1)
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef unsigned int nvmlReturn_t;
@@ -154,10 +157,19 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 }
 #endif
 
+/* GPU 0's memory in use: NVMLSIM_GPU0_USED_PERCENT percent of its total
+ * when set (a GPU near capacity), else the table's. */
+static unsigned long long used_of(unsigned index) {
+    const char *p = getenv("NVMLSIM_GPU0_USED_PERCENT");
+    if (index == 0 && p && *p)
+        return mem_total[0] / 100 * (unsigned long long)atoi(p);
+    return mem_used[index];
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     CHECK(d, m);
     m->total = mem_total[d->index];
-    m->used = mem_used[d->index] + RESERVED;
+    m->used = used_of(d->index) + RESERVED;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
@@ -170,7 +182,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     m->total = mem_total[d->index];
     m->reserved = RESERVED;
-    m->used = mem_used[d->index];
+    m->used = used_of(d->index);
     m->free = m->total - m->reserved - m->used;
     return NVML_SUCCESS;
 }

@@ -282,3 +282,32 @@ fn old_and_incomplete_libraries() {
         "{notes:?}"
     );
 }
+
+/// GPU 0 of the stand-in with 95% of its 16 GiB in use
+/// (`NVMLSIM_GPU0_USED_PERCENT`): one `gpu_memory_near_capacity` finding,
+/// for GPU 0 only, with the most in use, the capacity and every sample
+/// counted; GPU 1 (4% in use) has none.
+#[test]
+fn a_gpu_near_capacity_is_a_finding() {
+    let test = "a_gpu_near_capacity_is_a_finding";
+    let Some(sim) = simulator(test) else { return };
+    let dir = TempDir::new("nvml-near");
+    let out = dir.join("rec.itr");
+    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
+    cmd.arg(&out).args(["--gpu-sample-hz", "10", "--", "sleep", "1"]);
+    cmd.env("LD_LIBRARY_PATH", &sim).env_remove("INFERTRACE_NVML_LIB").env("NVMLSIM_GPU0_USED_PERCENT", "95");
+    let r = run_cmd(&mut cmd, RUN_TIMEOUT);
+    r.assert_ok();
+    let rep = r.json();
+    let near: Vec<&Value> =
+        rep.0["findings"].as_array().map(|a| a.iter().filter(|f| f["kind"] == "gpu_memory_near_capacity").collect()).unwrap_or_default();
+    assert_eq!(near.len(), 1, "{:#}", rep.0["findings"]);
+    let f = near[0];
+    let used = 16 * GIB / 100 * 95;
+    assert_eq!((u(f, "gpu"), u(f, "bytes"), u(f, "capacity_bytes")), (0, used, 16 * GIB), "{f}");
+    assert_eq!(u(f, "count"), of_gpu(&samples(&rep), 0).len() as u64, "{f}");
+    assert_eq!(f["severity"], "medium", "{f}");
+    let text = run_infertrace([std::ffi::OsString::from("report"), out.into()]);
+    text.assert_ok();
+    assert!(text.stdout.contains("GPU 0 had 15.2 GiB of its 16.0 GiB memory in use (95%)"), "{}", text.stdout);
+}

@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<MemState>(), 80);
+        assert_eq!(core::mem::size_of::<MemState>(), 88);
         assert_eq!(core::mem::size_of::<MemSample>(), 56);
         assert_eq!(core::mem::size_of::<GrowthKey>(), 16);
         assert_eq!(core::mem::size_of::<GrowthStats>(), 24);

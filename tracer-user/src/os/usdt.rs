@@ -42,7 +42,10 @@ pub struct UsdtProbe {
     /// File offset of its semaphore (a uprobe's reference counter), when
     /// it has one.
     pub semaphore_offset: Option<u64>,
-    pub args: Vec<UsdtArg>,
+    /// Its arguments, or why they cannot be read here (another
+    /// architecture's syntax, an indexed operand: a caller that needs no
+    /// arguments may still attach the probe).
+    pub args: Result<Vec<UsdtArg>, String>,
     /// The arguments as the note spells them (for messages).
     pub arg_spec: String,
 }
@@ -50,11 +53,8 @@ pub struct UsdtProbe {
 /// `NT_STAPSDT`.
 const NT_STAPSDT: u32 = 3;
 
-/// The probes of an ELF file (64-bit): none when it has no SDT notes. A
-/// probe whose arguments cannot be read here (another architecture's
-/// syntax, an indexed operand) is kept with the error in `Err`: a caller
-/// that needs no arguments may still attach it.
-pub fn probes(file: &File, shown: &str) -> Result<Vec<(UsdtProbe, Result<(), String>)>, String> {
+/// The probes of an ELF file (64-bit): none when it has no SDT notes.
+pub fn probes(file: &File, shown: &str) -> Result<Vec<UsdtProbe>, String> {
     let (base, found) = elf::sdt_notes(file, shown)?;
     let Some(bytes) = found.sdt_notes.as_deref() else { return Ok(Vec::new()) };
     Ok(notes(bytes)
@@ -68,11 +68,8 @@ pub fn probes(file: &File, shown: &str) -> Result<Vec<(UsdtProbe, Result<(), Str
             };
             let offset = found.file_offset(shift(n.pc))?;
             let semaphore_offset = (n.semaphore != 0).then(|| found.file_offset(n.semaphore)).flatten();
-            let (args, ok) = match parse_args(&n.args) {
-                Ok(a) => (a, Ok(())),
-                Err(e) => (Vec::new(), Err(e)),
-            };
-            Some((UsdtProbe { provider: n.provider, name: n.name, offset, semaphore_offset, args, arg_spec: n.args }, ok))
+            let args = parse_args(&n.args);
+            Some(UsdtProbe { provider: n.provider, name: n.name, offset, semaphore_offset, args, arg_spec: n.args })
         })
         .collect())
 }
@@ -257,11 +254,10 @@ mod tests {
             return;
         }
         assert_eq!(found.len(), names.len(), "{found:?}");
-        let gc = found.iter().find(|(p, _)| p.provider == "python" && p.name == "gc__start").expect("python:gc__start");
-        assert!(gc.1.is_ok(), "{:?}", gc.1);
-        assert!(gc.0.semaphore_offset.is_some(), "gc__start has a semaphore");
-        assert_eq!(gc.0.args.len(), 1);
-        assert!(found.iter().all(|(p, ok)| ok.is_ok() && p.offset > 0), "{found:?}");
+        let gc = found.iter().find(|p| p.provider == "python" && p.name == "gc__start").expect("python:gc__start");
+        assert!(gc.semaphore_offset.is_some(), "gc__start has a semaphore");
+        assert_eq!(gc.args.as_ref().map(Vec::len), Ok(1));
+        assert!(found.iter().all(|p| p.args.is_ok() && p.offset > 0), "{found:?}");
         // The semaphore's file offset, by `.probes`' address and offset in `readelf -S`.
         let sections = std::process::Command::new("readelf").args(["-S", "--wide"]).arg(path).output().expect("readelf");
         let sections = String::from_utf8_lossy(&sections.stdout);
@@ -271,6 +267,6 @@ mod tests {
         let (addr, off) = (u64::from_str_radix(f[at + 2], 16).unwrap(), u64::from_str_radix(f[at + 3], 16).unwrap());
         let sema = text.lines().skip_while(|l| !l.contains("Name: gc__start")).find_map(|l| l.split("Semaphore: ").nth(1)).unwrap();
         let sema = u64::from_str_radix(sema.trim().trim_start_matches("0x"), 16).unwrap();
-        assert_eq!(gc.0.semaphore_offset, Some(sema - addr + off));
+        assert_eq!(gc.semaphore_offset, Some(sema - addr + off));
     }
 }

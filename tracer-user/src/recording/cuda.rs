@@ -365,7 +365,7 @@ pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
     /// `device_memory_leak`, `graph_recaptured`, `sync_polling`,
-    /// `launch_bound`.
+    /// `launch_bound`, `gpu_memory_near_capacity`.
     pub kind: String,
     /// `high`, `medium` or `low`.
     pub severity: String,
@@ -429,6 +429,13 @@ pub struct Finding {
     pub kernels: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_s: Option<f64>,
+    /// `gpu_memory_near_capacity`: the GPU (NVML index) and its memory;
+    /// `bytes` is the most in use, `count` the samples at or above the
+    /// threshold (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
 }
 
 impl Finding {

@@ -24,6 +24,7 @@ const ADVICE_LEAK: &str = "Free what this line allocates (cudaFree), or in PyTor
 
 const ADVICE_POLLING: &str = "Wait instead of spinning: cudaEventSynchronize / torch.cuda.Event.synchronize() or stream.synchronize() (with the event created blocking, cudaEventBlockingSync / torch.cuda.Event(blocking=True), the thread sleeps instead of burning a CPU), or do useful host work between the queries (event.query() once per step, not in a tight loop).";
 
+const ADVICE_NEAR_CAPACITY: &str = "The next allocation may fail with out-of-memory: hold less on the device (a smaller batch or sequence length, activation checkpointing, a smaller dtype, freeing tensors kept by reference), let the caching allocator fragment less (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), check what else uses the GPU (nvidia-smi), or use a bigger one; torch.cuda.empty_cache() only returns the cache.";
 const ADVICE_LAUNCH_BOUND: &str = "Launch fewer, bigger kernels: capture the step in a CUDA graph and replay it (torch.cuda.CUDAGraph, torch.compile(mode=\"reduce-overhead\")) so one launch runs them all, or fuse the small ops (torch.compile; fused or foreach optimizers, optim.AdamW(fused=True)); larger batches amortize each launch.";
 
 const ADVICE_LOOP_CPU: &str =
@@ -121,6 +122,18 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
                 fmt_ns(f.time_ns)
             )
         }
+        "gpu_memory_near_capacity" => {
+            let total = f.capacity_bytes.unwrap_or(0);
+            let held = if f.site.line.is_some() || !f.site.function.is_empty() { "; the line shown held the most device memory of the traced processes" } else { "" };
+            format!(
+                "GPU {} had {} of its {} memory in use ({:.0}%), in {} NVML samples at or above 90%{held}",
+                f.gpu.unwrap_or(0),
+                fmt_bytes(f.bytes),
+                fmt_bytes(total),
+                100.0 * f.bytes as f64 / total.max(1) as f64,
+                f.count
+            )
+        }
         "copy_time_share" => {
             let window_ns = f.window_ns.unwrap_or(0);
             format!(
@@ -152,6 +165,7 @@ pub fn cuda_advice(f: &Finding) -> &str {
         "graph_recaptured" => ADVICE_RECAPTURED,
         "sync_polling" => ADVICE_POLLING,
         "launch_bound" => ADVICE_LAUNCH_BOUND,
+        "gpu_memory_near_capacity" => ADVICE_NEAR_CAPACITY,
         _ => "",
     }
 }

@@ -47,6 +47,10 @@ struct JsonCuda<'a> {
     graph_captures: &'a [crate::recording::cuda::GraphCapture],
     /// NCCL calls by API, communicator and site (schema 1.x addition).
     collectives: &'a [crate::recording::cuda::CudaCollective],
+    /// Device memory held by the allocation calls per process and line
+    /// (schema 1.x addition; absent when empty).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    device_memory: &'a [crate::recording::cuda::DeviceMemory],
 }
 
 #[derive(Serialize)]
@@ -151,6 +155,7 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
             graph_launches: &c.graph_launches,
             graph_captures: &c.graph_captures,
             collectives: &c.collectives,
+            device_memory: &c.device_memory,
         }),
         findings: rec.cuda.as_ref().map(|c| super::findings::cuda_worded(&c.findings)).unwrap_or_default(),
         lost_events: rec.lost_events(),

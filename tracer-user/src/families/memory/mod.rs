@@ -104,6 +104,11 @@ impl Collector for MemoryCollector {
         &[Part::Memory]
     }
 
+    /// Reads each thread's memory waits (`waits` per process).
+    fn needs(&self) -> &'static [Part] {
+        &[Part::Threads]
+    }
+
     fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         if cx.kernel.tracefs.is_none() {
             cx.sink.note("tracefs unavailable: no resident-memory series (kmem/rss_stat)");

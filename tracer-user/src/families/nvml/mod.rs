@@ -105,9 +105,17 @@ impl GpuSampling {
     /// notes when there is none). The status line is the only NVML line.
     pub fn merge_into(self, rec: &mut Recording, sink: &mut Sink, window_ns: u64) {
         match rec.cuda.as_mut() {
-            Some(report) => report.gpu_samples = self.samples,
+            Some(report) => {
+                report.gpu_samples = self.samples;
+                let near = crate::families::cuda::findings::gpu_memory_near_capacity(&report.gpu_samples, &report.device_memory);
+                if !near.is_empty() {
+                    report.findings.extend(near);
+                    crate::families::cuda::findings::rank(&mut report.findings);
+                }
+            }
             None if !self.samples.is_empty() => {
-                rec.cuda = Some(CudaReport { gpu_samples: self.samples, window_ns, ..Default::default() });
+                let findings = crate::families::cuda::findings::gpu_memory_near_capacity(&self.samples, &[]);
+                rec.cuda = Some(CudaReport { gpu_samples: self.samples, window_ns, findings, ..Default::default() });
             }
             None => {}
         }

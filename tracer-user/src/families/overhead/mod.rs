@@ -152,7 +152,7 @@ impl Collector for OverheadReport {
 
     /// Reads them: the account of what tracing cost reads every family's counts and each thread's wall time.
     fn needs(&self) -> &'static [Part] {
-        &[Part::Syscalls, Part::Threads, Part::Cuda]
+        &[Part::Syscalls, Part::Threads, Part::Cuda, Part::Memory]
     }
 
     fn name(&self) -> &'static str {
