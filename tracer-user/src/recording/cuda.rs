@@ -618,3 +618,53 @@ mod tests {
     }
 }
 
+/// A GPU is near capacity at this share of its memory in use.
+pub const NEAR_CAPACITY: f64 = 0.90;
+
+/// `gpu_memory_near_capacity`: per GPU whose NVML samples showed at least
+/// [`NEAR_CAPACITY`] of its memory in use: how many samples, the most in
+/// use; named at the line of the traced process that held the most device
+/// memory at the end (none when no allocation call was seen).
+pub fn gpu_memory_near_capacity(samples: &[GpuSample], device_memory: &[DeviceMemory]) -> Vec<Finding> {
+    let mut per_gpu: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.mem_total_bytes > 0) {
+        if s.mem_used_bytes as f64 >= NEAR_CAPACITY * s.mem_total_bytes as f64 {
+            let e = per_gpu.entry(s.gpu).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(s.mem_used_bytes);
+            e.2 = s.mem_total_bytes;
+        }
+    }
+    let holder = device_memory.iter().filter(|d| d.held_bytes > 0).max_by_key(|d| d.held_bytes);
+    per_gpu
+        .into_iter()
+        .map(|(gpu, (count, used, total))| Finding {
+            kind: "gpu_memory_near_capacity".into(),
+            severity: (if used as f64 >= 0.97 * total as f64 { "high" } else { "medium" }).into(),
+            pid: holder.map_or(0, |d| d.pid),
+            site: holder.and_then(|d| d.lines.first()).map(|l| l.site.clone()).unwrap_or_default(),
+            count,
+            bytes: used,
+            gpu: Some(gpu),
+            capacity_bytes: Some(total),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Findings, most severe first, then the costliest.
+pub fn rank_findings(findings: &mut [Finding]) {
+    let rank = |s: &str| match s {
+        "high" => 0,
+        "medium" => 1,
+        _ => 2,
+    };
+    findings.sort_by(|a, b| {
+        rank(&a.severity)
+            .cmp(&rank(&b.severity))
+            .then(b.time_ns.cmp(&a.time_ns))
+            .then(b.count.cmp(&a.count))
+            .then(a.kind.cmp(&b.kind))
+    });
+}
+

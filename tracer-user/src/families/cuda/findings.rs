@@ -20,7 +20,7 @@ use super::{
     replay::{AllocObs, CopyObs, SyncObs},
     CudaLaunch, Finding, Site,
 };
-use crate::recording::cuda::{kind_name, DeviceMemory, GpuSample};
+use crate::recording::cuda::kind_name;
 
 /// Detector thresholds (docs/cuda.md explains each).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -170,53 +170,9 @@ pub fn detect(sites: &[SiteSummary], window_ns: u64, t: &Thresholds) -> Vec<Find
 }
 
 /// High severity first, then by time, count and kind.
-/// A GPU is near capacity at this share of its memory in use.
-pub const NEAR_CAPACITY: f64 = 0.90;
-
-/// `gpu_memory_near_capacity`: per GPU whose NVML samples showed at least
-/// [`NEAR_CAPACITY`] of its memory in use: how many samples, the most in
-/// use; named at the line of the traced process that held the most device
-/// memory at the end (none when no allocation call was seen).
-pub fn gpu_memory_near_capacity(samples: &[GpuSample], device_memory: &[DeviceMemory]) -> Vec<Finding> {
-    let mut per_gpu: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.mem_total_bytes > 0) {
-        if s.mem_used_bytes as f64 >= NEAR_CAPACITY * s.mem_total_bytes as f64 {
-            let e = per_gpu.entry(s.gpu).or_default();
-            e.0 += 1;
-            e.1 = e.1.max(s.mem_used_bytes);
-            e.2 = s.mem_total_bytes;
-        }
-    }
-    let holder = device_memory.iter().filter(|d| d.held_bytes > 0).max_by_key(|d| d.held_bytes);
-    per_gpu
-        .into_iter()
-        .map(|(gpu, (count, used, total))| Finding {
-            kind: "gpu_memory_near_capacity".into(),
-            severity: (if used as f64 >= 0.97 * total as f64 { "high" } else { "medium" }).into(),
-            pid: holder.map_or(0, |d| d.pid),
-            site: holder.and_then(|d| d.lines.first()).map(|l| l.site.clone()).unwrap_or_default(),
-            count,
-            bytes: used,
-            gpu: Some(gpu),
-            capacity_bytes: Some(total),
-            ..Default::default()
-        })
-        .collect()
-}
-
+/// Most severe first, then the costliest (`recording::cuda::rank_findings`).
 pub fn rank(findings: &mut [Finding]) {
-    let rank = |s: &str| match s {
-        "high" => 0,
-        "medium" => 1,
-        _ => 2,
-    };
-    findings.sort_by(|a, b| {
-        rank(&a.severity)
-            .cmp(&rank(&b.severity))
-            .then(b.time_ns.cmp(&a.time_ns))
-            .then(b.count.cmp(&a.count))
-            .then(a.kind.cmp(&b.kind))
-    });
+    crate::recording::cuda::rank_findings(findings);
 }
 
 /// What a finding covers: calls (or allocations), bytes, time.
@@ -691,7 +647,7 @@ mod tests {
 
     #[test]
     fn a_gpu_near_capacity_names_the_line_holding_the_most() {
-        use crate::recording::cuda::{DeviceMemoryLine, GpuSample};
+        use crate::recording::cuda::{gpu_memory_near_capacity, DeviceMemory, DeviceMemoryLine, GpuSample};
         let sample = |gpu, used, total| GpuSample { gpu, mem_used_bytes: used, mem_total_bytes: total, ..Default::default() };
         let samples = [sample(0, 95, 100), sample(0, 98, 100), sample(0, 50, 100), sample(1, 89, 100), sample(2, 5, 0)];
         let line = |l: u32| DeviceMemoryLine { site: Site { line: Some(l), ..Default::default() }, held_bytes: 1, ..Default::default() };

@@ -107,14 +107,14 @@ impl GpuSampling {
         match rec.cuda.as_mut() {
             Some(report) => {
                 report.gpu_samples = self.samples;
-                let near = crate::families::cuda::findings::gpu_memory_near_capacity(&report.gpu_samples, &report.device_memory);
+                let near = crate::recording::cuda::gpu_memory_near_capacity(&report.gpu_samples, &report.device_memory);
                 if !near.is_empty() {
                     report.findings.extend(near);
-                    crate::families::cuda::findings::rank(&mut report.findings);
+                    crate::recording::cuda::rank_findings(&mut report.findings);
                 }
             }
             None if !self.samples.is_empty() => {
-                let findings = crate::families::cuda::findings::gpu_memory_near_capacity(&self.samples, &[]);
+                let findings = crate::recording::cuda::gpu_memory_near_capacity(&self.samples, &[]);
                 rec.cuda = Some(CudaReport { gpu_samples: self.samples, window_ns, findings, ..Default::default() });
             }
             None => {}
