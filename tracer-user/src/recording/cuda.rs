@@ -585,39 +585,6 @@ pub fn api_name(api: u32) -> String {
     api::NAMES.get(api as usize).map(|s| (*s).to_owned()).unwrap_or_else(|| format!("api{api}"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_call_class_from_its_name_is_the_one_from_its_id() {
-        for id in 0..api::COUNT + 2 {
-            let name = api_name(id);
-            assert_eq!(CallClass::of_name(&name), CallClass::of_api(id), "{name}");
-            let polls = id < api::COUNT && api::is_query(id);
-            let nccl = id < api::COUNT && api::is_nccl(id);
-            let want = if polls {
-                CallClass::Sync
-            } else if nccl {
-                CallClass::Collective
-            } else {
-                CallClass::of_api(id)
-            };
-            assert_eq!(CallClass::of_symbol(&name), want, "{name}");
-            // What the name tests said before the class was stored.
-            let sync = name.starts_with("cu") && name.contains("Synchronize");
-            let copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");
-            assert_eq!(CallClass::of_api(id) == CallClass::Sync, sync, "{name}");
-            assert_eq!(CallClass::of_api(id) == CallClass::Copy, copy, "{name}");
-        }
-        assert_eq!(CallClass::of_name("cudaMalloc"), CallClass::Memory);
-        assert_eq!(CallClass::of_name("cuLaunchKernelEx"), CallClass::Launch);
-        assert_eq!(CallClass::of_name("cudaMemcpy3D"), CallClass::Other);
-        assert_eq!(CallClass::of_symbol("cudaMemcpy3D"), CallClass::Copy);
-        assert_eq!(CallClass::of_symbol("cudaThreadSynchronize"), CallClass::Sync);
-    }
-}
-
 /// A GPU is near capacity at this share of its memory in use.
 pub const NEAR_CAPACITY: f64 = 0.90;
 
@@ -668,3 +635,35 @@ pub fn rank_findings(findings: &mut [Finding]) {
     });
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_class_from_its_name_is_the_one_from_its_id() {
+        for id in 0..api::COUNT + 2 {
+            let name = api_name(id);
+            assert_eq!(CallClass::of_name(&name), CallClass::of_api(id), "{name}");
+            let polls = id < api::COUNT && api::is_query(id);
+            let nccl = id < api::COUNT && api::is_nccl(id);
+            let want = if polls {
+                CallClass::Sync
+            } else if nccl {
+                CallClass::Collective
+            } else {
+                CallClass::of_api(id)
+            };
+            assert_eq!(CallClass::of_symbol(&name), want, "{name}");
+            // What the name tests said before the class was stored.
+            let sync = name.starts_with("cu") && name.contains("Synchronize");
+            let copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");
+            assert_eq!(CallClass::of_api(id) == CallClass::Sync, sync, "{name}");
+            assert_eq!(CallClass::of_api(id) == CallClass::Copy, copy, "{name}");
+        }
+        assert_eq!(CallClass::of_name("cudaMalloc"), CallClass::Memory);
+        assert_eq!(CallClass::of_name("cuLaunchKernelEx"), CallClass::Launch);
+        assert_eq!(CallClass::of_name("cudaMemcpy3D"), CallClass::Other);
+        assert_eq!(CallClass::of_symbol("cudaMemcpy3D"), CallClass::Copy);
+        assert_eq!(CallClass::of_symbol("cudaThreadSynchronize"), CallClass::Sync);
+    }
+}
