@@ -63,6 +63,37 @@ fn memory_stack_weight(report: &Report, pid: u64, line: u64) -> (u64, u64) {
     (at, all)
 }
 
+/// Records `mem_stall.py MODE DATA MIB` (in `cg` when given): the report
+/// and the workload's measure of its loop (the directory holds `rec.itr`).
+fn record_loop(python: &std::path::Path, mode: &str, mib: &str, cg: Option<&MemCgroup>) -> (TempDir, Report, Loop) {
+    let dir = TempDir::new(&format!("memory-{mode}"));
+    let data = data_file(mode);
+    let source = workload();
+    let args: Vec<&std::ffi::OsStr> = vec![source.as_os_str(), mode.as_ref(), data.as_os_str(), mib.as_ref()];
+    let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
+    cmd.arg(dir.join("rec.itr")).arg("--");
+    match cg {
+        Some(cg) => {
+            let inner = cg.command(python, &args);
+            cmd.arg(inner.get_program()).args(inner.get_args());
+        }
+        None => {
+            cmd.arg(python).args(&args);
+        }
+    }
+    let run = run_cmd(&mut cmd, Duration::from_secs(180));
+    let _ = std::fs::remove_file(&data);
+    run.assert_ok();
+    let lp = loop_truth(&run.stderr).unwrap_or_else(|| panic!("no loop line from the workload: {}", run.stderr));
+    (dir, run.json(), lp)
+}
+
+/// The thread's parts add up to its wall time (within 2%).
+fn assert_partition(t: &ThreadTimes) {
+    let parts = t.parts_ns();
+    assert!(parts.abs_diff(t.wall_ns) as f64 <= 0.02 * t.wall_ns as f64, "parts {} vs wall {}: {}", parts, t.wall_ns, t.describe());
+}
+
 /// Page-ins of a mapped file whose pages were dropped: waits in page
 /// faults, outside any syscall. Their time is `memory` (cause
 /// `page_fault_ns`) at the touching line, about the time the loop spent off
@@ -74,17 +105,8 @@ fn page_ins_of_a_mapped_file_are_memory_waits_at_their_line() {
         return;
     }
     let Some(python) = python3_executable(test) else { return };
-    let dir = TempDir::new("memory-waits");
-    let data = data_file("pagein");
-    let run = run_cmd(
-        infertrace(["record", "-q", "--format", "json", "-o"]).arg(dir.join("rec.itr")).arg("--").arg(&python).arg(workload()).arg("pagein").arg(&data).arg("128"),
-        Duration::from_secs(180),
-    );
-    let _ = std::fs::remove_file(&data);
-    run.assert_ok();
-    let lp = loop_truth(&run.stderr).unwrap_or_else(|| panic!("no loop line from the workload: {}", run.stderr));
+    let (dir, report, lp) = record_loop(&python, "pagein", "128", None);
     let blocked = lp.blocked();
-    let report = run.json();
     let pid = u(&report.one_target("launched")["pid"]);
     let main = report.thread_times().into_iter().find(|t| t.tid == pid && t.pid == pid).unwrap_or_else(|| panic!("no main thread row for {pid}"));
     let row = report.threads().iter().find(|t| u(&t["tid"]) == pid).cloned().unwrap_or_default();
@@ -98,7 +120,7 @@ fn page_ins_of_a_mapped_file_are_memory_waits_at_their_line() {
         ms(lp.wall), lp.units, ms(lp.cpu), lp.runq.map(ms), ms(blocked), ms(memory), ms(faults), ms(at_line), ms(stacks), main.describe()
     );
     // The loop must have waited for the disk, or there is nothing to check.
-    assert!(blocked > 10_000_000, "the loop hardly waited (page cache not dropped?): {}", run.stderr);
+    assert!(blocked > 10_000_000, "the loop hardly waited (page cache not dropped?): loop {} ns, cpu {} ns", lp.wall, lp.cpu);
     // Its blocked time is page-fault waits; nothing else of the thread's
     // life waits in faults on a cached interpreter.
     // Measured here: within 1% (20 runs under load: 0.99x to 1.08x).
@@ -109,8 +131,7 @@ fn page_ins_of_a_mapped_file_are_memory_waits_at_their_line() {
     // thread: a wait may reuse the thread's last stack, from this line).
     assert!(at_line as f64 >= 0.9 * stacks as f64 && stacks as f64 >= 0.9 * memory as f64, "memory stacks {:.1} ms, {:.1} ms at line {line}", ms(stacks), ms(at_line));
     // The partition holds.
-    let parts = main.parts_ns();
-    assert!(parts.abs_diff(main.wall_ns) as f64 <= 0.02 * main.wall_ns as f64, "parts {} vs wall {}: {}", parts, main.wall_ns, main.describe());
+    assert_partition(&main);
     // The verdict names it, at the line; the text bar shows it.
     let v = report.0["verdict"]["processes"].as_array().and_then(|ps| ps.iter().find(|p| u(&p["pid"]) == pid)).cloned().unwrap_or_default();
     let class = v["classes"].as_array().and_then(|cs| cs.iter().find(|c| c["class"] == "memory_stall")).cloned();
@@ -142,21 +163,9 @@ fn reclaim_at_a_cgroup_limit_is_a_memory_wait_at_the_writing_line() {
             return;
         }
     };
-    let dir = TempDir::new("memory-reclaim");
-    let data = data_file("reclaim");
-    let source = workload();
-    let args: Vec<&std::ffi::OsStr> = vec![source.as_os_str(), "reclaim".as_ref(), data.as_os_str(), "512".as_ref()];
-    let inner = cg.command(&python, &args);
-    let run = run_cmd(
-        infertrace(["record", "-q", "--format", "json", "-o"]).arg(dir.join("rec.itr")).arg("--").arg(inner.get_program()).args(inner.get_args()),
-        Duration::from_secs(180),
-    );
-    let _ = std::fs::remove_file(&data);
-    run.assert_ok();
+    let (_dir, report, lp) = record_loop(&python, "reclaim", "512", Some(&cg));
     let peak = cg.peak().unwrap_or(0);
-    let lp = loop_truth(&run.stderr).unwrap_or_else(|| panic!("no loop line from the workload: {}", run.stderr));
     let blocked = lp.blocked();
-    let report = run.json();
     // The writer: the thread with the most memory waits (the launched shell exec'd it).
     let row = report.threads().iter().max_by_key(|t| u(&t["off_cpu"]["memory_ns"])).cloned().unwrap_or_default();
     let (pid, tid) = (u(&row["pid"]), u(&row["tid"]));
@@ -178,6 +187,5 @@ fn reclaim_at_a_cgroup_limit_is_a_memory_wait_at_the_writing_line() {
     assert!(reclaim as f64 >= 0.3 * blocked as f64, "reclaim waits {:.1} ms < 30% of the loop's {:.1} ms blocked", ms(reclaim), ms(blocked));
     // Charged to the writing line.
     assert!(at_line as f64 >= 0.8 * reclaim as f64, "memory stacks at line {line}: {:.1} ms, reclaim {:.1} ms", ms(at_line), ms(reclaim));
-    let parts = main.parts_ns();
-    assert!(parts.abs_diff(main.wall_ns) as f64 <= 0.02 * main.wall_ns as f64, "parts {} vs wall {}: {}", parts, main.wall_ns, main.describe());
+    assert_partition(&main);
 }

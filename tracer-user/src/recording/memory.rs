@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{attribution::SiteRef, MemoryWaits};
+use super::attribution::SiteRef;
 
 /// The memory part of a recording.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -61,10 +61,6 @@ pub struct ProcessMemory {
     /// the memory family's program it paid for (`tracer_overhead`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rss_stat_events: u64,
-    /// Its threads' off-CPU time blocked on memory, by cause (the `memory`
-    /// reason of the wall-time partition, summed; absent when none).
-    #[serde(default, skip_serializing_if = "MemoryWaits::is_zero")]
-    pub waits: MemoryWaits,
 }
 
 /// A cgroup memory limit: v1 `memory.limit_in_bytes`, v2 `memory.max`.

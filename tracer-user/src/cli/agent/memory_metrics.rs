@@ -57,14 +57,6 @@ fn waits_of(w: &MemoryWaits) -> [u64; 4] {
     [w.page_fault_ns, w.reclaim_ns, w.compaction_ns, w.throttle_ns]
 }
 
-/// (minor, major) page faults of a process so far (`/proc/PID/stat`).
-fn page_faults(pid: u32) -> Option<[u64; 2]> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    // After `(comm)`: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt.
-    Some([f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?])
-}
-
 impl MemoryMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register("resident_bytes", "Resident memory of a target by kind (anon, file, shmem; swap: swapped out), at the last publish", self.resident.clone());
@@ -101,7 +93,7 @@ impl MemoryMetrics {
             self.hw_stalls.insert(pid, old);
         }
         for &pid in live {
-            if let Some(now) = page_faults(pid) {
+            if let Some(now) = crate::os::procfs::page_faults(pid) {
                 let old = self.hw_faults.get(&pid).copied().unwrap_or_default();
                 if now.iter().zip(old.iter()).any(|(n, o)| n > o) {
                     let target = self.labels(pid, labels);

@@ -21,7 +21,7 @@ use crate::{
     recording::{
         attribution,
         memory::{slope, GrowthLine, GrowthStack, MemPoint, MemoryLimit, MemoryReport, OomKilled, ProcessMemory},
-        MemoryWaits, Origin, Recording,
+        Origin, Recording,
     },
 };
 
@@ -102,11 +102,6 @@ impl Collector for MemoryCollector {
 
     fn provides(&self) -> &'static [Part] {
         &[Part::Memory]
-    }
-
-    /// Reads each thread's memory waits (`waits` per process).
-    fn needs(&self) -> &'static [Part] {
-        &[Part::Threads]
     }
 
     fn attach(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
@@ -218,11 +213,6 @@ impl Collector for MemoryCollector {
             e.released_bytes += v.released;
             e.samples += v.samples;
         }
-        // The threads' memory waits (the sched collector's snapshot ran first).
-        let mut waits: HashMap<u32, MemoryWaits> = HashMap::new();
-        for t in &rec.threads {
-            waits.entry(t.pid).or_default().add(&t.off_cpu.memory);
-        }
         let mut processes: Vec<ProcessMemory> = series
             .into_iter()
             .map(|(pid, mut pts)| {
@@ -240,7 +230,6 @@ impl Collector for MemoryCollector {
                     lines,
                     memory_limit: self.limits.get(&pid).cloned(),
                     oom_killed: oom_of.remove(&pid),
-                    waits: waits.get(&pid).copied().unwrap_or_default(),
                     rss_stat_events: events.get(&pid).copied().unwrap_or(0),
                     stacks: {
                         let mut s = stacks.remove(&pid).unwrap_or_default();

@@ -63,6 +63,14 @@ fn stat_fields(pid: u32) -> io::Result<Vec<String>> {
     Ok(after.split_whitespace().map(str::to_owned).collect())
 }
 
+/// (minor, major) page faults of a process so far, its exited threads'
+/// included (`minflt`, `majflt`).
+pub fn page_faults(pid: u32) -> Option<[u64; 2]> {
+    let f = stat_fields(pid).ok()?;
+    // After `(comm)`: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt.
+    Some([f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?])
+}
+
 /// Process state letter (`R`, `S`, `Z`, ...), `None` when the process is gone.
 pub fn state(pid: u32) -> Option<char> {
     stat_fields(pid).ok()?.first()?.chars().next()

@@ -65,8 +65,11 @@ fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
         fmt_bytes(last.shmem),
         fmt_bytes(last.swap)
     );
-    if !p.waits.is_zero() {
-        let w = &p.waits;
+    let mut w = crate::recording::MemoryWaits::default();
+    for t in rec.threads.iter().filter(|t| t.pid == p.pid) {
+        w.add(&t.off_cpu.memory);
+    }
+    if !w.is_zero() {
         let parts: Vec<String> = [("page faults", w.page_fault_ns), ("reclaim", w.reclaim_ns), ("compaction", w.compaction_ns), ("memory.high throttling", w.throttle_ns)]
             .into_iter()
             .filter(|(_, ns)| *ns > 0)
