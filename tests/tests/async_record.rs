@@ -245,20 +245,25 @@ fn two_loops_in_two_threads_stay_apart() {
             }
         }
         let found = findings_of(&rep, "blocked_event_loop");
+        // The three sleeps: one step each at block_b on loop b, named by
+        // what its samples caught (the sleep, or the GIL wait that can
+        // follow it on 2 busy cores), so possibly in two findings.
         let at_sleep: Vec<&Value> = found.iter().filter(|f| u(&f["line"]) == m["block_b"]).collect();
-        let ok = at_sleep.len() == 1 && u(&at_sleep[0]["tid"]) == b && u(&at_sleep[0]["count"]) == 3;
-        if !ok {
-            return Err(format!("expected one blocked-loop finding on loop b ({b}) at line {} x3, got {found:?}", m["block_b"]));
+        let count: u64 = at_sleep.iter().map(|f| u(&f["count"])).sum();
+        if count != 3 || at_sleep.iter().any(|f| u(&f["tid"]) != b) {
+            return Err(format!("expected 3 blocked steps on loop b ({b}) at line {}, got {found:?}", m["block_b"]));
         }
         // Besides the sleeps: a loop's thread that waited for the GIL the
         // other thread held (a futex wait inside its own work; on 2 busy
         // cores a hand-off can outlast the 20 ms threshold) is a real block
-        // too. Allowed, but only on that loop's own lines, and never a sleep
-        // (which only loop b makes, at block_b).
+        // too. Allowed, but only in that loop's own code or the driver both
+        // share (`run`, `thread`), and never a sleep (which only loop b
+        // makes, at block_b).
         for f in found.iter().filter(|f| u(&f["line"]) != m["block_b"]) {
             let tid = u(&f["tid"]);
             let own = if tid == a { [m["work_a"], m["await_a"]] } else if tid == b { [m["work_b"], m["await_b"]] } else { [0, 0] };
-            if !own.contains(&u(&f["line"])) || f["syscall"].as_str() == Some("clock_nanosleep") {
+            let driver = (tid == a || tid == b) && (f["function"] == "run" || f["function"] == "thread");
+            if !(own.contains(&u(&f["line"])) || driver) || f["syscall"].as_str() == Some("clock_nanosleep") {
                 return Err(format!("a blocked-loop finding out of its loop's code or a sleep elsewhere: {f} (loops a {a}, b {b})"));
             }
         }

@@ -11,6 +11,7 @@ pub mod kallsyms;
 pub mod usdt;
 pub mod probe;
 pub mod procfs;
+pub mod sched;
 pub mod symbolize;
 pub mod tracefs;
 pub mod trap_timing;

@@ -367,7 +367,12 @@ impl Collector for AsyncioCollector {
             self.ring = Some(Records::new(RingBuf::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::ASYNC_EVENTS, e))?, "asyncio_short_records"));
         }
         match Sampler::start(SAMPLE_HZ) {
-            Ok(s) => self.sampler = Some(s),
+            Ok(mut s) => {
+                if let Some(n) = s.priority_note.take() {
+                    cx.sink.note(n);
+                }
+                self.sampler = Some(s);
+            }
             Err(e) => cx.sink.note(format!("cannot start the asyncio sampler ({e}): no asyncio report")),
         }
         Ok(())

@@ -107,6 +107,9 @@ pub struct Sampler {
     pids: Arc<Mutex<BTreeMap<u32, u64>>>,
     handle: Option<thread::JoinHandle<()>>,
     pub rx: mpsc::Receiver<Tick>,
+    /// Why the sampling thread runs at an ordinary priority (it asks for
+    /// the lowest real-time one), for the recording's notes.
+    pub priority_note: Option<String>,
 }
 
 impl Sampler {
@@ -114,9 +117,18 @@ impl Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let pids = Arc::new(Mutex::new(BTreeMap::new()));
         let (tx, rx) = mpsc::channel();
+        let (rt_tx, rt_rx) = mpsc::channel();
         let (s, p) = (stop.clone(), pids.clone());
-        let handle = thread::Builder::new().name("infertrace-async".into()).spawn(move || run(hz, &s, &p, &tx))?;
-        Ok(Sampler { stop, pids, handle: Some(handle), rx })
+        let handle = thread::Builder::new().name("infertrace-async".into()).spawn(move || {
+            // Unbiased on saturated CPUs (see `realtime_self`): a sampler
+            // that waits for a CPU catches the loops idle, not busy.
+            let _ = rt_tx.send(crate::os::sched::realtime_self().err());
+            run(hz, &s, &p, &tx)
+        })?;
+        let priority_note = rt_rx.recv().ok().flatten().map(|e| {
+            format!("the asyncio sampler runs at an ordinary priority (SCHED_FIFO refused: {e}): on saturated CPUs it samples busy loop steps less often than idle ones")
+        });
+        Ok(Sampler { stop, pids, handle: Some(handle), rx, priority_note })
     }
 
     pub fn add(&self, pid: u32) {
