@@ -4,7 +4,8 @@
 # (cudadrvsim.c, soname libcuda.so.1; NOT CUDA), DIR/libcudart.so.12, the
 # runtime stand-in over it (cudasim.c, soname libcudart.so.12; NOT CUDA),
 # DIR/libfakekernels.so (kernels.c), DIR/libnccl.so.2 (ncclsim.c, a
-# stand-in for NCCL; NOT NCCL), DIR/cuda_burst (cuda_burst.c, the
+# stand-in for NCCL; NOT NCCL), DIR/torch/libc10_cuda.so (torchsim.c, the
+# USDT probes of PyTorch's caching allocator; NOT PyTorch), DIR/cuda_burst (cuda_burst.c, the
 # burst driver) and, when
 # fetch-cudart.sh has run, DIR/native_app (native_app.c, linked to the real
 # libcudart.so.12 of target/cuda-real). Rebuilds
@@ -28,6 +29,13 @@ if [ "$dir/libcuda.so.1" -nt "$dir/libcudart.so.12" ]; then rm -f "$dir/libcudar
 build libcudart.so.12 cudasim.c -Wl,-soname,libcudart.so.12 "-Wl,-rpath,\$ORIGIN" "$dir/libcuda.so.1"
 build libfakekernels.so kernels.c
 build libnccl.so.2 ncclsim.c -Wl,-soname,libnccl.so.2 -ldl
+# PyTorch's allocator stand-in with its USDT probes (sys/sdt.h, Debian's
+# systemtap-sdt-dev), in a directory of its own: torch/libc10_cuda.so.
+top=$dir
+dir=$top/torch
+mkdir -p "$dir"
+build libc10_cuda.so torchsim.c -Wl,-soname,libc10_cuda.so
+dir=$top
 # The burst driver (cuda_burst.c): dlopens $CUDART, so it runs on a private copy.
 if [ ! -e "$dir/cuda_burst" ] || [ "$here/cuda_burst.c" -nt "$dir/cuda_burst" ]; then
     gcc -O1 -g -fno-omit-frame-pointer -Wall -o "$dir/.cuda_burst.$$" "$here/cuda_burst.c" -ldl -lpthread

@@ -85,7 +85,7 @@ pub mod api {
     pub const NCCL_RECV: u32 = 64;
     pub const NCCL_GROUP_START: u32 = 65;
     pub const NCCL_GROUP_END: u32 = 66;
-    // CUDA driver API (libcuda): ids FIRST_DRIVER..COUNT. Copies take
+    // CUDA driver API (libcuda): ids FIRST_DRIVER..END_DRIVER. Copies take
     // (dst, src, bytes[, stream]); the direction is in the name.
     pub const CU_MEMCPY: u32 = 67;
     pub const CU_MEMCPY_ASYNC: u32 = 68;
@@ -172,7 +172,16 @@ pub mod api {
     pub const CU_MEM_RELEASE: u32 = 140;
     pub const CU_MEM_MAP: u32 = 141;
     pub const CU_MEM_UNMAP: u32 = 142;
-    pub const COUNT: u32 = 143;
+    /// One past the last driver API id.
+    pub const END_DRIVER: u32 = 143;
+    // USDT probes of PyTorch's CUDA caching allocator (`libc10_cuda.so`):
+    // `pytorch:malloc(ptr, device, size, stream)` when a block is handed to
+    // a tensor, `pytorch:free(ptr)` when it comes back. Not functions: no
+    // return, no duration; the collector reads their arguments by the
+    // probes' SDT notes (`CUDA_USDT_SPECS`).
+    pub const TORCH_MALLOC: u32 = 143;
+    pub const TORCH_FREE: u32 = 144;
+    pub const COUNT: u32 = 145;
     /// First driver API id.
     pub const FIRST_DRIVER: u32 = CU_MEMCPY;
 
@@ -321,6 +330,8 @@ pub mod api {
         "cuMemRelease",
         "cuMemMap",
         "cuMemUnmap",
+        "pytorch:malloc",
+        "pytorch:free",
     ];
 
     /// The runtime function with the same behaviour as `api` (driver
@@ -389,7 +400,14 @@ pub mod api {
     /// A driver API function (libcuda).
     #[inline(always)]
     pub fn is_driver(api: u32) -> bool {
-        (FIRST_DRIVER..COUNT).contains(&api)
+        (FIRST_DRIVER..END_DRIVER).contains(&api)
+    }
+
+    /// A USDT probe of PyTorch's caching allocator (a tensor's block given
+    /// or taken back), not a CUDA call.
+    #[inline(always)]
+    pub fn is_torch_allocator(api: u32) -> bool {
+        matches!(api, TORCH_MALLOC | TORCH_FREE)
     }
 
     /// Device setup: counting, choosing and initialising devices (a
@@ -707,6 +725,48 @@ pub struct CudaCapture {
     pub copy_bytes: u64,
 }
 
+/// Arguments a USDT spec reads (`pytorch:malloc` has 4).
+pub const USDT_ARGS: usize = 4;
+/// Entries of `CUDA_USDT_SPECS`: one per probe site attached (torch's
+/// `libc10_cuda.so` has 4; several torch builds in one recording add theirs).
+pub const USDT_SPECS: u32 = 256;
+
+/// Where a USDT argument is: `USDT_ARG_*`.
+pub const USDT_ARG_NONE: u8 = 0;
+/// In a register (`pt_regs_offset`).
+pub const USDT_ARG_REG: u8 = 1;
+/// In user memory at a register plus `value` (a displacement).
+pub const USDT_ARG_MEM: u8 = 2;
+/// The constant `value`.
+pub const USDT_ARG_CONST: u8 = 3;
+
+/// One argument of a USDT probe site, as its SDT note says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtArgSpec {
+    /// Displacement (`USDT_ARG_MEM`) or constant (`USDT_ARG_CONST`).
+    pub value: i64,
+    pub pt_regs_offset: u16,
+    /// `USDT_ARG_*`.
+    pub kind: u8,
+    /// 1, 2, 4 or 8.
+    pub size: u8,
+    /// 1: sign-extended from `size` bytes.
+    pub signed: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Value of `CUDA_USDT_SPECS` (index: the probe site's attach cookie): what
+/// the site is (`api`: `TORCH_MALLOC`, `TORCH_FREE`) and where its
+/// arguments are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtSpec {
+    pub api: u32,
+    pub nargs: u32,
+    pub args: [UsdtArgSpec; USDT_ARGS],
+}
+
 /// Code ranges per process in `CUDA_TEXT`: its probed runtimes (a
 /// `libcudart`, and the copies linked statically into other libraries:
 /// CuPy has 5, JAX 11) and its driver.
@@ -843,6 +903,7 @@ mod pod {
     unsafe impl aya::Pod for super::EventKey {}
     unsafe impl aya::Pod for super::CudaName {}
     unsafe impl aya::Pod for super::CollPending {}
+    unsafe impl aya::Pod for super::UsdtSpec {}
 }
 
 #[cfg(test)]
@@ -860,6 +921,8 @@ mod tests {
         assert_eq!(core::mem::size_of::<CudaInflight>(), 152);
         assert_eq!(core::mem::size_of::<CudaEvent>(), 96);
         assert_eq!(core::mem::size_of::<CudaCapture>(), 32);
+        assert_eq!(core::mem::size_of::<UsdtArgSpec>(), 16);
+        assert_eq!(core::mem::size_of::<UsdtSpec>(), 8 + 16 * USDT_ARGS);
     }
 
     #[test]

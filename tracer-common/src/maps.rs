@@ -51,6 +51,7 @@ pub const CUDA_EVENT_COPY: &str = "CUDA_EVENT_COPY";
 pub const CUDA_COLL_PENDING: &str = "CUDA_COLL_PENDING";
 pub const CUDA_COLL_EPOCH: &str = "CUDA_COLL_EPOCH";
 pub const CUDA_TEXT: &str = "CUDA_TEXT";
+pub const CUDA_USDT_SPECS: &str = "CUDA_USDT_SPECS";
 pub const CUDA_DRV_ROUTE: &str = "CUDA_DRV_ROUTE";
 pub const CUDA_SLICE: &str = "CUDA_SLICE";
 pub const CUDA_SLICE_HITS: &str = "CUDA_SLICE_HITS";
@@ -103,6 +104,7 @@ pub const ALL: &[&str] = &[
     CUDA_COLL_PENDING,
     CUDA_COLL_EPOCH,
     CUDA_TEXT,
+    CUDA_USDT_SPECS,
     CUDA_DRV_ROUTE,
     CUDA_SLICE,
     CUDA_SLICE_HITS,

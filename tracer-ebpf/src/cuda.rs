@@ -56,7 +56,11 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters,
-    cuda::{api, CollPending, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, CudaText, EventKey, LaunchKey, FINGERPRINT_BYTES, TEXT_RANGES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE},
+    cuda::{
+        api, CollPending, CudaCapture, CudaEvent, CudaInflight, CudaKey, CudaName, CudaStats, CudaText, EventKey, LaunchKey, UsdtArgSpec, UsdtSpec,
+        FINGERPRINT_BYTES, KIND_DEFAULT, KIND_DTOD, KIND_HTOD, KIND_NONE, TEXT_RANGES, USDT_ARGS, USDT_ARG_CONST, USDT_ARG_MEM, USDT_ARG_REG,
+        USDT_SPECS,
+    },
 };
 
 use aya_log_ebpf::warn;
@@ -143,6 +147,12 @@ pub static CUDA_SLICE_HITS: HashMap<u32, u64> = HashMap::with_max_entries(32768,
 #[map]
 pub static CUDA_SLICE_API_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(api::COUNT, 0);
 
+/// USDT probe sites (PyTorch's caching allocator), by attach cookie: which
+/// probe and where its arguments are (written by userspace from the
+/// site's SDT note before it is attached).
+#[map]
+pub static CUDA_USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(USDT_SPECS, 0);
+
 #[map]
 pub static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
 
@@ -166,6 +176,10 @@ static CUDA_REGS_SP_OFFSET: u64 = 152;
 /// return address is on the stack at entry (x86_64).
 #[unsafe(no_mangle)]
 static CUDA_REGS_LR_OFFSET: u64 = u64::MAX;
+
+/// Offset of the instruction pointer in `pt_regs` (x86_64: 128).
+#[unsafe(no_mangle)]
+static CUDA_REGS_IP_OFFSET: u64 = 128;
 
 /// A u64 of user memory (`what`: which argument, for the diagnostic), 0
 /// when unreadable. These reads (stack arguments, the return address, an
@@ -654,6 +668,98 @@ fn launch(ctx: &ProbeContext, func: u64) {
             }
         }
     }
+}
+
+/// One USDT argument as its spec says (0 when it cannot be read).
+#[inline(never)]
+fn usdt_arg(ctx: &ProbeContext, a: &UsdtArgSpec) -> u64 {
+    let raw = match a.kind {
+        USDT_ARG_REG => regs_u64(ctx, a.pt_regs_offset as u64),
+        USDT_ARG_MEM => read_user_u64(regs_u64(ctx, a.pt_regs_offset as u64).wrapping_add(a.value as u64), "a USDT argument"),
+        USDT_ARG_CONST => a.value as u64,
+        _ => 0,
+    };
+    let bits = 8 * (a.size as u64);
+    if bits == 0 || bits >= 64 {
+        return raw;
+    }
+    let v = raw & ((1u64 << bits) - 1);
+    if a.signed != 0 && v >> (bits - 1) != 0 {
+        v | !((1u64 << bits) - 1)
+    } else {
+        v
+    }
+}
+
+/// USDT probes of PyTorch's CUDA caching allocator (`libc10_cuda.so`):
+/// `pytorch:malloc(ptr, device, size, stream)` and `pytorch:free(ptr)`.
+/// The cookie indexes `CUDA_USDT_SPECS`. A probe site is no call: counted
+/// and sent at once (duration 0), with the Python stack (or the native
+/// one) and the probe's own address as its site.
+#[uprobe]
+pub fn cuda_usdt(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let tid = pid_tgid as u32;
+    let index = (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) as u32;
+    let Some(spec) = CUDA_USDT_SPECS.get(index) else { return 0 };
+    if !api::is_torch_allocator(spec.api) {
+        return 0;
+    }
+    let mut vals = [0u64; USDT_ARGS];
+    let mut i = 0;
+    while i < USDT_ARGS {
+        if (i as u32) < spec.nargs {
+            vals[i] = usdt_arg(&ctx, &spec.args[i]);
+        }
+        i += 1;
+    }
+    let a = spec.api;
+    // malloc: (ptr, device, size, stream); free: (ptr).
+    let (ptr, device, bytes, stream) = if a == api::TORCH_MALLOC { (vals[0], vals[1], vals[2], vals[3]) } else { (vals[0], 0, 0, 0) };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let py_stack = python::capture_reusing(tgid, tid, python::SCRATCH_UPROBE);
+    let user_stack = native_stack_unless(&ctx, py_stack);
+    let key = CudaKey {
+        pid: tgid,
+        tid,
+        api: a,
+        kind: KIND_NONE,
+        user_stack,
+        _pad: 0,
+        py_stack,
+        caller: regs_u64(&ctx, global(&CUDA_REGS_IP_OFFSET)),
+    };
+    account(&key, bytes, 0, false);
+    if global(&CUDA_EVENTS_ENABLED) == 0 {
+        return 0;
+    }
+    let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
+        count_drop(counters::CUDA_EVENTS_LOST);
+        return 0;
+    };
+    entry.write(CudaEvent {
+        pid: tgid,
+        tid,
+        api: a,
+        kind: KIND_NONE,
+        rc: 0,
+        user_stack,
+        start_ns: now,
+        dur_ns: 0,
+        bytes,
+        dst: ptr,
+        src: device,
+        stream,
+        fingerprint: 0,
+        py_stack,
+        caller: key.caller,
+    });
+    entry.submit(0);
+    0
 }
 
 #[uretprobe]

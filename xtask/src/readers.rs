@@ -5,8 +5,9 @@
 //! file-format schema). `go tool pprof` comes from Debian's `golang-go`
 //! (in `setup::APT_PACKAGES`). Also `onnxruntime`, `onnx` and `numpy` for
 //! the native worker pool test (tests/tests/verdict_pools.rs), and
-//! `cupy-cuda12x` (tests/tests/cuda_static.rs), and `memray` (a peer of the
-//! memory family, tests/tests/memory.rs). Each is installed only when
+//! `cupy-cuda12x` (tests/tests/cuda_static.rs), `memray` (a peer of the
+//! memory family, tests/tests/memory.rs) and `torch` (its allocator's USDT
+//! probes, tests/tests/torch_allocator.rs). Each is installed only when
 //! missing.
 use std::process::Command;
 
@@ -30,6 +31,10 @@ const PY_MODULES: &[(&str, &str)] = &[
     ("cupy-cuda12x", "cupy"),
     // A peer for resident growth by line (tests/tests/memory.rs).
     ("memray", "memray"),
+    // Real PyTorch (the PyPI wheel, CUDA build; runs on CPU here): its
+    // libc10_cuda.so carries the USDT probes pytorch:malloc/free
+    // (tests/tests/torch_allocator.rs).
+    ("torch", "torch"),
 ];
 
 fn py_importable(module: &str) -> bool {

@@ -25,6 +25,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "make",
     "util-linux",
     "debootstrap",
+    // `sys/sdt.h`: the stand-in of PyTorch's allocator with the same USDT
+    // probes (tests/cudasim/torchsim.c, tests/tests/torch_allocator.rs).
+    "systemtap-sdt-dev",
     // `infertrace top` runs in a tmux pane in its end-to-end test (tests/tests/top.rs).
     "tmux",
     // go tool pprof: reads the pprof output in tests/tests/profile_formats.rs.

@@ -279,7 +279,7 @@ pub fn load_programs(
 }
 
 fn link_create(prog: BorrowedFd<'_>, path: &std::ffi::CStr, offsets: &[u64], cookies: &[u64], ret: bool) -> std::io::Result<OwnedFd> {
-    link_create_for(prog, path, offsets, cookies, ret, 0)
+    link_create_for(prog, path, offsets, cookies, ret, 0, &[])
 }
 
 /// `pid` 0: every process; else only that process (the kernel installs the
@@ -291,6 +291,7 @@ fn link_create_for(
     cookies: &[u64],
     ret: bool,
     pid: u32,
+    ref_ctr_offsets: &[u64],
 ) -> std::io::Result<OwnedFd> {
     let mut attr = zeroed_attr();
     // SAFETY: writing the BPF_LINK_CREATE member of the zeroed union.
@@ -303,6 +304,9 @@ fn link_create_for(
     l.__bindgen_anon_3.uprobe_multi.cnt = offsets.len() as u32;
     l.__bindgen_anon_3.uprobe_multi.flags = if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
     l.__bindgen_anon_3.uprobe_multi.pid = pid;
+    if !ref_ctr_offsets.is_empty() {
+        l.__bindgen_anon_3.uprobe_multi.ref_ctr_offsets = ref_ctr_offsets.as_ptr() as u64;
+    }
     sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
@@ -330,5 +334,18 @@ pub fn attach_pid(
         return Err(MultiError::Mismatch(offsets.len(), cookies.len()));
     }
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MultiError::BadPath(path.to_owned()))?;
-    link_create_for(prog, &c_path, offsets, cookies, ret, pid).map_err(MultiError::Attach)
+    link_create_for(prog, &c_path, offsets, cookies, ret, pid, &[]).map_err(MultiError::Attach)
+}
+
+/// [`attach`] for USDT probe sites, in every process: each offset with its
+/// cookie and its reference counter (the file offset of the probe's
+/// semaphore, 0 for none), which the kernel raises in every process that
+/// maps the file while the link lives (and lowers after), so that the
+/// probe's arguments are computed.
+pub fn attach_usdt(prog: BorrowedFd<'_>, path: &Path, offsets: &[u64], cookies: &[u64], ref_ctrs: &[u64]) -> Result<OwnedFd, MultiError> {
+    if offsets.len() != cookies.len() || offsets.len() != ref_ctrs.len() {
+        return Err(MultiError::Mismatch(offsets.len(), cookies.len().min(ref_ctrs.len())));
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MultiError::BadPath(path.to_owned()))?;
+    link_create_for(prog, &c_path, offsets, cookies, false, 0, ref_ctrs).map_err(MultiError::Attach)
 }

@@ -90,6 +90,7 @@ impl CallClass {
         } else if api::is_collective(id) {
             CallClass::Collective
         } else if api::is_vmm(id)
+            || api::is_torch_allocator(id)
             || matches!(
                 api::canonical(id),
                 api::MALLOC | api::FREE | api::HOST_ALLOC | api::MALLOC_HOST | api::HOST_REGISTER | api::FREE_HOST | api::HOST_UNREGISTER
@@ -365,7 +366,7 @@ pub struct Finding {
     /// `small_htod_copies`, `sync_after_copy`, `pageable_copy`,
     /// `tiny_dtoh_sync`, `repeated_upload`, `copy_time_share`,
     /// `device_memory_leak`, `graph_recaptured`, `sync_polling`,
-    /// `launch_bound`, `gpu_memory_near_capacity`.
+    /// `launch_bound`, `gpu_memory_near_capacity`, `gpu_memory_growth`.
     pub kind: String,
     /// `high`, `medium` or `low`.
     pub severity: String,
@@ -424,7 +425,9 @@ pub struct Finding {
     pub waits: Option<u64>,
     /// `launch_bound`: the distinct kernels the launches (`count`) were
     /// of, and launches per second of the window; `time_ns` is their
-    /// estimated host time (schema 1.x addition).
+    /// estimated host time (schema 1.x addition). `gpu_memory_growth`:
+    /// `per_s` is the growth in bytes per second, `bytes` the growth,
+    /// `time_ns` how long it grew, `count` the line's allocations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -512,10 +515,23 @@ pub struct CudaReport {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct DeviceMemory {
     pub pid: u32,
+    /// What allocation calls (`cudaMalloc`, pools, `cuMemCreate`) hold from
+    /// the device: for PyTorch, what its caching allocator reserved.
     pub held_bytes: u64,
     pub peak_held_bytes: u64,
     /// By the line that allocated, most held first.
     pub lines: Vec<DeviceMemoryLine>,
+    /// PyTorch (its allocator's USDT probes attached): bytes in tensors
+    /// at the end of the window and at most (schema 1.x addition). Reserved
+    /// less allocated is what the caching allocator holds without tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_allocated_bytes: Option<u64>,
+    /// Tensors by the line that asked for them, most held first (schema
+    /// 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_lines: Vec<DeviceMemoryLine>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -619,6 +635,32 @@ pub fn gpu_memory_near_capacity(samples: &[GpuSample], device_memory: &[DeviceMe
         .collect()
 }
 
+/// `gpu_memory_growth`: the device memory of process `d` grew steadily over
+/// `series` ((ns, bytes) as it changed: bytes in tensors where PyTorch's
+/// allocator reported, else what allocation calls held), by the rule of
+/// host memory growth ([`crate::recording::memory::steady_growth`]); named
+/// at the line holding the most at the end. `bytes`: grown; `per_s`: the
+/// slope; `time_ns`: the growth phase's span.
+pub fn gpu_memory_growth(d: &DeviceMemory, series: &[(u64, u64)]) -> Option<Finding> {
+    use crate::recording::memory::{steady_growth, MemPoint};
+    let t0 = series.first()?.0;
+    let points: Vec<MemPoint> = series.iter().map(|&(t, v)| MemPoint { t_ns: t.saturating_sub(t0), rss: v, ..Default::default() }).collect();
+    let (slope, _fit, grown) = steady_growth(&points)?;
+    let top = points.iter().enumerate().max_by_key(|(i, p)| (p.rss, *i)).map_or(0, |(_, p)| p.t_ns);
+    let lines = if d.allocated_bytes.is_some() { &d.tensor_lines } else { &d.lines };
+    Some(Finding {
+        kind: "gpu_memory_growth".into(),
+        severity: "medium".into(),
+        pid: d.pid,
+        site: lines.first().map(|l| l.site.clone()).unwrap_or_default(),
+        count: lines.first().map_or(0, |l| l.allocs),
+        bytes: grown,
+        time_ns: top,
+        per_s: Some(slope),
+        ..Default::default()
+    })
+}
+
 /// Findings, most severe first, then the costliest.
 pub fn rank_findings(findings: &mut [Finding]) {
     let rank = |s: &str| match s {
@@ -638,6 +680,25 @@ pub fn rank_findings(findings: &mut [Finding]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_steady_device_memory_growth_is_a_finding_at_the_line_holding_most() {
+        let line = |l: u32, held: u64| DeviceMemoryLine { site: Site { line: Some(l), ..Default::default() }, allocs: 60, held_bytes: held, ..Default::default() };
+        let d = DeviceMemory { pid: 3, allocated_bytes: Some(240 << 20), tensor_lines: vec![line(12, 240 << 20), line(20, 0)], lines: vec![line(99, 512 << 20)], ..Default::default() };
+        // 4 MiB every 100 ms for 6 s, then the exit frees everything.
+        let mut series: Vec<(u64, u64)> = (0..=60).map(|i| (1_000_000_000 + i * 100_000_000, i * (4 << 20))).collect();
+        series.push((7_200_000_000, 0));
+        let f = gpu_memory_growth(&d, &series).expect("steady growth");
+        assert_eq!((f.kind.as_str(), f.pid, f.site.line, f.bytes, f.time_ns), ("gpu_memory_growth", 3, Some(12), 240 << 20, 6_000_000_000));
+        assert!((f.per_s.unwrap() - 40.0 * (1 << 20) as f64).abs() < 1.0, "{f:?}");
+        // Without tensors: the allocation calls' lines.
+        let segments = DeviceMemory { allocated_bytes: None, ..d.clone() };
+        assert_eq!(gpu_memory_growth(&segments, &series).and_then(|f| f.site.line), Some(99));
+        // A short or flat series: none.
+        assert!(gpu_memory_growth(&d, &series[..20]).is_none());
+        let flat: Vec<(u64, u64)> = (0..60).map(|i| (i * 100_000_000, 64 << 20)).collect();
+        assert!(gpu_memory_growth(&d, &flat).is_none());
+    }
 
     #[test]
     fn a_call_class_from_its_name_is_the_one_from_its_id() {

@@ -150,6 +150,34 @@ pub fn linear_fit(series: &[MemPoint]) -> (f64, f64) {
     (slope, if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 0.0 })
 }
 
+/// A growth is steady (`memory_growth`, `gpu_memory_growth`) when its phase
+/// lasts at least this...
+pub const MIN_WINDOW_NS: u64 = 5_000_000_000;
+/// ...the slope is at least this (bytes/s)...
+pub const MIN_SLOPE: f64 = 256.0 * 1024.0;
+/// ...it grew at least this much over the series...
+pub const MIN_GROWTH: u64 = 16 << 20;
+/// ...and a line fits the series this well (R², 0 to 1).
+pub const MIN_FIT: f64 = 0.8;
+
+/// A steady growth of `series` (the thresholds above): its slope (bytes/s),
+/// fit (R²) and bytes grown, judged on the growth phase: the series up to
+/// its highest point (a script's teardown frees everything as it exits),
+/// which must be at least half the series' span.
+pub fn steady_growth(series: &[MemPoint]) -> Option<(f64, f64, u64)> {
+    let first = series.first()?;
+    let last = series.last()?;
+    let top = series.iter().enumerate().max_by_key(|(i, q)| (q.rss, *i)).map(|(i, _)| i)?;
+    let phase = &series[..=top];
+    let span = phase[top].t_ns.saturating_sub(first.t_ns);
+    let grown = phase[top].rss.saturating_sub(first.rss);
+    if span < MIN_WINDOW_NS || span.saturating_mul(2) < last.t_ns.saturating_sub(first.t_ns) || grown < MIN_GROWTH {
+        return None;
+    }
+    let (growth, fit) = linear_fit(phase);
+    (growth >= MIN_SLOPE && fit >= MIN_FIT).then_some((growth, fit, grown))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@ const ADVICE_POLLING: &str = "Wait instead of spinning: cudaEventSynchronize / t
 
 const ADVICE_NEAR_CAPACITY: &str = "The next allocation may fail with out-of-memory: hold less on the device (a smaller batch or sequence length, activation checkpointing, a smaller dtype, freeing tensors kept by reference), let the caching allocator fragment less (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), check what else uses the GPU (nvidia-smi), or use a bigger one; torch.cuda.empty_cache() only returns the cache.";
 const ADVICE_LAUNCH_BOUND: &str = "Launch fewer, bigger kernels: capture the step in a CUDA graph and replay it (torch.cuda.CUDAGraph, torch.compile(mode=\"reduce-overhead\")) so one launch runs them all, or fuse the small ops (torch.compile; fused or foreach optimizers, optim.AdamW(fused=True)); larger batches amortize each launch.";
+const ADVICE_GPU_GROWTH: &str = "Something keeps device memory it allocates: tensors held in a list for logging or metrics (store .item() or .detach().cpu() instead), a growing cache, a computation graph kept alive by a loss summed across steps (accumulate loss.item()); at this rate the device runs out: compare torch.cuda.memory_allocated() over steps and look at what the line shown keeps.";
 
 const ADVICE_LOOP_CPU: &str =
     "move the CPU work to a process pool (loop.run_in_executor with a ProcessPoolExecutor), or split it with awaits";
@@ -134,6 +135,13 @@ pub fn cuda_message(f: &Finding) -> Cow<'_, str> {
                 f.count
             )
         }
+        "gpu_memory_growth" => format!(
+            "GPU memory held grew steadily by {} over {} ({}/s); the line shown holds the most of it at the end ({} allocations)",
+            fmt_bytes(f.bytes),
+            fmt_ns(f.time_ns),
+            fmt_bytes(f.per_s.unwrap_or(0.0).max(0.0) as u64),
+            f.count
+        ),
         "copy_time_share" => {
             let window_ns = f.window_ns.unwrap_or(0);
             format!(
@@ -166,6 +174,7 @@ pub fn cuda_advice(f: &Finding) -> &str {
         "sync_polling" => ADVICE_POLLING,
         "launch_bound" => ADVICE_LAUNCH_BOUND,
         "gpu_memory_near_capacity" => ADVICE_NEAR_CAPACITY,
+        "gpu_memory_growth" => ADVICE_GPU_GROWTH,
         _ => "",
     }
 }

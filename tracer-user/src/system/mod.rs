@@ -43,6 +43,8 @@ pub struct ArchConstants {
     /// none, the return address is on the stack) for the CUDA uprobes.
     pub regs_sp_offset: u64,
     pub regs_lr_offset: u64,
+    /// Offset of the instruction pointer (a USDT probe's own address).
+    pub regs_ip_offset: u64,
 }
 
 /// The constants for the host architecture.
@@ -61,6 +63,7 @@ pub fn arch_constants() -> Option<ArchConstants> {
             regs_arg4_offset: 9 * 8,
             regs_sp_offset: 19 * 8,
             regs_lr_offset: u64::MAX,
+            regs_ip_offset: 16 * 8,
         }),
         // pt_regs: regs[31], sp, pc, pstate, orig_x0, syscallno ...
         "aarch64" => Some(ArchConstants {
@@ -75,6 +78,7 @@ pub fn arch_constants() -> Option<ArchConstants> {
             regs_arg4_offset: 4 * 8,
             regs_sp_offset: 31 * 8,
             regs_lr_offset: 30 * 8,
+            regs_ip_offset: 32 * 8,
         }),
         _ => None,
     }

@@ -43,6 +43,14 @@ pub struct FindingLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    #[prometheus(flatten)]
+    pub target: TargetLabels,
+    /// `tensors` or `reserved`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
     pub gpu: String,
     pub name: String,
@@ -52,6 +60,9 @@ type FCounter = Counter<f64, AtomicU64>;
 
 /// The API and finding label sets of one pid, and its target labels.
 type PidSeries = (Vec<ApiLabels>, Vec<FindingLabels>, Option<TargetLabels>);
+
+/// `tensors` or `reserved`, and the figures of that kind.
+type HeldKind<'a> = (&'static str, u64, &'a [crate::recording::cuda::DeviceMemoryLine]);
 type FGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Default)]
@@ -71,6 +82,11 @@ pub struct CudaMetrics {
     /// not done: polls, by API.
     not_ready: Family<ApiLabels, Counter>,
     findings: Family<FindingLabels, Counter>,
+    /// Device memory held per target and site (`kind`: `tensors` where
+    /// PyTorch's allocator probes reported, `reserved` for what allocation
+    /// calls hold), and per target in all.
+    gpu_held: Family<FindingLabels, Gauge>,
+    gpu_held_total: Family<KindLabels, Gauge>,
     gpu_util: Family<GpuLabels, FGauge>,
     gpu_mem_used: Family<GpuLabels, Gauge>,
     gpu_pcie_tx: Family<GpuLabels, Gauge>,
@@ -107,6 +123,12 @@ impl CudaMetrics {
             self.not_ready.clone(),
         );
         r.register("cuda_findings", "Occurrences of each CUDA finding (docs/cuda.md) by kind and call site", self.findings.clone());
+        r.register(
+            "gpu_memory_held_bytes",
+            "Device memory a target holds now, by the line that allocated it (kind tensors: PyTorch's tensors; reserved: what allocation calls hold)",
+            self.gpu_held.clone(),
+        );
+        r.register("gpu_memory_target_bytes", "Device memory a target holds now (kind tensors or reserved)", self.gpu_held_total.clone());
         r.register("gpu_utilization_ratio", "NVML GPU utilisation, last sample of the window (0 to 1)", self.gpu_util.clone());
         r.register("gpu_memory_used_bytes", "NVML device memory in use, last sample of the window", self.gpu_mem_used.clone());
         r.register("gpu_pcie_tx_bytes_per_second", "NVML PCIe throughput device to host, last sample", self.gpu_pcie_tx.clone());
@@ -167,6 +189,34 @@ impl CudaMetrics {
                 e.2 = Some(target);
             }
         }
+        for d in &c.device_memory {
+            let target = labels(d.pid);
+            let mut kinds: Vec<HeldKind<'_>> = vec![("reserved", d.held_bytes, &d.lines)];
+            if let Some(a) = d.allocated_bytes {
+                kinds.push(("tensors", a, &d.tensor_lines));
+            }
+            for (kind, total, lines) in kinds {
+                let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                self.gpu_held_total.get_or_create(&KindLabels { target: target.clone(), kind: kind.into() }).set(gauge(total));
+                // Past the site bound, the rest of the target's holdings as `other`.
+                let mut other = 0;
+                let mut other_seen = false;
+                for l in lines {
+                    let site = site_name(&l.site);
+                    let own = self.sites.entry(d.pid).or_default();
+                    if own.contains(&site) || own.len() < MAX_SITES {
+                        own.insert(site.clone());
+                        self.set_held(&target, d.pid, kind, site, gauge(l.held_bytes));
+                    } else {
+                        other += l.held_bytes;
+                        other_seen = true;
+                    }
+                }
+                if other_seen {
+                    self.set_held(&target, d.pid, kind, "other".into(), gauge(other));
+                }
+            }
+        }
         for s in &c.gpu_samples {
             if let Some(n) = &s.name {
                 self.gpu_names.insert(s.gpu, n.clone());
@@ -192,6 +242,16 @@ impl CudaMetrics {
         }
     }
 
+    fn set_held(&mut self, target: &TargetLabels, pid: u32, kind: &str, site: String, bytes: i64) {
+        let l = FindingLabels { target: target.clone(), kind: kind.into(), site };
+        self.gpu_held.get_or_create(&l).set(bytes);
+        if target.pid != "other" {
+            let e = self.series.entry(pid).or_default();
+            push_new(&mut e.1, l);
+            e.2 = Some(target.clone());
+        }
+    }
+
     /// Removes the series of a target that is gone.
     pub fn forget(&mut self, pid: u32) {
         self.sites.remove(&pid);
@@ -207,10 +267,14 @@ impl CudaMetrics {
             }
             for l in findings {
                 self.findings.remove(&l);
+                self.gpu_held.remove(&l);
             }
             if let Some(t) = target {
                 self.sync_seconds.remove(&t);
                 self.collective_wait_seconds.remove(&t);
+                for kind in ["tensors", "reserved"] {
+                    self.gpu_held_total.remove(&KindLabels { target: t.clone(), kind: kind.into() });
+                }
             }
         }
     }
@@ -326,5 +390,41 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
         assert!(!text.contains(r#"api="cudaMemcpy""#), "{text}");
         assert!(!text.contains(r#"api="cudaGraphLaunch""#), "{text}");
+    }
+
+    #[test]
+    fn gpu_memory_held_by_site_and_in_all() {
+        use crate::recording::cuda::{DeviceMemory, DeviceMemoryLine};
+        let mut m = CudaMetrics::default();
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let line = |l: u32, held: u64| DeviceMemoryLine { site: Site { function: "step".into(), file: Some("/app/m.py".into()), line: Some(l) }, held_bytes: held, ..Default::default() };
+        let c = CudaReport {
+            device_memory: vec![DeviceMemory {
+                pid: 9,
+                held_bytes: 64 << 20,
+                lines: vec![line(4, 64 << 20)],
+                allocated_bytes: Some(30 << 20),
+                tensor_lines: vec![line(7, 20 << 20), line(8, 10 << 20)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        m.add_window(&c, &mut labels);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        let who = "pid=\"9\",comm=\"python3\",container_id=\"\",pod_uid=\"\",container_name=\"\"";
+        for want in [
+            format!("gpu_memory_held_bytes{{{who},kind=\"tensors\",site=\"m.py:7 step\"}} {}", 20 << 20),
+            format!("gpu_memory_held_bytes{{{who},kind=\"reserved\",site=\"m.py:4 step\"}} {}", 64 << 20),
+            format!("gpu_memory_target_bytes{{{who},kind=\"tensors\"}} {}", 30 << 20),
+            format!("gpu_memory_target_bytes{{{who},kind=\"reserved\"}} {}", 64 << 20),
+        ] {
+            assert!(text.contains(&want), "{want}\n{text}");
+        }
+        m.forget(9);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(!text.contains("gpu_memory_held_bytes{") && !text.contains("gpu_memory_target_bytes{"), "{text}");
     }
 }

@@ -16,7 +16,7 @@ use super::{
     discovery,
     findings::{self, SiteSummary},
     graphs, kernel_names, no_device,
-    replay::{CollObs, RawSite, Replay},
+    replay::{AllocObs, CollObs, RawSite, Replay},
 };
 use crate::{
     engine::{Cx, Topic},
@@ -85,6 +85,10 @@ impl CudaCollector {
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
         report.findings.extend(graphs::recaptured(&report.graph_captures, window_ns, &self.thresholds));
         report.findings.extend(findings::launch_bound(&report.launches, window_ns, &self.thresholds));
+        for d in &report.device_memory {
+            let series = if d.allocated_bytes.is_some() { replay.allocated_series.get(&d.pid) } else { replay.held_series.get(&d.pid) };
+            report.findings.extend(series.and_then(|s| crate::recording::cuda::gpu_memory_growth(d, &s.points)));
+        }
         findings::rank(&mut report.findings);
         attribute_lost_events(&mut report);
 
@@ -139,10 +143,16 @@ impl CudaCollector {
     fn libraries(&self, stats: &[(CudaKey, CudaStats)], launches: &[(LaunchKey, u64)]) -> Vec<CudaLibrary> {
         let counted: BTreeSet<String> =
             stats.iter().map(|(k, _)| api_name(k.api)).chain(launches.iter().map(|(k, _)| api_name(k.api))).collect();
+        // A library no target was seen mapping (probed before it was
+        // loaded, its process gone before its maps were read) is listed
+        // when a function of it was counted that no mapped library has:
+        // the calls were its. (Another libcudart probed ahead in
+        // site-packages shares every name with the one a target maps.)
+        let mapped: BTreeSet<&str> = self.attached.values().filter(|a| !a.pids.is_empty()).flat_map(|a| a.functions.iter().copied()).collect();
         let mut libs: Vec<&Attached> = self
             .attached
             .values()
-            .filter(|a| !a.pids.is_empty() || a.functions.iter().any(|f| counted.contains(*f)))
+            .filter(|a| !a.pids.is_empty() || a.functions.iter().any(|f| counted.contains(*f) && !mapped.contains(*f)))
             .collect();
         libs.sort_by(|a, b| a.path.cmp(&b.path));
         libs
@@ -279,25 +289,38 @@ fn collectives(replay: &Replay, calls: &[CudaCall], sites: &mut SiteCache, cx: &
     Ok(out)
 }
 
-/// Device memory held per process and line, from the replay's allocations.
+/// Device memory held per process and line, from the replay's allocations
+/// (what allocation calls reserved from the device) and, where PyTorch's
+/// allocator probes reported, its tensors.
 fn device_memory(summaries: &[SiteSummary], replay: &Replay) -> Vec<DeviceMemory> {
-    let mut by_pid: BTreeMap<u32, Vec<DeviceMemoryLine>> = BTreeMap::new();
-    for s in summaries.iter().filter(|s| s.allocs.allocs > 0) {
-        let a = &s.allocs;
-        by_pid.entry(s.pid).or_default().push(DeviceMemoryLine {
-            site: s.site.clone(),
-            allocs: a.allocs,
-            frees: a.freed,
-            held_bytes: a.live_bytes,
-            peak_held_bytes: a.peak_held_bytes,
-        });
+    let line = |s: &SiteSummary, a: &AllocObs| DeviceMemoryLine {
+        site: s.site.clone(),
+        allocs: a.allocs,
+        frees: a.freed,
+        held_bytes: a.live_bytes,
+        peak_held_bytes: a.peak_held_bytes,
+    };
+    let mut by_pid: BTreeMap<u32, DeviceMemory> = BTreeMap::new();
+    for s in summaries {
+        let fresh = || DeviceMemory { pid: s.pid, ..Default::default() };
+        if s.allocs.allocs > 0 {
+            by_pid.entry(s.pid).or_insert_with(fresh).lines.push(line(s, &s.allocs));
+        }
+        if s.tensors.allocs > 0 {
+            by_pid.entry(s.pid).or_insert_with(fresh).tensor_lines.push(line(s, &s.tensors));
+        }
     }
+    let order = |a: &DeviceMemoryLine, b: &DeviceMemoryLine| b.held_bytes.cmp(&a.held_bytes).then(b.peak_held_bytes.cmp(&a.peak_held_bytes)).then(a.site.cmp(&b.site));
     by_pid
-        .into_iter()
-        .map(|(pid, mut lines)| {
-            lines.sort_by(|a, b| b.held_bytes.cmp(&a.held_bytes).then(b.peak_held_bytes.cmp(&a.peak_held_bytes)).then(a.site.cmp(&b.site)));
-            let (held_bytes, peak_held_bytes) = replay.held.get(&pid).copied().unwrap_or_default();
-            DeviceMemory { pid, held_bytes, peak_held_bytes, lines }
+        .into_values()
+        .map(|mut d| {
+            d.lines.sort_by(order);
+            d.tensor_lines.sort_by(order);
+            (d.held_bytes, d.peak_held_bytes) = replay.held.get(&d.pid).copied().unwrap_or_default();
+            if let Some(&(now, peak)) = replay.allocated.get(&d.pid) {
+                (d.allocated_bytes, d.peak_allocated_bytes) = (Some(now), Some(peak));
+            }
+            d
         })
         .collect()
 }
@@ -323,6 +346,11 @@ fn site_summaries(stats: &[(CudaKey, CudaStats)], replay: &Replay, sites: &mut S
         let key = summary(*raw, sites, cx)?;
         let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
         s.allocs.merge(obs);
+    }
+    for (raw, obs) in &replay.tensors {
+        let key = summary(*raw, sites, cx)?;
+        let s = summaries.entry(key.clone()).or_insert_with(|| SiteSummary { pid: key.0, site: key.1, ..Default::default() });
+        s.tensors.merge(obs);
     }
     // The kernel's aggregates (counts, bytes, times, copy->sync pairs)
     // are exact when events were lost: each such figure of the detector

@@ -138,6 +138,8 @@ pub struct CudaCollector {
     pub(super) gate: DriverGate,
     /// `--max-overhead`: the launch probes, attached in time slices.
     pub(super) slicer: Option<LaunchSlicer>,
+    /// `CUDA_USDT_SPECS` entries in use (USDT probe sites attached).
+    usdt_specs: u32,
 }
 
 /// At most this many searches remembered ([`CudaCollector::searched`]).
@@ -240,6 +242,15 @@ impl CudaCollector {
         if !meta.is_file() || self.attached.contains_key(&identity) || self.not_cuda.contains(&identity) {
             return Ok(());
         }
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        if discovery::is_torch_allocator_name(Path::new(&found.path).file_name().and_then(|n| n.to_str()).unwrap_or("")) {
+            let when = if mapped.contains(&identity.1) { ", once it was loaded (earlier calls missed)" } else { ", before it was loaded" };
+            let when = format!("{when} (in {})", found.source.describe());
+            if !self.attach_torch(cx, pid, identity, &file, &by_fd, &found.path, BTreeSet::new(), &when)? {
+                self.not_cuda.insert(identity);
+            }
+            return Ok(());
+        }
         let symbols = match discovery::cuda_symbols(&file, &found.path) {
             Ok(s) if !s.is_empty() => s,
             _ => {
@@ -250,7 +261,6 @@ impl CudaCollector {
         if !self.ensure_loaded(cx)? {
             return Ok(());
         }
-        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let (functions, errors) = self.attach_file_for(cx, pid, identity, &file, &by_fd, &found.path, &symbols)?;
         let shown = &found.path;
         note_attach_errors(cx, pid, shown, errors);
@@ -375,6 +385,10 @@ impl CudaCollector {
         if self.attached.contains_key(&opened.identity) {
             return Ok(Some(opened.identity));
         }
+        if discovery::is_torch_allocator_name(cand.line.basename()) {
+            let probed = self.attach_torch(cx, pid, opened.identity, &opened.file, &attach_path, &shown, BTreeSet::from([pid]), "")?;
+            return Ok(probed.then_some(opened.identity));
+        }
         // A runtime or NCCL linked in statically (CuPy, JAX, PyTorch), told
         // by the names in its symbol tables before they are looked up.
         let (mut runtime_in, mut nccl_in) = (false, false);
@@ -446,6 +460,60 @@ impl CudaCollector {
             Attached { path: shown.clone(), functions, pids: BTreeSet::from([pid]) },
         );
         Ok(Some(opened.identity))
+    }
+
+    /// PyTorch's caching allocator (`libc10_cuda.so`): its USDT probes
+    /// `pytorch:malloc` and `pytorch:free`, attached with their semaphores
+    /// (the kernel raises them: torch then computes the arguments), in
+    /// every process. `pids`: those that map it; `when`: for the note.
+    /// Whether it was probed.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_torch(
+        &mut self,
+        cx: &mut Cx<'_>,
+        pid: u32,
+        identity: (u64, u64),
+        file: &std::fs::File,
+        attach_path: &Path,
+        shown: &str,
+        pids: BTreeSet<u32>,
+        when: &str,
+    ) -> Result<bool, ProbeError> {
+        let (sites, skipped) = match discovery::torch_usdt_sites(file, shown) {
+            Ok(s) => s,
+            Err(e) => {
+                cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: not a readable ELF file ({e}); PyTorch's allocator not traced"));
+                return Ok(false);
+            }
+        };
+        note_attach_errors(cx, pid, shown, skipped);
+        if sites.is_empty() {
+            cx.sink.note_on(Topic::Gpu, format!(
+                "pid {pid}: {shown} has no usable USDT probes pytorch:malloc/pytorch:free (a build without them): tensors are not tracked, only the allocator's cudaMalloc segments"
+            ));
+            return Ok(false);
+        }
+        if !self.ensure_loaded(cx)? {
+            return Ok(false);
+        }
+        let Some(probes) = self.probes.as_mut() else { return Ok(false) };
+        if let Err(e) = probes.attach_usdt(&mut cx.kernel.ebpf, attach_path, &sites, self.usdt_specs) {
+            cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown}: PyTorch's allocator probes not attached ({e}): tensors are not tracked"));
+            return Ok(false);
+        }
+        self.usdt_specs += sites.len() as u32;
+        let count = |id: u32| sites.iter().filter(|s| s.spec.api == id).count();
+        let (mallocs, frees) = (count(api::TORCH_MALLOC), count(api::TORCH_FREE));
+        cx.sink.note_on(Topic::Gpu, format!(
+            "pid {pid}: PyTorch caching allocator {shown}: USDT pytorch:malloc ({mallocs} sites) and pytorch:free ({frees} sites) probed{when}"
+        ));
+        let functions = [(api::TORCH_MALLOC, mallocs), (api::TORCH_FREE, frees)]
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(id, _)| api::NAMES[id as usize])
+            .collect();
+        self.attached.insert(identity, Attached { path: shown.to_owned(), functions, pids });
+        Ok(true)
     }
 
     /// Attaches the probes of one file found for `pid`: a driver library,
@@ -683,6 +751,9 @@ impl Collector for CudaCollector {
             a.pids.retain(|pid| !pids.contains(pid));
         }
         self.gate.forget(pids);
+        if let Some(e) = &self.events {
+            e.with(|r| r.forget_pids(pids));
+        }
     }
 
     fn name(&self) -> &'static str {

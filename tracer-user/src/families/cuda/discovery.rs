@@ -7,9 +7,13 @@
 
 use std::{collections::HashSet, fs::File, io, path::PathBuf};
 
-use tracer_common::cuda::api;
+use tracer_common::cuda::{api, UsdtArgSpec, UsdtSpec, USDT_ARGS, USDT_ARG_CONST, USDT_ARG_MEM, USDT_ARG_REG};
 
-use crate::os::procfs::{self, MappedFile, MapsLine};
+use super::programs::UsdtSite;
+use crate::os::{
+    procfs::{self, MappedFile, MapsLine},
+    usdt,
+};
 
 /// The file-backed lines of `/proc/PID/maps`.
 pub fn parse_maps(text: &str) -> Vec<MapsLine> {
@@ -57,6 +61,52 @@ pub fn is_nccl_name(basename: &str) -> bool {
     }
 }
 
+/// `libc10_cuda.so` (and renamed copies `libc10_cuda-<hash>.so`): PyTorch's
+/// CUDA caching allocator, with its USDT probes `pytorch:malloc` and
+/// `pytorch:free`.
+pub fn is_torch_allocator_name(basename: &str) -> bool {
+    basename.strip_prefix("libc10_cuda").is_some_and(|rest| rest.starts_with(".so") || (rest.starts_with('-') && rest.contains(".so")))
+}
+
+/// The `pytorch:malloc` and `pytorch:free` probe sites of a file as the
+/// kernel reads them (`cuda_usdt`), and, for sites whose arguments cannot
+/// be read here, why (a note: those are not probed).
+pub fn torch_usdt_sites(file: &File, shown: &str) -> Result<(Vec<UsdtSite>, Vec<String>), String> {
+    let mut sites = Vec::new();
+    let mut skipped = Vec::new();
+    for p in usdt::probes(file, shown)?.into_iter().filter(|p| p.provider == "pytorch") {
+        let (id, needed) = match p.name.as_str() {
+            "malloc" => (api::TORCH_MALLOC, 3),
+            "free" => (api::TORCH_FREE, 1),
+            _ => continue,
+        };
+        match usdt_spec(id, needed, &p) {
+            Ok(spec) => sites.push(UsdtSite { offset: p.offset, semaphore: p.semaphore_offset.unwrap_or(0), spec }),
+            Err(e) => skipped.push(format!("pytorch:{} at file offset {:#x} ({}): {e}", p.name, p.offset, p.arg_spec)),
+        }
+    }
+    Ok((sites, skipped))
+}
+
+/// The kernel's spec of probe `id` from its note: its first `needed`
+/// arguments at least, up to [`USDT_ARGS`].
+fn usdt_spec(id: u32, needed: usize, p: &usdt::UsdtProbe) -> Result<UsdtSpec, String> {
+    let args = p.args.as_ref().map_err(Clone::clone)?;
+    if args.len() < needed {
+        return Err(format!("{} arguments, {needed} expected", args.len()));
+    }
+    let mut spec = UsdtSpec { api: id, nargs: args.len().min(USDT_ARGS) as u32, ..Default::default() };
+    for (slot, a) in spec.args.iter_mut().zip(args) {
+        let (kind, pt_regs_offset, value) = match a.location {
+            usdt::ArgLocation::Register { pt_regs_offset } => (USDT_ARG_REG, pt_regs_offset, 0),
+            usdt::ArgLocation::Memory { pt_regs_offset, displacement } => (USDT_ARG_MEM, pt_regs_offset, displacement),
+            usdt::ArgLocation::Constant(v) => (USDT_ARG_CONST, 0, v),
+        };
+        *slot = UsdtArgSpec { value, pt_regs_offset, kind, size: a.size, signed: u8::from(a.signed), _pad: [0; 3] };
+    }
+    Ok(spec)
+}
+
 /// A mapped file that may hold the CUDA runtime: one per distinct file in
 /// a process.
 #[derive(Clone, Debug)]
@@ -78,7 +128,10 @@ pub fn candidates(maps: &[MapsLine], exe_path: Option<&str>) -> Vec<Candidate> {
     let mut seen: HashSet<(&str, u64)> = HashSet::new();
     let mut out: Vec<Candidate> = Vec::new();
     for m in maps {
-        let by_name = is_cudart_name(m.basename()) || is_driver_name(m.basename()) || is_nccl_name(m.basename());
+        let by_name = is_cudart_name(m.basename())
+            || is_driver_name(m.basename())
+            || is_nccl_name(m.basename())
+            || is_torch_allocator_name(m.basename());
         let is_exe = exe_path.is_some_and(|e| e == m.path());
         if !by_name && !is_exe && !code.contains(&(m.dev.as_str(), m.inode)) {
             continue;
@@ -185,6 +238,35 @@ mod tests {
         for bad in ["libcudart.so.12", "libcuda.so.1.bak", "libcudadebugger.so.1", "libcuda.so."] {
             assert!(!is_driver_name(bad), "{bad}");
         }
+        for ok in ["libc10_cuda.so", "libc10_cuda-1a2b3c.so"] {
+            assert!(is_torch_allocator_name(ok), "{ok}");
+        }
+        for bad in ["libc10.so", "libc10_cuda_extra.txt", "libtorch_cuda.so"] {
+            assert!(!is_torch_allocator_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn torch_notes_become_specs() {
+        // libc10_cuda.so of torch 2.15.0 (PyPI), as `readelf -n` shows its notes.
+        let probe = |name: &str, args: &str| usdt::UsdtProbe {
+            provider: "pytorch".into(),
+            name: name.into(),
+            offset: 0x4a173,
+            semaphore_offset: Some(0x867ca),
+            args: usdt::parse_args(args),
+            arg_spec: args.into(),
+        };
+        let s = usdt_spec(api::TORCH_MALLOC, 3, &probe("malloc", "-8@%rbp -1@%al -8@%r12 -8@56(%rsp)")).unwrap();
+        assert_eq!((s.api, s.nargs), (api::TORCH_MALLOC, 4));
+        let a = |i: usize| (s.args[i].kind, s.args[i].pt_regs_offset, s.args[i].size, s.args[i].signed, s.args[i].value);
+        assert_eq!(a(0), (USDT_ARG_REG, 4 * 8, 8, 1, 0)); // rbp
+        assert_eq!(a(1), (USDT_ARG_REG, 10 * 8, 1, 1, 0)); // al: rax
+        assert_eq!(a(2), (USDT_ARG_REG, 3 * 8, 8, 1, 0)); // r12
+        assert_eq!(a(3), (USDT_ARG_MEM, 19 * 8, 8, 1, 56)); // 56(%rsp)
+        let f = usdt_spec(api::TORCH_FREE, 1, &probe("free", "-8@%rdi")).unwrap();
+        assert_eq!((f.nargs, f.args[0].pt_regs_offset), (1, 14 * 8));
+        assert!(usdt_spec(api::TORCH_MALLOC, 3, &probe("malloc", "-8@%rdi")).is_err());
     }
 
     #[test]

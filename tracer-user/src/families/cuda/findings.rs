@@ -98,6 +98,8 @@ pub struct SiteSummary {
     pub copies: BTreeMap<u32, CopyObs>,
     pub syncs: SyncObs,
     pub allocs: AllocObs,
+    /// Tensors PyTorch's caching allocator handed out for this site.
+    pub tensors: AllocObs,
     pub polls: PollObs,
 }
 
@@ -652,8 +654,8 @@ mod tests {
         let samples = [sample(0, 95, 100), sample(0, 98, 100), sample(0, 50, 100), sample(1, 89, 100), sample(2, 5, 0)];
         let line = |l: u32| DeviceMemoryLine { site: Site { line: Some(l), ..Default::default() }, held_bytes: 1, ..Default::default() };
         let dm = [
-            DeviceMemory { pid: 7, held_bytes: 10, peak_held_bytes: 10, lines: vec![line(3)] },
-            DeviceMemory { pid: 8, held_bytes: 60, peak_held_bytes: 60, lines: vec![line(9), line(4)] },
+            DeviceMemory { pid: 7, held_bytes: 10, peak_held_bytes: 10, lines: vec![line(3)], ..Default::default() },
+            DeviceMemory { pid: 8, held_bytes: 60, peak_held_bytes: 60, lines: vec![line(9), line(4)], ..Default::default() },
         ];
         let f = gpu_memory_near_capacity(&samples, &dm);
         assert_eq!(f.len(), 1, "{f:?}");

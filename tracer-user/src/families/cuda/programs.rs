@@ -51,10 +51,12 @@ pub static TABLE: FamilyTable = FamilyTable {
         uprobe("cuda_launch_ex"),
         uprobe("cuda_nccl_enter"),
         uprobe("cuda_return"),
+        uprobe("cuda_usdt"),
     ],
     globals: &[
         GlobalSpec { name: "CUDA_REGS_SP_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_sp_offset)) },
         GlobalSpec { name: "CUDA_REGS_LR_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_lr_offset)) },
+        GlobalSpec { name: "CUDA_REGS_IP_OFFSET", value: |i| Ok(GlobalValue::U64(i.arch.regs_ip_offset)) },
         GlobalSpec {
             name: "CUDA_LAUNCH_SLICING",
             value: |i| Ok(GlobalValue::U32(u32::from(i.opts.max_overhead.is_some()))),
@@ -248,6 +250,35 @@ impl CudaProbes {
         }
     }
 
+    /// Attaches the USDT probe `sites` of `path` (PyTorch's caching
+    /// allocator), in every process, their specs at `CUDA_USDT_SPECS[first..]`,
+    /// their semaphores raised by the kernel. Multi-uprobe links only (the
+    /// reference counters and cookies they take).
+    pub fn attach_usdt(&mut self, ebpf: &mut Ebpf, path: &Path, sites: &[UsdtSite], first: u32) -> Result<(), String> {
+        let CudaProbes::Multi { programs, links } = self else {
+            return Err("USDT probes need multi-uprobe links (Linux 6.6+)".to_owned());
+        };
+        let end = first as usize + sites.len();
+        if end > tracer_common::cuda::USDT_SPECS as usize {
+            return Err(format!("more than {} USDT probe sites in one recording", tracer_common::cuda::USDT_SPECS));
+        }
+        let map = ebpf.map_mut(tracer_common::maps::CUDA_USDT_SPECS).ok_or("eBPF map CUDA_USDT_SPECS missing")?;
+        let mut specs: aya::maps::Array<_, tracer_common::cuda::UsdtSpec> =
+            aya::maps::Array::try_from(map).map_err(|e| format!("CUDA_USDT_SPECS: {e}"))?;
+        let mut cookies = Vec::with_capacity(sites.len());
+        for (i, s) in sites.iter().enumerate() {
+            let index = first + i as u32;
+            specs.set(index, s.spec, 0).map_err(|e| format!("writing CUDA_USDT_SPECS[{index}]: {e}"))?;
+            cookies.push(u64::from(index));
+        }
+        let prog = programs.get(USDT_PROGRAM).ok_or_else(|| format!("eBPF program `{USDT_PROGRAM}` missing"))?;
+        let offsets: Vec<u64> = sites.iter().map(|s| s.offset).collect();
+        let ref_ctrs: Vec<u64> = sites.iter().map(|s| s.semaphore).collect();
+        let link = uprobe_multi::attach_usdt(prog.as_fd(), path, &offsets, &cookies, &ref_ctrs).map_err(|e| e.to_string())?;
+        links.push(link);
+        Ok(())
+    }
+
     /// Releases every probe (from several threads; progress on stderr past
     /// a second unless `quiet`), then the programs. Returns when all are
     /// gone, with what went wrong unloading a program.
@@ -273,6 +304,18 @@ impl CudaProbes {
         };
         (released, errors)
     }
+}
+
+/// The program of the USDT probe sites.
+const USDT_PROGRAM: &str = "cuda_usdt";
+
+/// One USDT probe site to attach: its file offset, its semaphore's (0:
+/// none) and what the kernel reads there.
+#[derive(Clone, Debug)]
+pub struct UsdtSite {
+    pub offset: u64,
+    pub semaphore: u64,
+    pub spec: tracer_common::cuda::UsdtSpec,
 }
 
 /// The functions of one file one program takes, on entry or return.

@@ -198,6 +198,40 @@ struct LastCopy {
     stream: u64,
 }
 
+/// The device memory series keep one point per this many ns (100 ms) at
+/// first...
+pub const SERIES_STEP_NS: u64 = 100_000_000;
+/// ...and at most this many points: past it, every other point goes and
+/// the step doubles (an agent's process keeps its whole life in a bounded
+/// series, coarser as it ages).
+pub const SERIES_MAX: usize = 4096;
+
+/// A process's device memory over time: (ns, bytes) as it changed, the
+/// last value of each step.
+#[derive(Clone, Debug, Default)]
+pub struct Series {
+    step_ns: u64,
+    pub points: Vec<(u64, u64)>,
+}
+
+impl Series {
+    fn point(&mut self, t: u64, v: u64) {
+        let step = self.step_ns.max(SERIES_STEP_NS);
+        match self.points.last_mut() {
+            Some(last) if last.0 / step == t / step => *last = (t, v),
+            _ => self.points.push((t, v)),
+        }
+        if self.points.len() > SERIES_MAX {
+            let mut i = 0;
+            self.points.retain(|_| {
+                i += 1;
+                i % 2 == 0
+            });
+            self.step_ns = step * 2;
+        }
+    }
+}
+
 /// What the events said, by raw site.
 #[derive(Clone, Debug, Default)]
 pub struct Replay {
@@ -229,6 +263,18 @@ pub struct Replay {
     pub collectives: HashMap<(RawSite, u32, u64), CollObs>,
     /// pid -> device memory its allocation calls hold now, and at most.
     pub held: HashMap<u32, (u64, u64)>,
+    /// Tensors: the blocks PyTorch's caching allocator handed out
+    /// (`pytorch:malloc`) and not taken back (`pytorch:free`), by the line
+    /// that asked; `allocated`: pid -> bytes in tensors now, and at most.
+    /// (`held` is what the allocator reserved from the device.)
+    pub tensors: HashMap<RawSite, AllocObs>,
+    pub allocated: HashMap<u32, (u64, u64)>,
+    tensor_live: HashMap<u32, BTreeMap<u64, LiveAlloc>>,
+    /// pid -> (time, bytes) of `held` and of `allocated` as they changed,
+    /// at most one point per [`SERIES_STEP_NS`] (the last value of each
+    /// step): what `gpu_memory_growth` fits its line to.
+    pub held_series: HashMap<u32, Series>,
+    pub allocated_series: HashMap<u32, Series>,
     /// (pid, `CUfunction`) -> the `CUkernel` it was got from
     /// (`cuKernelGetFunction`): named by the kernel's name.
     kernel_of: HashMap<(u32, u64), u64>,
@@ -280,6 +326,8 @@ impl Replay {
         } else if api::is_collective(e.api) {
             let one = CollObs { count: 1, bytes: e.bytes, ns: e.dur_ns, errors: (e.rc != 0) as u64 };
             self.collectives.entry((site, e.api, e.dst)).or_default().merge(&one);
+        } else if api::is_torch_allocator(e.api) {
+            self.tensor(site, e);
         } else if e.api == api::CU_KERNEL_GET_FUNCTION {
             if e.rc == 0 && e.dst != 0 {
                 self.kernel_of.insert((e.pid, e.dst), e.src);
@@ -414,6 +462,7 @@ impl Replay {
             let h = self.held.entry(e.pid).or_default();
             h.0 += e.bytes;
             h.1 = h.1.max(h.0);
+            self.held_series.entry(e.pid).or_default().point(e.start_ns, h.0);
             let live = if physical { &mut self.physical } else { &mut self.device };
             live.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
         }
@@ -428,7 +477,38 @@ impl Replay {
             o.held_now = o.held_now.saturating_sub(a.size);
             let h = self.held.entry(e.pid).or_default();
             h.0 = h.0.saturating_sub(a.size);
+            self.held_series.entry(e.pid).or_default().point(e.start_ns, h.0);
         }
+    }
+
+    /// A tensor's block handed out (`pytorch:malloc`: `dst` the pointer,
+    /// `bytes` its size) or taken back (`pytorch:free`).
+    fn tensor(&mut self, site: RawSite, e: &CudaEvent) {
+        let h = self.allocated.entry(e.pid).or_default();
+        if e.api == api::TORCH_MALLOC {
+            let a = self.tensors.entry(site).or_default();
+            a.allocs += 1;
+            a.bytes += e.bytes;
+            a.held_now += e.bytes;
+            a.peak_held_bytes = a.peak_held_bytes.max(a.held_now);
+            h.0 += e.bytes;
+            h.1 = h.1.max(h.0);
+            let old = self.tensor_live.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
+            // A block handed out again unseen freed (its free's event lost).
+            if let Some(o) = old {
+                let prev = self.tensors.entry(o.site).or_default();
+                prev.held_now = prev.held_now.saturating_sub(o.size);
+                let h = self.allocated.entry(e.pid).or_default();
+                h.0 = h.0.saturating_sub(o.size);
+            }
+        } else if let Some(a) = self.tensor_live.get_mut(&e.pid).and_then(|m| m.remove(&e.dst)) {
+            let o = self.tensors.entry(a.site).or_default();
+            o.freed += 1;
+            o.held_now = o.held_now.saturating_sub(a.size);
+            h.0 = h.0.saturating_sub(a.size);
+        }
+        let now = self.allocated.get(&e.pid).map_or(0, |h| h.0);
+        self.allocated_series.entry(e.pid).or_default().point(e.start_ns, now);
     }
 
     fn memory(&mut self, site: RawSite, e: &CudaEvent) {
@@ -461,6 +541,39 @@ impl Replay {
         }
         self.device.clear();
         self.physical.clear();
+        for a in self.tensor_live.values().flat_map(|m| m.values()) {
+            let o = self.tensors.entry(a.site).or_default();
+            o.live += 1;
+            o.live_bytes += a.size;
+            o.live_late += (a.at_ns >= mid_ns) as u64;
+        }
+        self.tensor_live.clear();
+    }
+
+    /// Processes that exited and were reported: everything kept of them
+    /// goes (the agent's memory stays flat under process churn).
+    pub fn forget_pids(&mut self, pids: &std::collections::HashSet<u32>) {
+        let gone = |pid: &u32| pids.contains(pid);
+        self.copies.retain(|(s, _), _| !gone(&s.pid));
+        self.syncs.retain(|(s, _), _| !gone(&s.pid));
+        self.allocs.retain(|s, _| !gone(&s.pid));
+        self.tensors.retain(|s, _| !gone(&s.pid));
+        self.return_codes.retain(|(s, _, _), _| !gone(&s.pid));
+        self.host_memory.retain(|(s, _, _), _| !gone(&s.pid));
+        self.collectives.retain(|(s, _, _), _| !gone(&s.pid));
+        for m in [&mut self.held, &mut self.allocated] {
+            m.retain(|p, _| !gone(p));
+        }
+        for m in [&mut self.held_series, &mut self.allocated_series] {
+            m.retain(|p, _| !gone(p));
+        }
+        for m in [&mut self.device, &mut self.physical, &mut self.tensor_live] {
+            m.retain(|p, _| !gone(p));
+        }
+        self.pinned.retain(|p, _| !gone(p));
+        self.event_copy.retain(|(p, _), _| !gone(p));
+        self.names.retain(|(p, _), _| !gone(p));
+        self.kernel_of.retain(|(p, _), _| !gone(p));
     }
 
     /// Threads that exited: their pending copy (for copy/sync pairs) is
@@ -549,6 +662,45 @@ mod tests {
         assert_eq!((pool.allocs, pool.freed, pool.live), (2, 1, 1));
         let vmm = &r.allocs[&RawSite { pid: 1, py_stack: 3, ..Default::default() }];
         assert_eq!((vmm.allocs, vmm.freed, vmm.live, vmm.live_bytes), (3, 1, 2, 4 << 20));
+    }
+
+    #[test]
+    fn tensors_are_held_by_the_line_that_asked() {
+        let mut r = Replay::default();
+        // Line 1 keeps 2 of 3 tensors of 1 MiB; line 2 takes one of 4 MiB
+        // and frees it (at line 3: still line 2's).
+        for p in 0..3u64 {
+            r.apply(&ev(api::TORCH_MALLOC, KIND_NONE, 1 << 20, 0x7000_0000 + (p << 20), 0, 0, 1));
+        }
+        r.apply(&ev(api::TORCH_FREE, KIND_NONE, 0, 0x7010_0000, 0, 0, 1));
+        r.apply(&ev(api::TORCH_MALLOC, KIND_NONE, 4 << 20, 0x7100_0000, 0, 0, 2));
+        r.apply(&ev(api::TORCH_FREE, KIND_NONE, 0, 0x7100_0000, 0, 0, 3));
+        // A free of a block never seen handed out changes nothing.
+        r.apply(&ev(api::TORCH_FREE, KIND_NONE, 0, 0x7200_0000, 0, 0, 3));
+        assert_eq!(r.allocated[&1], (2 << 20, 6 << 20));
+        r.close(0);
+        let one = &r.tensors[&RawSite { pid: 1, py_stack: 1, ..Default::default() }];
+        assert_eq!((one.allocs, one.freed, one.live, one.live_bytes, one.peak_held_bytes), (3, 1, 2, 2 << 20, 3 << 20));
+        let two = &r.tensors[&RawSite { pid: 1, py_stack: 2, ..Default::default() }];
+        assert_eq!((two.allocs, two.freed, two.live, two.peak_held_bytes), (1, 1, 0, 4 << 20));
+        // Tensors are not the allocator's device memory (its segments).
+        assert!(r.allocs.is_empty() && r.held.is_empty());
+    }
+
+    #[test]
+    fn a_series_stays_bounded_and_spans_the_whole_life() {
+        let mut s = Series::default();
+        for i in 0..20_000u64 {
+            s.point(i * SERIES_STEP_NS, i);
+        }
+        assert!(s.points.len() <= SERIES_MAX, "{}", s.points.len());
+        assert!(s.points.first().is_some_and(|p| p.0 < 10 * SERIES_STEP_NS), "{:?}", s.points.first());
+        assert_eq!(s.points.last(), Some(&(19_999 * SERIES_STEP_NS, 19_999)));
+        // Within a step, the last value stands for it.
+        let mut t = Series::default();
+        t.point(1, 5);
+        t.point(2, 7);
+        assert_eq!(t.points, [(2, 7)]);
     }
 
     #[test]

@@ -36,7 +36,7 @@ use std::{
     path::Path,
 };
 
-use super::discovery::{is_cudart_name, is_driver_name};
+use super::discovery::{is_cudart_name, is_driver_name, is_torch_allocator_name};
 use crate::os::procfs::{self, refused, Refused};
 
 /// Entries of one search path (`LD_LIBRARY_PATH`, `PYTHONPATH`, `PATH`) used.
@@ -295,7 +295,7 @@ fn standard_lib_dirs() -> Vec<String> {
 
 /// Whether a file name is one of the libraries probed.
 pub fn wanted_name(name: &str, driver: bool) -> bool {
-    is_cudart_name(name) || (driver && is_driver_name(name))
+    is_cudart_name(name) || (driver && is_driver_name(name)) || is_torch_allocator_name(name)
 }
 
 /// What [`ld_so_cache_entries`] read of a loader cache.

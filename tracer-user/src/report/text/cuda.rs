@@ -210,31 +210,47 @@ fn syncs_and_memory_sections(out: &mut String, cuda: &CudaReport) {
 }
 
 /// Device memory held by line: what each process's allocation calls held
-/// at the end and at most.
+/// at the end and at most; for PyTorch, its tensors by line too.
 fn device_memory_section(out: &mut String, cuda: &CudaReport) {
-    for d in cuda.device_memory.iter().filter(|d| d.peak_held_bytes > 0) {
-        let _ = writeln!(
-            out,
-            "
-GPU memory held by line, pid {} (allocation calls less frees): {} at the end, peak {}",
-            d.pid,
-            fmt_bytes(d.held_bytes),
-            fmt_bytes(d.peak_held_bytes)
-        );
-        let _ = writeln!(out, "  {:>10} {:>10} {:>8} {:>8}  SITE", "HELD", "PEAK", "ALLOCS", "FREES");
-        for l in d.lines.iter().take(MAX_ROWS) {
+    for d in cuda.device_memory.iter() {
+        if d.peak_held_bytes > 0 {
             let _ = writeln!(
                 out,
-                "  {:>10} {:>10} {:>8} {:>8}  {}",
-                fmt_bytes(l.held_bytes),
-                fmt_bytes(l.peak_held_bytes),
-                l.allocs,
-                l.frees,
-                short_site(&l.site)
+                "\nGPU memory held by line, pid {} (allocation calls less frees): {} at the end, peak {}",
+                d.pid,
+                fmt_bytes(d.held_bytes),
+                fmt_bytes(d.peak_held_bytes)
             );
+            held_lines(out, &d.lines);
         }
-        more(out, d.lines.len());
+        if let (Some(now), Some(peak)) = (d.allocated_bytes, d.peak_allocated_bytes) {
+            let _ = writeln!(
+                out,
+                "\nGPU memory in tensors by line, pid {} (PyTorch's caching allocator): {} allocated at the end (peak {}), {} reserved from the device",
+                d.pid,
+                fmt_bytes(now),
+                fmt_bytes(peak),
+                fmt_bytes(d.held_bytes)
+            );
+            held_lines(out, &d.tensor_lines);
+        }
     }
+}
+
+fn held_lines(out: &mut String, lines: &[crate::recording::cuda::DeviceMemoryLine]) {
+    let _ = writeln!(out, "  {:>10} {:>10} {:>8} {:>8}  SITE", "HELD", "PEAK", "ALLOCS", "FREES");
+    for l in lines.iter().take(MAX_ROWS) {
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>10} {:>8} {:>8}  {}",
+            fmt_bytes(l.held_bytes),
+            fmt_bytes(l.peak_held_bytes),
+            l.allocs,
+            l.frees,
+            short_site(&l.site)
+        );
+    }
+    more(out, lines.len());
 }
 
 /// Event records, waits on events and queries by site: the queries'

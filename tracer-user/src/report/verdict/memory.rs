@@ -8,17 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::recording::{
     attribution::SiteRef,
-    memory::{linear_fit, ProcessMemory},
+    memory::{steady_growth, ProcessMemory},
 };
-
-/// A growth is steady when the window is at least this long...
-pub const MIN_WINDOW_NS: u64 = 5_000_000_000;
-/// ...the slope at least this (bytes/s)...
-pub const MIN_SLOPE: f64 = 256.0 * 1024.0;
-/// ...the process grew at least this much over the series...
-pub const MIN_GROWTH: u64 = 16 << 20;
-/// ...and a line fits the series this well (R², 0 to 1).
-pub const MIN_FIT: f64 = 0.8;
 
 /// One memory class of one process; the fields a class does not use are
 /// absent.
@@ -102,24 +93,10 @@ pub fn memory_verdicts(p: &ProcessMemory) -> Vec<MemoryVerdict> {
 
 const GROWTH_ADVICE: &str = "resident memory grows steadily: something keeps what it allocates (a cache without a bound, a list or dict that only grows, tensors kept for logging); the line named holds the growth; bound the cache, drop references, or take a heap snapshot there (tracemalloc, memray)";
 
-/// `memory_growth` for `p`, when its growth is steady (the thresholds
-/// above). Judged on the growth phase: the series up to its highest point
-/// (a script's teardown frees everything as it exits), which must be at
-/// least half the series' span.
+/// `memory_growth` for `p`, when its resident size grew steadily
+/// ([`steady_growth`]).
 pub fn memory_growth(p: &ProcessMemory) -> Option<MemoryVerdict> {
-    let first = p.series.first()?;
-    let last = p.series.last()?;
-    let top = p.series.iter().enumerate().max_by_key(|(i, q)| (q.rss, *i)).map(|(i, _)| i)?;
-    let phase = &p.series[..=top];
-    let span = phase[top].t_ns.saturating_sub(first.t_ns);
-    let grown = phase[top].rss.saturating_sub(first.rss);
-    if span < MIN_WINDOW_NS || span.saturating_mul(2) < last.t_ns.saturating_sub(first.t_ns) || grown < MIN_GROWTH {
-        return None;
-    }
-    let (growth, fit) = linear_fit(phase);
-    if growth < MIN_SLOPE || fit < MIN_FIT {
-        return None;
-    }
+    let (growth, fit, grown) = steady_growth(&p.series)?;
     let top = top_line(p);
     Some(MemoryVerdict {
         class: "memory_growth".into(),
