@@ -185,7 +185,8 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
             bpf_progs().into_iter().filter(|p| progs.contains(&p.id) && p.name.starts_with("cuda_")).map(|p| p.id).collect();
         let links = held_link_ids(tpid);
         let linked = bpf_links().unwrap_or_default().into_iter().filter(|(l, p)| links.contains(l) && cuda.contains(p)).count();
-        (cuda.len() == 9 && linked > 0).then_some((progs, links, linked))
+        // 10 programs: 9 for the runtime and driver, `cuda_usdt` for PyTorch's allocator.
+        (cuda.len() == 10 && linked > 0).then_some((progs, links, linked))
     });
     let Some((progs, links, linked)) = held else {
         panic!("{test}: the CUDA probes never appeared\n{}", wait_child(tracer, Duration::from_secs(60), test).describe())

@@ -204,8 +204,8 @@ fn real_torch_allocator_probes_found_and_switched_on() {
     assert!(later.len() == semaphores.len() && later.iter().all(|v| *v >= 1), "semaphores {semaphores:x?}: {measured}\n{}", run.describe());
     let report = run.json();
     let note = format!("USDT pytorch:malloc ({} sites) and pytorch:free ({} sites) probed", count("malloc"), count("free"));
-    let notes = report.0["notes"].to_string();
-    assert!(notes.contains(&note), "expected the note {note:?} in {notes}");
+    let notes = report.0["cuda"]["notes"].to_string();
+    assert!(notes.contains(&note), "expected the note {note:?} in the CUDA notes {notes}");
     let libs = &report.0["cuda"]["libraries"];
     let ours: Vec<&Value> = libs.as_array().into_iter().flatten().filter(|l| l["path"].as_str().is_some_and(|p| p.ends_with("/libc10_cuda.so"))).collect();
     assert_eq!(ours.len(), 1, "{libs:#}");

@@ -73,6 +73,11 @@ impl MapFds {
         MapFds(fds)
     }
 
+    /// Duplicates of every descriptor (for a thread of their own).
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        self.0.iter().map(|(n, fd)| Ok((n.clone(), fd.try_clone()?))).collect::<std::io::Result<_>>().map(MapFds)
+    }
+
     /// The descriptor of the map `name`.
     pub fn get(&self, name: &str) -> Option<BorrowedFd<'_>> {
         self.0.get(name).map(|fd| fd.as_fd())

@@ -532,6 +532,13 @@ pub struct DeviceMemory {
     /// 1.x addition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_lines: Vec<DeviceMemoryLine>,
+    /// `held_bytes` and `allocated_bytes` over the window as they changed:
+    /// `[ns from the window's start, bytes]`, the last value of each
+    /// 100 ms (coarser past 4096 points); schema 1.x addition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_series: Vec<[u64; 2]>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocated_series: Vec<[u64; 2]>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -635,16 +642,17 @@ pub fn gpu_memory_near_capacity(samples: &[GpuSample], device_memory: &[DeviceMe
         .collect()
 }
 
-/// `gpu_memory_growth`: the device memory of process `d` grew steadily over
-/// `series` ((ns, bytes) as it changed: bytes in tensors where PyTorch's
-/// allocator reported, else what allocation calls held), by the rule of
-/// host memory growth ([`crate::recording::memory::steady_growth`]); named
-/// at the line holding the most at the end. `bytes`: grown; `per_s`: the
-/// slope; `time_ns`: the growth phase's span.
-pub fn gpu_memory_growth(d: &DeviceMemory, series: &[(u64, u64)]) -> Option<Finding> {
+/// `gpu_memory_growth`: the device memory of process `d` grew steadily (in
+/// tensors where PyTorch's allocator reported, else held by allocation
+/// calls), by the rule of host memory growth
+/// ([`crate::recording::memory::steady_growth`]); named at the line holding
+/// the most at the end. `bytes`: grown; `per_s`: the slope; `time_ns`: the
+/// growth phase's span.
+pub fn gpu_memory_growth(d: &DeviceMemory) -> Option<Finding> {
     use crate::recording::memory::{steady_growth, MemPoint};
-    let t0 = series.first()?.0;
-    let points: Vec<MemPoint> = series.iter().map(|&(t, v)| MemPoint { t_ns: t.saturating_sub(t0), rss: v, ..Default::default() }).collect();
+    let series = if d.allocated_bytes.is_some() { &d.allocated_series } else { &d.held_series };
+    let t0 = series.first()?[0];
+    let points: Vec<MemPoint> = series.iter().map(|&[t, v]| MemPoint { t_ns: t.saturating_sub(t0), rss: v, ..Default::default() }).collect();
     let (slope, _fit, grown) = steady_growth(&points)?;
     let top = points.iter().enumerate().max_by_key(|(i, p)| (p.rss, *i)).map_or(0, |(_, p)| p.t_ns);
     let lines = if d.allocated_bytes.is_some() { &d.tensor_lines } else { &d.lines };
@@ -684,20 +692,28 @@ mod tests {
     #[test]
     fn a_steady_device_memory_growth_is_a_finding_at_the_line_holding_most() {
         let line = |l: u32, held: u64| DeviceMemoryLine { site: Site { line: Some(l), ..Default::default() }, allocs: 60, held_bytes: held, ..Default::default() };
-        let d = DeviceMemory { pid: 3, allocated_bytes: Some(240 << 20), tensor_lines: vec![line(12, 240 << 20), line(20, 0)], lines: vec![line(99, 512 << 20)], ..Default::default() };
         // 4 MiB every 100 ms for 6 s, then the exit frees everything.
-        let mut series: Vec<(u64, u64)> = (0..=60).map(|i| (1_000_000_000 + i * 100_000_000, i * (4 << 20))).collect();
-        series.push((7_200_000_000, 0));
-        let f = gpu_memory_growth(&d, &series).expect("steady growth");
+        let mut series: Vec<[u64; 2]> = (0..=60).map(|i| [1_000_000_000 + i * 100_000_000, i * (4 << 20)]).collect();
+        series.push([7_200_000_000, 0]);
+        let d = DeviceMemory {
+            pid: 3,
+            allocated_bytes: Some(240 << 20),
+            tensor_lines: vec![line(12, 240 << 20), line(20, 0)],
+            lines: vec![line(99, 512 << 20)],
+            allocated_series: series.clone(),
+            held_series: series.clone(),
+            ..Default::default()
+        };
+        let f = gpu_memory_growth(&d).expect("steady growth");
         assert_eq!((f.kind.as_str(), f.pid, f.site.line, f.bytes, f.time_ns), ("gpu_memory_growth", 3, Some(12), 240 << 20, 6_000_000_000));
         assert!((f.per_s.unwrap() - 40.0 * (1 << 20) as f64).abs() < 1.0, "{f:?}");
         // Without tensors: the allocation calls' lines.
         let segments = DeviceMemory { allocated_bytes: None, ..d.clone() };
-        assert_eq!(gpu_memory_growth(&segments, &series).and_then(|f| f.site.line), Some(99));
+        assert_eq!(gpu_memory_growth(&segments).and_then(|f| f.site.line), Some(99));
         // A short or flat series: none.
-        assert!(gpu_memory_growth(&d, &series[..20]).is_none());
-        let flat: Vec<(u64, u64)> = (0..60).map(|i| (i * 100_000_000, 64 << 20)).collect();
-        assert!(gpu_memory_growth(&d, &flat).is_none());
+        assert!(gpu_memory_growth(&DeviceMemory { allocated_series: series[..20].to_vec(), ..d.clone() }).is_none());
+        let flat: Vec<[u64; 2]> = (0..60).map(|i| [i * 100_000_000, 64 << 20]).collect();
+        assert!(gpu_memory_growth(&DeviceMemory { allocated_series: flat, ..d }).is_none());
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! (NVML samples), and `copy bandwidth` per process (bytes of the CUDA
 //! copies that ended in each 10 ms bin, in B/s), and `resident memory` and
 //! `resident anon` per process (the memory family's series, bytes; absent
-//! with `--no-memory`). Process fork, exec and
+//! with `--no-memory`), `GPU memory held` and `GPU memory in tensors` per
+//! process (the CUDA family's device memory series, bytes). Process fork, exec and
 //! exit are instants on the process track. Timestamps are CLOCK_MONOTONIC
 //! ns (the packets name no clock, so viewers take them as their default).
 //!
@@ -271,6 +272,7 @@ pub fn trace(rec: &Recording) -> Result<proto::Trace, PerfettoError> {
     copy_bandwidth(tl, base, &process_track, &mut tracks, &mut ids, &mut b);
     gpu_counters(rec, base, &mut tracks, &mut ids, &mut b);
     memory_counters(rec, base, &process_track, &mut tracks, &mut ids, &mut b);
+    gpu_memory_counters(rec, base, &process_track, &mut tracks, &mut ids, &mut b);
     Ok(proto::Trace { packet: packets(base, tracks, b) })
 }
 
@@ -426,6 +428,32 @@ fn gpu_counters(rec: &Recording, base: u64, tracks: &mut Vec<TrackDescriptor>, i
     }
 }
 
+/// Device memory per process: what its allocation calls held and, where
+/// PyTorch's allocator probes reported, what its tensors took (the CUDA
+/// family's series, from the window's start).
+fn gpu_memory_counters(rec: &Recording, base: u64, process_track: &HashMap<u32, u64>, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids, b: &mut Builder) {
+    let Some(cuda) = &rec.cuda else { return };
+    for d in &cuda.device_memory {
+        let parent = process_track.get(&d.pid).copied();
+        let name = |what: &str| if parent.is_some() { what.to_owned() } else { format!("pid {} {what}", d.pid) };
+        for (series, what) in [(&d.held_series, "GPU memory held"), (&d.allocated_series, "GPU memory in tensors")] {
+            if series.is_empty() {
+                continue;
+            }
+            let u = ids.next();
+            tracks.push(TrackDescriptor {
+                name: Some(name(what)),
+                parent_uuid: parent,
+                counter: Some(proto::CounterDescriptor { unit: Some(3), unit_name: None }),
+                ..descriptor(u)
+            });
+            for &[t, v] in series {
+                b.push(base + t, COUNTER, u, None, Vec::new(), Some(v as f64));
+            }
+        }
+    }
+}
+
 /// Resident memory per process, and its anonymous part: the memory
 /// family's series (times from the same window start as the timeline).
 fn memory_counters(rec: &Recording, base: u64, process_track: &HashMap<u32, u64>, tracks: &mut Vec<TrackDescriptor>, ids: &mut Ids, b: &mut Builder) {
@@ -548,6 +576,17 @@ mod tests {
         assert!(back.packet.iter().any(|p| p.track_descriptor.as_ref().is_some_and(|d| d.name.as_deref() == Some("copy bandwidth"))));
     }
 
+    fn track_uuid(back: &proto::Trace, name: &str) -> u64 {
+        back.packet.iter().find_map(|p| p.track_descriptor.as_ref().filter(|d| d.name.as_deref() == Some(name)).and_then(|d| d.uuid)).unwrap()
+    }
+
+    fn counter_values(back: &proto::Trace, uuid: u64) -> Vec<(Option<u64>, Option<f64>)> {
+        back.packet
+            .iter()
+            .filter_map(|p| p.track_event.as_ref().filter(|e| e.track_uuid == Some(uuid) && e.r#type == Some(COUNTER)).map(|e| (p.timestamp, e.double_counter_value)))
+            .collect()
+    }
+
     #[test]
     fn resident_memory_is_a_counter_track_per_process() {
         use crate::recording::memory::{MemPoint, MemoryReport, ProcessMemory};
@@ -569,16 +608,24 @@ mod tests {
             }],
         });
         let back = proto::Trace::decode(&trace(&rec).unwrap().encode_to_vec()[..]).unwrap();
-        let track = |name: &str| {
-            back.packet.iter().find_map(|p| p.track_descriptor.as_ref().filter(|d| d.name.as_deref() == Some(name)).and_then(|d| d.uuid)).unwrap()
-        };
-        let values = |uuid: u64| -> Vec<(Option<u64>, Option<f64>)> {
-            back.packet
-                .iter()
-                .filter_map(|p| p.track_event.as_ref().filter(|e| e.track_uuid == Some(uuid) && e.r#type == Some(COUNTER)).map(|e| (p.timestamp, e.double_counter_value)))
-                .collect()
-        };
+        let track = |name: &str| track_uuid(&back, name);
+        let values = |uuid: u64| counter_values(&back, uuid);
         assert_eq!(values(track("resident memory")), [(Some(1000), Some((100u64 << 20) as f64)), (Some(1050), Some((120u64 << 20) as f64))]);
         assert_eq!(values(track("resident anon")).len(), 2);
+        // The device memory series of the CUDA family, on the same clock.
+        let mut cuda = rec.cuda.clone().unwrap_or_default();
+        cuda.device_memory = vec![crate::recording::cuda::DeviceMemory {
+            pid: 10,
+            held_series: vec![[0, 2 << 20], [40, 6 << 20]],
+            allocated_series: vec![[10, 1 << 20]],
+            allocated_bytes: Some(1 << 20),
+            ..Default::default()
+        }];
+        rec.cuda = Some(cuda);
+        let back = proto::Trace::decode(&trace(&rec).unwrap().encode_to_vec()[..]).unwrap();
+        let track = |name: &str| track_uuid(&back, name);
+        let values = |uuid: u64| counter_values(&back, uuid);
+        assert_eq!(values(track("GPU memory held")), [(Some(1000), Some((2u64 << 20) as f64)), (Some(1040), Some((6u64 << 20) as f64))]);
+        assert_eq!(values(track("GPU memory in tensors")), [(Some(1010), Some((1u64 << 20) as f64))]);
     }
 }

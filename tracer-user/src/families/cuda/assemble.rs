@@ -81,14 +81,11 @@ impl CudaCollector {
         }
 
         let summaries = site_summaries(&stats, &replay, &mut sites, cx)?;
-        report.device_memory = device_memory(&summaries, &replay);
+        report.device_memory = device_memory(&summaries, &replay, start);
         report.findings = findings::detect(&summaries, window_ns, &self.thresholds);
         report.findings.extend(graphs::recaptured(&report.graph_captures, window_ns, &self.thresholds));
         report.findings.extend(findings::launch_bound(&report.launches, window_ns, &self.thresholds));
-        for d in &report.device_memory {
-            let series = if d.allocated_bytes.is_some() { replay.allocated_series.get(&d.pid) } else { replay.held_series.get(&d.pid) };
-            report.findings.extend(series.and_then(|s| crate::recording::cuda::gpu_memory_growth(d, &s.points)));
-        }
+        report.findings.extend(report.device_memory.iter().filter_map(crate::recording::cuda::gpu_memory_growth));
         findings::rank(&mut report.findings);
         attribute_lost_events(&mut report);
 
@@ -292,7 +289,7 @@ fn collectives(replay: &Replay, calls: &[CudaCall], sites: &mut SiteCache, cx: &
 /// Device memory held per process and line, from the replay's allocations
 /// (what allocation calls reserved from the device) and, where PyTorch's
 /// allocator probes reported, its tensors.
-fn device_memory(summaries: &[SiteSummary], replay: &Replay) -> Vec<DeviceMemory> {
+fn device_memory(summaries: &[SiteSummary], replay: &Replay, start: u64) -> Vec<DeviceMemory> {
     let line = |s: &SiteSummary, a: &AllocObs| DeviceMemoryLine {
         site: s.site.clone(),
         allocs: a.allocs,
@@ -320,6 +317,13 @@ fn device_memory(summaries: &[SiteSummary], replay: &Replay) -> Vec<DeviceMemory
             if let Some(&(now, peak)) = replay.allocated.get(&d.pid) {
                 (d.allocated_bytes, d.peak_allocated_bytes) = (Some(now), Some(peak));
             }
+            // From the window's start (the agent's windows: its part of
+            // the process's life).
+            let rel = |s: Option<&super::replay::Series>| -> Vec<[u64; 2]> {
+                s.map_or(Vec::new(), |s| s.points.iter().filter(|p| p.0 >= start).map(|&(t, v)| [t - start, v]).collect())
+            };
+            d.held_series = rel(replay.held_series.get(&d.pid));
+            d.allocated_series = rel(replay.allocated_series.get(&d.pid));
             d
         })
         .collect()

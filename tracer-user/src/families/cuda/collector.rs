@@ -140,6 +140,14 @@ pub struct CudaCollector {
     pub(super) slicer: Option<LaunchSlicer>,
     /// `CUDA_USDT_SPECS` entries in use (USDT probe sites attached).
     usdt_specs: u32,
+    /// The programs being loaded on a thread of their own (the verifier
+    /// takes ~0.5 s here), started when a running target first needs them.
+    loading: Option<std::thread::JoinHandle<Option<HashMap<&'static str, std::os::fd::OwnedFd>>>>,
+    /// Targets whose libraries wait for those programs: scanned and
+    /// searched again once they are loaded.
+    deferred: BTreeSet<u32>,
+    /// Load in the foreground (a launched command is held meanwhile).
+    hold: bool,
 }
 
 /// At most this many searches remembered ([`CudaCollector::searched`]).
@@ -218,7 +226,12 @@ impl CudaCollector {
         }
         let mapped: HashSet<u64> = procfs::maps(pid).unwrap_or_default().iter().map(|m| m.inode).collect();
         let driver = self.opts.driver;
-        search::candidates(&root, &facts, driver, |found| self.probe_found(cx, pid, &root, &found, &mapped))
+        search::candidates(&root, &facts, driver, |found| self.probe_found(cx, pid, &root, &found, &mapped))?;
+        // Programs still loading: this search runs again once they are.
+        if self.deferred.contains(&pid) {
+            self.searched.remove(&key);
+        }
+        Ok(())
     }
 
     /// Opens a file [`search`](super::search) found (inside the target's
@@ -246,7 +259,7 @@ impl CudaCollector {
         if discovery::is_torch_allocator_name(Path::new(&found.path).file_name().and_then(|n| n.to_str()).unwrap_or("")) {
             let when = if mapped.contains(&identity.1) { ", once it was loaded (earlier calls missed)" } else { ", before it was loaded" };
             let when = format!("{when} (in {})", found.source.describe());
-            if !self.attach_torch(cx, pid, identity, &file, &by_fd, &found.path, BTreeSet::new(), &when)? {
+            if !self.attach_torch(cx, pid, identity, &file, &by_fd, &found.path, BTreeSet::new(), &when)? && !self.deferred.contains(&pid) {
                 self.not_cuda.insert(identity);
             }
             return Ok(());
@@ -258,7 +271,7 @@ impl CudaCollector {
                 return Ok(());
             }
         };
-        if !self.ensure_loaded(cx)? {
+        if !self.ready(cx, pid)? {
             return Ok(());
         }
         let (functions, errors) = self.attach_file_for(cx, pid, identity, &file, &by_fd, &found.path, &symbols)?;
@@ -328,6 +341,13 @@ impl CudaCollector {
                 Some(known) => *known,
                 None => {
                     let id = self.examine(cx, pid, &cand, mapped_at)?;
+                    if self.deferred.contains(&pid) {
+                        // Examined again once the programs are loaded.
+                        if let Some(st) = self.procs.get_mut(&pid) {
+                            st.maps_hash = 0;
+                        }
+                        continue;
+                    }
                     self.examined.insert(key, id);
                     id
                 }
@@ -425,7 +445,7 @@ impl CudaCollector {
             cx.sink.note_on(Topic::Gpu, format!("pid {pid}: {shown} exports none of the CUDA runtime functions traced"));
             return Ok(None);
         }
-        if !self.ensure_loaded(cx)? {
+        if !self.ready(cx, pid)? {
             return Ok(None);
         }
         let attach_start = clock::monotonic_ns();
@@ -493,7 +513,7 @@ impl CudaCollector {
             ));
             return Ok(false);
         }
-        if !self.ensure_loaded(cx)? {
+        if !self.ready(cx, pid)? {
             return Ok(false);
         }
         let Some(probes) = self.probes.as_mut() else { return Ok(false) };
@@ -589,12 +609,53 @@ impl CudaCollector {
         }
     }
 
+    /// Whether the programs are loaded, for target `pid`'s probes. A
+    /// running target does not wait the ~0.5 s they take through the
+    /// verifier: they load on a thread of their own (multi-uprobe links),
+    /// `pid` is deferred (false), and [`poll`](Collector::poll) scans and
+    /// searches it again once they are in. Meanwhile the session goes on
+    /// (the Python collector sets up a new interpreter's stack walk: a short
+    /// program exec'd by a shell was otherwise gone before it could be).
+    fn ready(&mut self, cx: &mut Cx<'_>, pid: u32) -> Result<bool, ProbeError> {
+        if self.loaded.is_some() || self.hold || !crate::os::uprobe_multi::supported() {
+            return self.ensure_loaded(cx);
+        }
+        if self.loading.as_ref().is_some_and(|h| h.is_finished()) {
+            return self.ensure_loaded(cx);
+        }
+        if self.loading.is_none() {
+            let maps = cx.kernel.map_fds.try_clone();
+            let btf = cx.kernel.btf.btf.clone();
+            let names: Vec<&'static str> = programs::TABLE.programs.iter().map(|p| p.name).collect();
+            let spawned = maps.and_then(|maps| {
+                std::thread::Builder::new()
+                    .name("infertrace-cuda-load".into())
+                    .spawn(move || crate::os::uprobe_multi::load_programs(&names, &maps, &btf).ok())
+            });
+            match spawned {
+                Ok(h) => self.loading = Some(h),
+                Err(_) => return self.ensure_loaded(cx),
+            }
+        }
+        self.deferred.insert(pid);
+        Ok(false)
+    }
+
+    /// Loads the programs (or takes them from the thread loading them) and
+    /// starts the event drain, once; whether they are loaded.
     fn ensure_loaded(&mut self, cx: &mut Cx<'_>) -> Result<bool, ProbeError> {
         if let Some(ok) = self.loaded {
             return Ok(ok);
         }
         let kernel = &mut *cx.kernel;
-        match programs::CudaProbes::load(&mut kernel.ebpf, &kernel.btf.btf, &kernel.map_fds) {
+        // From the loading thread, when it succeeded; else loaded here
+        // (multi-uprobe links again, or aya's perf-event uprobes).
+        let background = self.loading.take().and_then(|h| h.join().ok().flatten());
+        let loaded = match background {
+            Some(programs) => Ok((programs::CudaProbes::Multi { programs, links: Vec::new() }, None)),
+            None => programs::CudaProbes::load(&mut kernel.ebpf, &kernel.btf.btf, &kernel.map_fds),
+        };
+        match loaded {
             Ok((probes, note)) => {
                 if let Some(n) = note {
                     cx.sink.note_on(Topic::Gpu, n);
@@ -784,7 +845,11 @@ impl Collector for CudaCollector {
                     environ: search::searched_vars(std::env::vars().collect()),
                     cwd: std::env::current_dir().ok().and_then(|p| p.to_str().map(str::to_owned)),
                 };
-                self.search(cx, *pid, facts)
+                // Held until this returns: the programs load here.
+                self.hold = true;
+                let r = self.search(cx, *pid, facts);
+                self.hold = false;
+                r
             }
             TargetEvent::Exited { .. } => Ok(()),
             TargetEvent::Appeared { pid, .. } | TargetEvent::Forked { pid, .. } | TargetEvent::Execed { pid, .. } => {
@@ -799,6 +864,17 @@ impl Collector for CudaCollector {
     /// changed (libraries loaded with dlopen).
     fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.polls += 1;
+        // The programs loaded on their thread: the targets that waited for
+        // them are scanned and searched again.
+        if self.loading.as_ref().is_some_and(|h| h.is_finished()) && !self.detached {
+            self.ensure_loaded(cx)?;
+            for pid in std::mem::take(&mut self.deferred) {
+                if let Some(st) = self.procs.get_mut(&pid) {
+                    st.maps_hash = 0;
+                }
+                self.scan(cx, pid, None)?;
+            }
+        }
         if !cx.targets.mappings_followed && !self.detached {
             let pids: Vec<u32> = self.procs.iter().filter(|(_, s)| s.alive).map(|(p, _)| *p).collect();
             for pid in pids {
@@ -827,6 +903,16 @@ impl Collector for CudaCollector {
     fn detach(&mut self, cx: &mut Cx<'_>) {
         if std::mem::replace(&mut self.detached, true) {
             return;
+        }
+        // Programs still loading: waited for, then closed with the rest.
+        if let Some(h) = self.loading.take() {
+            drop(h.join());
+            if !self.deferred.is_empty() {
+                cx.sink.note_on(Topic::Gpu, format!(
+                    "the window closed while the CUDA probes were still loading (through the verifier): CUDA calls of pid(s) {}, if any, were not traced",
+                    self.deferred.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                ));
+            }
         }
         let Some(mut probes) = self.probes.take() else { return };
         probes.adopt(self.gate.take_links());
