@@ -16,7 +16,7 @@
 //!   `infertrace_cuda_calls_total` and `infertrace_cuda_launches_total` counters; sync seconds and findings are
 //!   exported with the call site.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -400,6 +400,113 @@ fn agent_exports_exact_cuda_counters_per_window() {
         }
     }
     assert_eq!(sync, 318, "cudaStreamSynchronize calls over the windows");
+}
+
+/// GPU memory held by line in the agent (issue 25): a process that holds
+/// tensors from the stand-in of PyTorch's allocator (tests/cudasim/torchsim.c,
+/// NOT PyTorch; tests/workloads/torch_alloc.py `hold`): the gauges
+/// `infertrace_gpu_memory_held_bytes{kind="tensors",site}` at its lines
+/// and `infertrace_gpu_memory_target_bytes{kind="tensors"}` are what it
+/// holds (its own table: 10 x 1 MiB kept at `keep`, 2 x 4 MiB of 5 at
+/// `churn`), while it runs.
+#[test]
+fn agent_exports_gpu_memory_held_by_line() {
+    const TEST: &str = "agent_exports_gpu_memory_held_by_line";
+    require!(TEST, Root, Binary, Gcc);
+    let Some(sim) = cuda_standin_dir(TEST) else { return };
+    let Some(python) = python3_executable(TEST) else { return };
+    let dir = TempDir::new("agent-torch");
+    let lib = dir.join("libc10_cuda.so");
+    std::fs::copy(sim.join("torch/libc10_cuda.so"), &lib).expect("copy the allocator stand-in");
+    let token = format!("agent_torch_{}", std::process::id());
+    let agent = start_agent_with(&[], &["--cmdline", &format!("{token}$"), "--window", "1s"]);
+    let source = workspace_root().join("tests/workloads/torch_alloc.py");
+    let mut wl = Command::new(&python)
+        .arg(&source)
+        .args(["hold", &token])
+        .env("TORCHSIM", &lib)
+        .env("RESULT", dir.join("result.json"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn torch_alloc.py");
+    let pid = wl.id();
+    let _g = KillOnDrop::new(pid);
+    let mut lines = BufReader::new(wl.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("held"), "the workload did not hold its blocks");
+    let m = markers_of(&source);
+    const MIB: f64 = 1048576.0;
+    let want = [(m["keep"], 10.0 * MIB), (m["churn"], 8.0 * MIB), (m["transient"], 0.0)];
+    let held = |samples: &[Sample], line: u64| {
+        samples
+            .iter()
+            .find(|s| s.0 == "infertrace_gpu_memory_held_bytes" && label(s, "pid") == Some(&pid.to_string()) && label(s, "kind") == Some("tensors") && label(s, "site") == Some(&format!("torch_alloc.py:{line} pattern")))
+            .map(|s| s.2)
+    };
+    let total = |samples: &[Sample]| {
+        samples.iter().find(|s| s.0 == "infertrace_gpu_memory_target_bytes" && label(s, "pid") == Some(&pid.to_string()) && label(s, "kind") == Some("tensors")).map(|s| s.2)
+    };
+    let text = poll(Duration::from_secs(30), || {
+        let (_, text) = get(&agent.addr, "/metrics");
+        let samples = parse_exposition(&text);
+        let ok = want.iter().all(|&(line, bytes)| held(&samples, line) == Some(bytes)) && total(&samples) == Some(18.0 * MIB);
+        ok.then_some(text)
+    });
+    let Some(_) = text else {
+        let (_, text) = get(&agent.addr, "/metrics");
+        panic!("{TEST}: gauges never matched {want:?} and 18 MiB in all:\n{}", text.lines().filter(|l| l.contains("gpu_memory")).collect::<Vec<_>>().join("\n"));
+    };
+    if let Some(mut stdin) = wl.stdin.take() {
+        let _ = writeln!(stdin);
+    }
+    let _ = poll(Duration::from_secs(10), || wl.try_wait().ok().flatten());
+}
+
+/// Resident growth by line and OOM kills in the agent (issue 25): a
+/// target growing 1 MiB every 10 ms at one line in a 150 MiB memory cgroup
+/// until the OOM killer ends it (tests/workloads/mem_oom.py): its
+/// `infertrace_resident_growth_bytes_total` at that line is about what it
+/// kept before the kill (what its stderr counted, to the limit), and
+/// `infertrace_oom_kills_total` is 1.
+#[test]
+fn agent_exports_growth_by_line_and_oom_kills() {
+    const TEST: &str = "agent_exports_growth_by_line_and_oom_kills";
+    require!(TEST, Root, Binary);
+    let Some(python) = python3_executable(TEST) else { return };
+    let limit: u64 = 150 << 20;
+    let cg = match MemCgroup::new("agent-oom", limit) {
+        Ok(c) => c,
+        Err(why) => return skip(TEST, &format!("a memory cgroup to limit the workload ({why})")),
+    };
+    let token = format!("agent_oom_{}", std::process::id());
+    let agent = start_agent(&["--cmdline", &format!("{token}$"), "--window", "1s"]);
+    let source = workspace_root().join("tests/workloads/mem_oom.py");
+    let mut cmd = cg.command(&python, &[source.as_os_str(), token.as_ref()]);
+    let mut child = cmd.env("OOM_SLEEP_S", "0.01").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn mem_oom.py");
+    let pid = child.id();
+    let _g = KillOnDrop::new(pid);
+    let errs = line_channel(child.stderr.take().expect("stderr"));
+    let status = poll(Duration::from_secs(120), || child.try_wait().ok().flatten()).expect("the workload ends");
+    let grown: Vec<String> = errs.try_iter().collect();
+    assert!(!grown.iter().any(|l| l.contains("not killed")), "{TEST}: not OOM-killed ({status:?}): {grown:?}");
+    let kept_mib: u64 = grown.iter().filter_map(|l| l.strip_prefix("grown ")?.trim().parse().ok()).max().unwrap_or(0);
+    let line = markers_of(&source)["oom_grow"];
+    let site = format!("mem_oom.py:{line} main");
+    let mut last = String::new();
+    let got = poll(Duration::from_secs(30), || {
+        let (_, text) = get(&agent.addr, "/metrics");
+        let s = parse_exposition(&text);
+        let kills = counter_sum(&s, "infertrace_oom_kills_total", pid, &[]);
+        let at_line = counter_sum(&s, "infertrace_resident_growth_bytes_total", pid, &[("site", &site)]);
+        last = text.lines().filter(|l| l.contains("oom_kills") || l.contains("resident_growth")).collect::<Vec<_>>().join("\n");
+        (kills == 1.0 && at_line > 0.0).then_some(at_line)
+    });
+    let Some(at_line) = got else { panic!("{TEST}: pid {pid}: no OOM kill and growth at {site}:\n{last}") };
+    let mib = at_line / 1048576.0;
+    eprintln!("{TEST}: {mib:.1} MiB grown at {site}, the workload counted {kept_mib} MiB kept before the kill (limit 150 MiB)");
+    // Sampled every 512 KiB grown; the workload's last count is at most
+    // 16 MiB behind its kill, and the interpreter's own growth is elsewhere.
+    assert!(mib >= kept_mib as f64 * 0.8 && mib <= 160.0, "{TEST}: {mib:.1} MiB at the line, {kept_mib} MiB kept");
 }
 
 /// A Python process that renames itself (`prctl(PR_SET_NAME)`, its comm)

@@ -7,6 +7,8 @@ Line `keep` keeps 10 blocks of 1 MiB; `churn` takes 5 of 4 MiB, of which
 3 are given back at `churn_free`; `transient` takes 100 of 64 KiB, each
 given back at once. With the argument `leak`, instead: `leak` keeps
 4 MiB every 100 ms for 6 s (the rate it measured goes in the result too).
+With `hold TOKEN`: the same pattern, then `held` on stdout, and the
+blocks kept until a line comes on stdin (TOKEN: for a reader to find it).
 Writes the semaphores' values (non-zero: a tracer has
 the probes on) when the library was loaded and when the work began, as
 JSON, to the file $RESULT names.
@@ -35,6 +37,13 @@ def main():
     result = {"semaphores_at_load": at_load, "semaphores_at_work": at_work}
     if sys.argv[1:] == ["leak"]:
         result.update(leak())
+    elif sys.argv[1:2] == ["hold"]:
+        # Held for a reader (tests/tests/agent.rs): the blocks stay given
+        # out until a line comes on stdin.
+        held = pattern()
+        print("held", flush=True)
+        sys.stdin.readline()
+        del held
     else:
         pattern()
     time.sleep(0.2)
@@ -64,6 +73,7 @@ def pattern():
     for _ in range(100):
         p = lib.torchsim_malloc(64 * 1024, -1, 7)  # @transient
         lib.torchsim_free(p)
+    return kept, churned[3:]
 
 
 main()

@@ -97,6 +97,11 @@ pub struct AgentArgs {
     /// Do not probe CUDA, nor sample the GPUs.
     #[arg(long)]
     no_cuda: bool,
+    /// Do not follow resident memory in the kernel (kmem/rss_stat): no resident growth by line
+    /// (infertrace_resident_growth_bytes_total) and no OOM kills (infertrace_oom_kills_total); the
+    /// resident gauges, page faults and memory stalls, read from /proc and the scheduler, stay.
+    #[arg(long)]
+    no_memory: bool,
     /// No line on stderr per window.
     #[arg(short, long)]
     quiet: bool,
@@ -132,6 +137,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<ExitCode> {
         sched: SchedOptions { enabled: !a.no_sched, frequency: a.frequency, offcpu_stacks: true },
         python: !a.no_python,
         cuda: !a.no_cuda,
+        memory: !a.no_memory,
         checkpoint_every: None,
         quiet: true,
         asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: false, ..Default::default() },

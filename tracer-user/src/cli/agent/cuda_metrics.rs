@@ -287,12 +287,8 @@ fn push_new<T: PartialEq>(v: &mut Vec<T>, l: T) {
     }
 }
 
-/// `file:LINE function` (the file's base name), or the function alone.
 fn site_name(s: &crate::recording::cuda::Site) -> String {
-    match (&s.file, s.line) {
-        (Some(f), Some(l)) => format!("{}:{} {}", f.rsplit('/').next().unwrap_or(f), l, s.function),
-        _ => s.function.clone(),
-    }
+    super::labels::site_label(&s.function, s.file.as_deref(), s.line)
 }
 
 #[cfg(test)]

@@ -12,3 +12,12 @@ pub struct TargetLabels {
     pub pod_uid: String,
     pub container_name: String,
 }
+
+/// A call site as a label value: `file:LINE function` (the file's base
+/// name), or the function alone.
+pub fn site_label(function: &str, file: Option<&str>, line: Option<u32>) -> String {
+    match (file, line) {
+        (Some(f), Some(l)) => format!("{}:{} {}", f.rsplit('/').next().unwrap_or(f), l, function),
+        _ => function.to_owned(),
+    }
+}

@@ -4,10 +4,16 @@
 //! (counters, from `/proc/PID/stat`: the process's minor and major faults,
 //! its exited threads' included), and the time its threads were blocked on
 //! memory by cause (counters, the `memory` reason of the wall-time
-//! partition). Targets past the agent's bound (`pid="other"`) add to the
-//! counters only: a gauge of many processes summed would mean nothing.
+//! partition). With the memory family (not `--no-memory`): resident growth
+//! by line (counter, bytes grown per line; at most [`MAX_SITES`] lines per
+//! target, the rest under `site="other"`) and OOM kills (counter). Targets
+//! past the agent's bound (`pid="other"`) add to the counters only: a gauge
+//! of many processes summed would mean nothing.
 
-use std::{collections::HashMap, sync::atomic::AtomicU64};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::AtomicU64,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -33,6 +39,17 @@ pub struct StallLabels {
     pub cause: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SiteLabels {
+    #[prometheus(flatten)]
+    pub target: TargetLabels,
+    /// `file.py:LINE function`, or `other` past [`MAX_SITES`].
+    pub site: String,
+}
+
+/// Growth lines per target with series of their own.
+pub const MAX_SITES: usize = 20;
+
 type FCounter = Counter<f64, AtomicU64>;
 
 const RESIDENT_KINDS: [&str; 4] = ["anon", "file", "shmem", "swap"];
@@ -45,6 +62,13 @@ pub struct MemoryMetrics {
     peak: Family<TargetLabels, Gauge>,
     faults: Family<KindLabels, Counter>,
     stall_seconds: Family<StallLabels, FCounter>,
+    growth: Family<SiteLabels, Counter>,
+    oom_kills: Family<TargetLabels, Counter>,
+    /// Per pid and line: the bytes grown counted so far; the lines with
+    /// series of their own; the pids whose OOM kill was counted.
+    hw_growth: HashMap<u32, HashMap<String, u64>>,
+    sites: HashMap<u32, HashSet<String>>,
+    oom_counted: HashSet<u32>,
     /// High-water marks of the cumulative values per pid: faults (minor,
     /// major), memory waits by cause (ns).
     hw_faults: HashMap<u32, [u64; 2]>,
@@ -62,6 +86,12 @@ impl MemoryMetrics {
         r.register("resident_bytes", "Resident memory of a target by kind (anon, file, shmem; swap: swapped out), at the last publish", self.resident.clone());
         r.register("resident_peak_bytes", "The target's resident high-water mark (VmHWM, over its life)", self.peak.clone());
         r.register("page_faults", "Page faults of a target by kind (minor, major: a page read from disk or swap)", self.faults.clone());
+        r.register(
+            "resident_growth_bytes",
+            "Resident memory a target grew by the line that grew it (memory family; sampled every 512 KiB grown)",
+            self.growth.clone(),
+        );
+        r.register("oom_kills", "Times the kernel's OOM killer chose a target (oom/mark_victim)", self.oom_kills.clone());
         r.register(
             "memory_stall_seconds",
             "Time the target's threads were blocked on memory, by cause (page_fault, reclaim, compaction, throttle)",
@@ -92,6 +122,11 @@ impl MemoryMetrics {
             }
             self.hw_stalls.insert(pid, old);
         }
+        if let Some(m) = &cur.memory {
+            for p in &m.processes {
+                self.growth_of(p, labels);
+            }
+        }
         for &pid in live {
             if let Some(now) = crate::os::procfs::page_faults(pid) {
                 let old = self.hw_faults.get(&pid).copied().unwrap_or_default();
@@ -116,6 +151,33 @@ impl MemoryMetrics {
         }
     }
 
+    /// Growth by line and the OOM kill of one process of the cumulative
+    /// snapshot: the counters rise by what is new since the last publish.
+    fn growth_of(&mut self, p: &crate::recording::memory::ProcessMemory, labels: &mut dyn FnMut(u32) -> TargetLabels) {
+        if p.oom_killed.is_some() && self.oom_counted.insert(p.pid) {
+            let target = self.labels(p.pid, labels);
+            self.oom_kills.get_or_create(&target).inc();
+        }
+        for l in p.lines.iter().filter(|l| l.grown_bytes > 0) {
+            let key = super::labels::site_label(&l.site.function, l.site.file.as_deref(), l.site.line);
+            let seen = self.hw_growth.entry(p.pid).or_default().entry(key.clone()).or_default();
+            let d = l.grown_bytes.saturating_sub(*seen);
+            if d == 0 {
+                continue;
+            }
+            *seen = l.grown_bytes;
+            let target = self.labels(p.pid, labels);
+            let own = self.sites.entry(p.pid).or_default();
+            let site = if own.contains(&key) || own.len() < MAX_SITES {
+                own.insert(key.clone());
+                key
+            } else {
+                "other".to_owned()
+            };
+            self.growth.get_or_create(&SiteLabels { target, site }).inc_by(d);
+        }
+    }
+
     fn labels(&mut self, pid: u32, labels: &mut dyn FnMut(u32) -> TargetLabels) -> TargetLabels {
         if let Some(l) = self.series.get(&pid) {
             return l.clone();
@@ -131,7 +193,14 @@ impl MemoryMetrics {
     pub fn forget(&mut self, pid: u32) {
         self.hw_faults.remove(&pid);
         self.hw_stalls.remove(&pid);
+        self.hw_growth.remove(&pid);
+        self.oom_counted.remove(&pid);
+        let sites = self.sites.remove(&pid).unwrap_or_default();
         if let Some(target) = self.series.remove(&pid) {
+            for site in sites.into_iter().chain(["other".to_owned()]) {
+                self.growth.remove(&SiteLabels { target: target.clone(), site });
+            }
+            self.oom_kills.remove(&target);
             for kind in RESIDENT_KINDS {
                 self.resident.remove(&KindLabels { target: target.clone(), kind: kind.to_owned() });
             }
@@ -181,5 +250,40 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
         assert!(!text.contains(&format!("pid=\"{me}\"")), "{text}");
+    }
+
+    #[test]
+    fn growth_by_line_rises_by_the_new_bytes_and_oom_kills_count_once() {
+        use crate::recording::{
+            attribution::SiteRef,
+            memory::{GrowthLine, MemoryReport, OomKilled, ProcessMemory},
+        };
+        let mut m = MemoryMetrics::default();
+        let mut reg = Registry::default();
+        m.register(&mut reg);
+        let line = |n: u32, grown: u64| GrowthLine {
+            site: SiteRef { function: "handle".into(), file: Some("/srv/app.py".into()), line: Some(n), kind: "python".into(), module: None, user_code: true },
+            beneath: None,
+            grown_bytes: grown,
+            released_bytes: 0,
+            samples: 1,
+        };
+        let mut rec = crate::recording::tests::sample();
+        let mut p = ProcessMemory { pid: 77, lines: (0..MAX_SITES as u32 + 3).map(|n| line(n, 1 << 20)).collect(), ..Default::default() };
+        rec.memory = Some(MemoryReport { growth_sample_bytes: 1 << 19, processes: vec![p.clone()] });
+        m.publish(&rec, &[], &mut labels);
+        p.lines[0].grown_bytes = 5 << 20;
+        p.oom_killed = Some(OomKilled::default());
+        rec.memory = Some(MemoryReport { growth_sample_bytes: 1 << 19, processes: vec![p] });
+        m.publish(&rec, &[], &mut labels);
+        m.publish(&rec, &[], &mut labels);
+        let at = |site: &str| m.growth.get_or_create(&SiteLabels { target: labels(77), site: site.into() }).get();
+        assert_eq!(at("app.py:0 handle"), 5 << 20);
+        assert_eq!(at("other"), 3 << 20, "past {MAX_SITES} lines");
+        assert_eq!(m.oom_kills.get_or_create(&labels(77)).get(), 1);
+        m.forget(77);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(!text.contains("pid=\"77\""), "{text}");
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod container;
 pub mod cuda_delta;
+pub mod memory_delta;
 pub mod cuda_metrics;
 pub mod memory_metrics;
 pub mod http;

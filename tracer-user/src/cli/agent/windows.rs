@@ -88,6 +88,7 @@ pub fn delta(mut cur: Recording, prev: Option<&Baseline>) -> (Recording, Baselin
         .filter(|(_, v)| *v > 0)
         .collect();
     out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev_rec.cuda.as_ref(), prev_rec.duration_ns));
+    out.memory = cur.memory.as_ref().map(|m| super::memory_delta::memory_delta(m, prev_rec.memory.as_ref(), prev_rec.duration_ns));
     // The targets active in this window, and those that appeared in it.
     let active: std::collections::HashSet<u32> =
         out.syscalls.iter().map(|s| s.pid).chain(out.threads.iter().map(|t| t.pid)).collect();

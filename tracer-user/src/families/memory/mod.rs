@@ -44,6 +44,10 @@ pub static TABLE: FamilyTable = FamilyTable {
     ],
 };
 
+/// The most points a process's series keeps (some 7 minutes of a process
+/// that changes all the time; then thinned, see `push`).
+pub const SERIES_MAX: usize = 4096;
+
 /// The memory family's collector.
 #[derive(Default)]
 pub struct MemoryCollector {
@@ -75,7 +79,20 @@ impl MemoryCollector {
     fn push(&mut self, pid: u32, ts: u64, p: MemPoint) {
         let peak = self.peak.entry(pid).or_default();
         *peak = (*peak).max(p.rss);
-        self.series.entry(pid).or_default().push((ts, p));
+        let s = self.series.entry(pid).or_default();
+        s.push((ts, p));
+        // Bounded (the agent follows a process for its life): past
+        // SERIES_MAX points, every other one goes (the first and the last
+        // stay); the peak is kept apart.
+        if s.len() > SERIES_MAX {
+            let last = s.len() - 1;
+            let mut i = 0;
+            s.retain(|_| {
+                let keep = i % 2 == 0 || i == last;
+                i += 1;
+                keep
+            });
+        }
     }
 
     fn drain(&mut self) {
@@ -88,6 +105,15 @@ impl MemoryCollector {
             *peak = (*peak).max(s.peak);
             self.push(s.pid, s.ts_ns, MemPoint::of_counters(0, s.cur));
         }
+    }
+}
+
+/// Removes the entries of `pids` from the pid-keyed map `name`.
+fn forget_pids_in<V: aya::Pod>(ebpf: &mut aya::Ebpf, name: &'static str, pids: &std::collections::HashSet<u32>) {
+    let Ok(mut m) = probe::hash_map::<u32, V>(ebpf, name) else { return };
+    let gone: Vec<u32> = m.keys().filter_map(Result::ok).filter(|p| pids.contains(p)).collect();
+    for p in &gone {
+        let _ = m.remove(p);
     }
 }
 
@@ -150,6 +176,27 @@ impl Collector for MemoryCollector {
     fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
         self.drain();
         Ok(())
+    }
+
+    /// Processes gone and reported (the agent): their series, peaks and
+    /// limits here, and their entries of the kernel maps (growth stacks, OOM
+    /// kills, counters), which would fill under process churn.
+    fn forget(&mut self, cx: &mut Cx<'_>, pids: &std::collections::HashSet<u32>) {
+        self.series.retain(|p, _| !pids.contains(p));
+        self.peak.retain(|p, _| !pids.contains(p));
+        self.limits.retain(|p, _| !pids.contains(p));
+        self.events.retain(|p, _| !pids.contains(p));
+        if !self.attached {
+            return;
+        }
+        if let Ok(mut m) = probe::hash_map::<GrowthKey, GrowthStats>(&mut cx.kernel.ebpf, tracer_common::maps::MEM_GROWTH) {
+            let gone: Vec<GrowthKey> = m.keys().filter_map(Result::ok).filter(|k| pids.contains(&k.pid)).collect();
+            for k in &gone {
+                let _ = m.remove(k);
+            }
+        }
+        forget_pids_in::<OomKill>(&mut cx.kernel.ebpf, tracer_common::maps::MEM_OOM, pids);
+        forget_pids_in::<MemState>(&mut cx.kernel.ebpf, tracer_common::maps::MEM_STATE, pids);
     }
 
     fn snapshot(&mut self, cx: &mut Cx<'_>, rec: &mut Recording) -> Result<(), ProbeError> {
