@@ -140,8 +140,16 @@ pub(super) fn apply(
         let acc = &mut threads[i].1;
         let mut libs: Vec<(String, u64)> = acc.libs.iter().map(|(l, ns)| (l.clone(), *ns)).collect();
         libs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let real_libs: Vec<&str> =
-            libs.iter().map(|(l, _)| l.as_str()).filter(|l| *l != "[kernel]" && *l != crate::recording::UNKNOWN).collect();
+        // The libraries the pool works in: a tenth of its time at least,
+        // not the kernel and not the C runtime every thread passes through
+        // (a `time.sleep` in libc is no call into the pool: with libc
+        // here, the feeder's sleeps drew the pool's time to the sleep).
+        let total_lib_ns: u64 = libs.iter().map(|(_, ns)| *ns).sum();
+        let real_libs: Vec<&str> = libs
+            .iter()
+            .filter(|(l, ns)| *l != "[kernel]" && *l != crate::recording::UNKNOWN && !is_runtime_library(l) && *ns * 10 >= total_lib_ns)
+            .map(|(l, _)| l.as_str())
+            .collect();
         // Python stacks that enter one of the pool's libraries, by their time.
         let mut via: HashMap<Charged, u64> = HashMap::new();
         for s in stacks_of
@@ -193,4 +201,11 @@ pub(super) fn apply(
         );
     }
     out
+}
+
+/// The C and C++ runtimes and the dynamic loader: every thread's stacks go
+/// through them, whatever it does.
+fn is_runtime_library(name: &str) -> bool {
+    const RUNTIMES: [&str; 8] = ["libc.so", "libc-", "libpthread", "libm.so", "libstdc++", "libgcc_s", "ld-linux", "libdl"];
+    RUNTIMES.iter().any(|p| name.starts_with(p))
 }
