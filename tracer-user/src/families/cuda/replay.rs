@@ -154,6 +154,13 @@ pub struct AllocObs {
 }
 
 impl AllocObs {
+    /// One allocation of `bytes` held from now on.
+    fn grow(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        self.held_now += bytes;
+        self.peak_held_bytes = self.peak_held_bytes.max(self.held_now);
+    }
+
     pub fn merge(&mut self, o: &AllocObs) {
         self.allocs += o.allocs;
         self.bytes += o.bytes;
@@ -456,9 +463,7 @@ impl Replay {
         let a = self.allocs.entry(site).or_default();
         a.allocs += 1;
         if e.rc == 0 && e.dst != 0 {
-            a.bytes += e.bytes;
-            a.held_now += e.bytes;
-            a.peak_held_bytes = a.peak_held_bytes.max(a.held_now);
+            a.grow(e.bytes);
             let h = self.held.entry(e.pid).or_default();
             h.0 += e.bytes;
             h.1 = h.1.max(h.0);
@@ -488,9 +493,7 @@ impl Replay {
         if e.api == api::TORCH_MALLOC {
             let a = self.tensors.entry(site).or_default();
             a.allocs += 1;
-            a.bytes += e.bytes;
-            a.held_now += e.bytes;
-            a.peak_held_bytes = a.peak_held_bytes.max(a.held_now);
+            a.grow(e.bytes);
             h.0 += e.bytes;
             h.1 = h.1.max(h.0);
             let old = self.tensor_live.entry(e.pid).or_default().insert(e.dst, LiveAlloc { size: e.bytes, site, at_ns: e.start_ns });
