@@ -17,9 +17,13 @@ use crate::{
 
 #[derive(Args)]
 pub struct RecordArgs {
-    /// Attach to a running process (all its threads, and threads it starts later). Repeatable.
+    /// Attach to a running process: all its threads, the threads and processes it starts later, and
+    /// the descendants it has now (a DataLoader's or a multiprocessing pool's workers). Repeatable.
     #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid, allow_negative_numbers = true)]
     pub pids: Vec<u32>,
+    /// With -p: leave out the processes' existing descendants (children they start later are still followed).
+    #[arg(long)]
+    pub no_descendants: bool,
     /// Stop after this long (e.g. 500ms, 10s, 2m, 1h, 1d; a bare number is seconds; at most 365d).
     #[arg(short, long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
     pub duration: Option<Duration>,
@@ -107,11 +111,11 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let RecordArgs { pids, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead, no_memory } = args;
+    let RecordArgs { pids, no_descendants, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead, no_memory } = args;
     let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
     let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
     let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
-    let opts = session::RecordOptions { pids, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead, memory: !no_memory };
+    let opts = session::RecordOptions { pids, descendants: !no_descendants, sched, slow_syscall, python: !no_python, cuda: !no_cuda, cuda_driver: !no_cuda_driver, gpu_sample_hz, debug_ebpf, command, duration, output, checkpoint_every, quiet, timeline_limit: timeline.then_some(timeline_limit), asyncio: crate::families::python::asyncio::record::AsyncOptions { enabled: async_on || !no_async, blocked_threshold: blocked_loop }, max_overhead, memory: !no_memory };
     let argv: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

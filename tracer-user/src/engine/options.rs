@@ -34,6 +34,9 @@ pub struct SchedOptions {
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
     pub pids: Vec<u32>,
+    /// Also trace the existing descendants of `pids` (`record -p`; off
+    /// with `--no-descendants`; children started later are followed anyway).
+    pub descendants: bool,
     pub sched: SchedOptions,
     /// Syscalls at least this slow get stacks (None: off).
     pub slow_syscall: Option<Duration>,
@@ -78,6 +81,7 @@ impl Default for RecordOptions {
     fn default() -> Self {
         RecordOptions {
             pids: Vec::new(),
+            descendants: false,
             sched: SchedOptions::default(),
             slow_syscall: Some(Duration::from_millis(1)),
             python: true,

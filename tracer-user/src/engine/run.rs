@@ -48,8 +48,12 @@ impl Engine {
         for c in collectors.iter_mut() {
             c.attach(&mut cx.view(c.uses()))?;
         }
-        for pid in cx.opts.pids.clone() {
+        let named = cx.opts.pids.clone();
+        for &pid in &named {
             cx.targets.emit(TargetEvent::Appeared { pid, origin: Origin::Attached });
+        }
+        if cx.opts.descendants {
+            attach_descendants(&mut cx, &named);
         }
         if let Some(pid) = cx.targets.launched.as_ref().map(|l| l.pid) {
             cx.targets.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
@@ -197,6 +201,51 @@ impl Engine {
 }
 
 /// Delivers the queued target events to every collector.
+/// At most this many existing descendants are taken per named process.
+pub const MAX_DESCENDANTS: usize = 4096;
+
+/// `record -p PID` traces the process's existing descendants too (the
+/// workers a DataLoader or a multiprocessing pool started before the
+/// attach): each one live is attached like a named process; a note per
+/// named process says how many, and which could not be (gone, zombies).
+fn attach_descendants(cx: &mut Context, named: &[u32]) {
+    let mut seen: std::collections::BTreeSet<u32> = named.iter().copied().collect();
+    for &pid in named {
+        let found = crate::os::procfs::descendants(pid, MAX_DESCENDANTS);
+        let capped = found.len() >= MAX_DESCENDANTS;
+        let (mut taken, mut missed) = (Vec::new(), Vec::new());
+        for d in found.into_iter().filter(|d| seen.insert(*d)) {
+            if crate::os::procfs::is_alive(d) {
+                cx.targets.emit(TargetEvent::Appeared { pid: d, origin: Origin::Attached });
+                taken.push(d);
+            } else {
+                missed.push(d);
+            }
+        }
+        if taken.is_empty() && missed.is_empty() {
+            continue;
+        }
+        let list = |v: &[u32]| {
+            let mut s: Vec<String> = v.iter().take(16).map(u32::to_string).collect();
+            if v.len() > 16 {
+                s.push(format!("and {} more", v.len() - 16));
+            }
+            s.join(", ")
+        };
+        let mut note = format!(
+            "-p {pid}: also traced its {} existing descendant process{}{}{} (--no-descendants leaves them out)",
+            taken.len(),
+            if taken.len() == 1 { "" } else { "es" },
+            if taken.is_empty() { String::new() } else { format!(": {}", list(&taken)) },
+            if capped { format!("; the first {MAX_DESCENDANTS} only") } else { String::new() }
+        );
+        if !missed.is_empty() {
+            note.push_str(&format!("; not traced, exited before the attach: {}", list(&missed)));
+        }
+        cx.sink.note(note);
+    }
+}
+
 pub(crate) fn dispatch(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) -> Result<(), RecordError> {
     while let Some(ev) = cx.targets.next_event() {
         for c in collectors.iter_mut() {

@@ -45,15 +45,15 @@ pub const CLASSIFICATION: &[(OffCpuReason, &[&str])] = &[
         &[
             "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
             "recvfrom", "recvmsg", "recvmmsg", "sendto", "sendmsg", "sendmmsg", "sendfile", "splice", "tee",
-            "vmsplice", "copy_file_range", "fsync", "fdatasync", "sync", "syncfs", "sync_file_range", "accept",
-            "accept4", "connect", "open", "openat", "openat2", "io_getevents", "io_pgetevents", "io_uring_enter",
+            "vmsplice", "copy_file_range", "fsync", "fdatasync", "sync", "syncfs", "sync_file_range", "connect", "open", "openat", "openat2", "io_getevents", "io_pgetevents", "io_uring_enter",
             "msync", "fallocate", "ioctl",
         ],
     ),
     (OffCpuReason::Lock, &["futex", "futex_waitv", "flock"]),
     (
         OffCpuReason::Poll,
-        &["poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "epoll_pwait2"],
+        // accept waits for a peer to connect, like a poll on a listening socket.
+        &["poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "epoll_pwait2", "accept", "accept4"],
     ),
     (OffCpuReason::Sleep, &["nanosleep", "clock_nanosleep", "pause", "rt_sigsuspend", "rt_sigtimedwait"]),
 ];

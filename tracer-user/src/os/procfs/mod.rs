@@ -139,6 +139,34 @@ pub fn maps_text(pid: u32) -> io::Result<String> {
     through_a_live_thread(pid, "maps", |p| fs::read_to_string(p), |t| !t.is_empty())
 }
 
+/// The processes descending from `pid` now (children, their children...),
+/// in the order found (parents before their children), from one scan of
+/// /proc: at most `limit` of them.
+pub fn descendants(pid: u32, limit: usize) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for e in dir.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Some(pp) = ppid(p) {
+            children.entry(pp).or_default().push(p);
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = std::collections::VecDeque::from([pid]);
+    while let Some(p) = queue.pop_front() {
+        let mut kids = children.remove(&p).unwrap_or_default();
+        kids.sort_unstable();
+        for k in kids {
+            if out.len() >= limit {
+                return out;
+            }
+            out.push(k);
+            queue.push_back(k);
+        }
+    }
+    out
+}
+
 /// Whether a process or thread with this id exists (`/proc/ID`).
 pub fn exists(id: u32) -> bool {
     proc_path(id, "").exists()

@@ -43,10 +43,15 @@ pub enum Class {
     /// swap), direct reclaim, compaction, memory.high throttling (the
     /// `memory` off-CPU reason; schema 1.x addition).
     MemoryStall,
+    /// Waiting for data from the job's other processes or threads
+    /// (multiprocessing queues and pipes, `queue.Queue`, a DataLoader's
+    /// workers) while they are busy producing it (verdict/pipeline.rs;
+    /// schema 1.x addition).
+    InputPipeline,
 }
 
 impl Class {
-    pub const ALL: [Class; 14] = [
+    pub const ALL: [Class; 15] = [
         Class::PythonCompute,
         Class::NativeCompute,
         Class::Gil,
@@ -61,6 +66,7 @@ impl Class {
         Class::Collective,
         Class::NativePool,
         Class::MemoryStall,
+        Class::InputPipeline,
     ];
 
     /// The JSON name (`python_compute`, ...), also what `diff --metric` takes.
@@ -80,6 +86,7 @@ impl Class {
             Class::Collective => "collective",
             Class::NativePool => "native_pool",
             Class::MemoryStall => "memory_stall",
+            Class::InputPipeline => "input_pipeline",
         }
     }
 
@@ -104,6 +111,7 @@ impl Class {
             Class::Collective => "waiting on collectives (NCCL)",
             Class::NativePool => "native worker pool",
             Class::MemoryStall => "waiting on memory (page-ins, reclaim)",
+            Class::InputPipeline => "input pipeline",
         }
     }
 
@@ -141,6 +149,9 @@ impl Class {
             }
             Class::MemoryStall => {
                 "the thread waits for memory: page-ins of a file-backed mapping (mmap'd weights: read them once, or use MAP_POPULATE/madvise WILLNEED), swap-ins, or reclaim and throttling at a memory limit (raise the cgroup's memory.high/limit, or hold less: see the memory growth lines)"
+            }
+            Class::InputPipeline => {
+                "the loop waits for its producers (DataLoader workers, queue feeders): make producing cheaper or wider; the producers' own bottleneck says how"
             }
         }
     }

@@ -10,6 +10,7 @@
 pub mod class;
 pub mod memory;
 pub mod parked;
+pub mod pipeline;
 pub mod pools;
 pub mod text;
 
@@ -44,6 +45,12 @@ pub const MAX_FINDINGS: usize = 3;
 pub struct Verdict {
     /// One per traced process with scheduler data, most thread time first.
     pub processes: Vec<ProcessVerdict>,
+    /// Worker processes of one traced parent with one command line (two
+    /// or more): one row each, their verdict as one process (pid: the
+    /// lowest); the text report shows these rows instead of their members
+    /// (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<ProcessVerdict>,
     /// What the verdict could not see (no sampling, no scheduler data...).
     #[serde(default)]
     pub notes: Vec<String>,
@@ -66,6 +73,19 @@ pub struct ProcessVerdict {
     /// (docs/verdict.md#parked-native-threads); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<parked::Parked>,
+    /// Helper threads left out of `wall_ns` and the shares: Python or
+    /// native threads that run no user code and are mostly idle (queue
+    /// feeders, library helpers; docs/verdict.md#the-threads-that-matter);
+    /// absent when none (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helpers: Option<parked::Parked>,
+    /// In `verdict.groups` only: the processes of this row, worker
+    /// processes of one parent with one command line (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+    /// In `verdict.groups` only: their parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ppid: Option<u32>,
     /// Its memory classes (`oom_killed`, `near_memory_limit`,
     /// `memory_growth`; docs/verdict.md#memory; additive), empty when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -127,6 +147,10 @@ pub struct Bottleneck {
     /// CUDA findings of the process that go with a GPU class (`gpu_sync`, `copy_work`, `collective`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<FindingRef>,
+    /// For `input_pipeline`: who the thread waits for and what they are
+    /// bound by (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producers: Option<pipeline::Producers>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -146,6 +170,9 @@ struct Acc {
     libs: HashMap<String, u64>,
     /// `libs` of native worker pool threads (pools.rs).
     pool_libs: HashMap<String, u64>,
+    /// The part of each wait class spent in consumer waits (pipeline.rs),
+    /// by line: moved to `input_pipeline` when the process has busy producers.
+    consumer: BTreeMap<Class, HashMap<Charged, u64>>,
 }
 
 impl Acc {
@@ -180,6 +207,33 @@ impl Acc {
         for (l, t) in &other.pool_libs {
             let e = self.pool_libs.entry(l.clone()).or_default();
             *e = e.saturating_add(*t);
+        }
+        for (c, sites) in &other.consumer {
+            let m = self.consumer.entry(*c).or_default();
+            for (k, v) in sites {
+                let e = m.entry(k.clone()).or_default();
+                *e = e.saturating_add(*v);
+            }
+        }
+    }
+
+    /// Moves the consumer waits to [`Class::InputPipeline`], at their lines.
+    fn to_pipeline(&mut self) {
+        for (class, sites) in std::mem::take(&mut self.consumer) {
+            for (charged, ns) in sites {
+                if let Some(t) = self.time.get_mut(&class) {
+                    *t = t.saturating_sub(ns);
+                }
+                if let Some(m) = self.sites.get_mut(&class) {
+                    if let Some(s) = m.get_mut(&charged) {
+                        *s = s.saturating_sub(ns);
+                        if *s == 0 {
+                            m.remove(&charged);
+                        }
+                    }
+                }
+                self.add(Class::InputPipeline, ns, Some(&charged));
+            }
         }
     }
 
@@ -402,7 +456,25 @@ fn thread_acc(t: &ThreadTimes, stacks: &[&StackRecord], cuda: Option<&CudaSites>
         (OffCpuReason::Memory, o.memory_ns),
     ] {
         let class = reason_class(reason);
-        spread(&mut acc, ns, &of(StackKind::OffCpu, Some(reason)), |s| s.weight_ns, |s, _, _| gpu_class(&s.frames, cuda, false).unwrap_or(class), class);
+        spread(
+            &mut acc,
+            ns,
+            &of(StackKind::OffCpu, Some(reason)),
+            |s| s.weight_ns,
+            |s, acc, ns| {
+                if let Some(g) = gpu_class(&s.frames, cuda, false) {
+                    return g;
+                }
+                if pipeline::is_consumer_wait(reason, &s.frames) {
+                    if let Some(c) = sites::charge(&s.frames) {
+                        let e = acc.consumer.entry(class).or_default().entry(c).or_default();
+                        *e = e.saturating_add(ns);
+                    }
+                }
+                class
+            },
+            class,
+        );
     }
     spread(&mut acc, o.gil_ns, &of(StackKind::Gil, None), |s| s.weight_ns, |_, _, _| Class::Gil, Class::Gil);
     // Run-queue delay has no stack of its own: charged where the thread runs.
@@ -410,8 +482,9 @@ fn thread_acc(t: &ThreadTimes, stacks: &[&StackRecord], cuda: Option<&CudaSites>
     acc
 }
 
-/// The dominant class of `classes` (sorted largest first).
-fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<Bottleneck> {
+/// The dominant class of `classes` (sorted largest first); `producers`
+/// go with `input_pipeline`.
+fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32, producers: Option<&pipeline::Producers>) -> Option<Bottleneck> {
     let top = classes.first()?;
     let too_close_with = classes[1..]
         .iter()
@@ -431,7 +504,9 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32) -> Option<
             .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: crate::report::findings::cuda_advice(f).to_owned() })
             .collect();
     }
-    Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice: top.class.advice().to_owned(), findings })
+    let producers = producers.filter(|_| top.class == Class::InputPipeline).cloned();
+    let advice = producers.as_ref().map(pipeline::Producers::advice).unwrap_or_else(|| top.class.advice().to_owned());
+    Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice, findings, producers })
 }
 
 /// One process's time per class and per user line (all classes), the
@@ -465,16 +540,67 @@ fn threads_by_pid(rec: &Recording) -> (StacksOf<'_>, ByPid<'_>) {
     (stacks_of, by_pid)
 }
 
+/// One process's threads after the verdict's passes (parked and helper
+/// threads out, pools marked, consumer waits moved to the input
+/// pipeline when it has busy producers), and what the passes found.
+struct Prepared<'a> {
+    threads: Vec<(&'a ThreadTimes, Acc)>,
+    parked: parked::Parked,
+    helpers: parked::Parked,
+    pool_of: HashMap<u32, pools::PoolThread>,
+    producers: Option<pipeline::Producers>,
+}
+
+fn prepare(rec: &Recording) -> (StacksOf<'_>, BTreeMap<u32, Prepared<'_>>) {
+    let (stacks_of, by_pid) = threads_by_pid(rec);
+    let mut out: BTreeMap<u32, Prepared> = BTreeMap::new();
+    for (pid, mut threads) in by_pid {
+        let parked = parked::drop_parked(&mut threads, &stacks_of);
+        let pool_of = pools::apply(&mut threads, &stacks_of, rec.sample_hz);
+        let helpers = parked::drop_helpers(&mut threads, &stacks_of);
+        out.insert(pid, Prepared { threads, parked, helpers, pool_of, producers: None });
+    }
+    let ppid_of = parents(rec);
+    let cmd_of: HashMap<u32, &[String]> = rec.targets.iter().map(|t| (t.pid, t.cmdline.as_slice())).collect();
+    let mut found = Vec::new();
+    for (pid, p) in &out {
+        let waited: u64 = p.threads.iter().flat_map(|(_, a)| a.consumer.values()).flat_map(HashMap::values).fold(0u64, |a, b| a.saturating_add(*b));
+        if waited == 0 {
+            continue;
+        }
+        // Its children, by command line.
+        let mut children: BTreeMap<&[String], Vec<(u32, pipeline::Working)>> = BTreeMap::new();
+        for (c, q) in out.iter().filter(|(c, _)| ppid_of.get(*c) == Some(pid)) {
+            children.entry(cmd_of.get(c).copied().unwrap_or_default()).or_default().push((*c, pipeline::Working { threads: &q.threads, pool: &q.pool_of }));
+        }
+        let children: Vec<Vec<(u32, pipeline::Working)>> = children.into_values().collect();
+        let own = pipeline::Working { threads: &p.threads, pool: &p.pool_of };
+        if let Some(prod) = pipeline::producers(&own, &children, &stacks_of, waited) {
+            found.push((*pid, prod));
+        }
+    }
+    for (pid, prod) in found {
+        if let Some(p) = out.get_mut(&pid) {
+            for (_, a) in &mut p.threads {
+                a.to_pipeline();
+            }
+            p.producers = Some(prod);
+        }
+    }
+    (stacks_of, out)
+}
+
+/// Parent pid of each traced process, where known.
+fn parents(rec: &Recording) -> HashMap<u32, u32> {
+    rec.targets.iter().filter_map(|t| Some((t.pid, t.ppid?))).collect()
+}
+
 /// [`ProcessTimes`] of every process with scheduler data, by pid: the
 /// same accounting as [`verdict`].
 pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
-    let (stacks_of, mut by_pid) = threads_by_pid(rec);
-    for threads in by_pid.values_mut() {
-        parked::drop_parked(threads, &stacks_of);
-        pools::apply(threads, &stacks_of, rec.sample_hz);
-    }
+    let (_, prepared) = prepare(rec);
     let mut out: BTreeMap<u32, ProcessTimes> = BTreeMap::new();
-    for (t, acc) in by_pid.values().flatten() {
+    for (t, acc) in prepared.values().flat_map(|p| p.threads.iter()) {
         let p = out.entry(t.pid).or_default();
         p.wall_ns = p.wall_ns.saturating_add(t.wall_ns);
         for (c, ns) in &acc.time {
@@ -491,6 +617,95 @@ pub fn process_times(rec: &Recording) -> BTreeMap<u32, ProcessTimes> {
     out
 }
 
+impl parked::Parked {
+    fn add(&mut self, other: &parked::Parked) {
+        self.threads += other.threads;
+        self.wall_ns = self.wall_ns.saturating_add(other.wall_ns);
+    }
+}
+
+/// The verdict of one process, or of a group of worker processes (`members`, pid order).
+fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64) -> ProcessVerdict {
+    let pid = members.first().map(|(p, _)| *p).unwrap_or(0);
+    let target = rec.targets.iter().find(|t| t.pid == pid);
+    let mut acc = Acc::default();
+    let mut wall_ns = 0u64;
+    let (mut parked, mut helpers) = (parked::Parked::default(), parked::Parked::default());
+    let threads: Vec<&(&ThreadTimes, Acc)> = members.iter().flat_map(|(_, p)| p.threads.iter()).collect();
+    for (_, p) in members {
+        parked.add(&p.parked);
+        helpers.add(&p.helpers);
+    }
+    for (t, a) in &threads {
+        acc.merge(a);
+        wall_ns = wall_ns.saturating_add(t.wall_ns);
+    }
+    // A group's producers: those of its members, when one member has them.
+    let producers = members.iter().find_map(|(_, p)| p.producers.as_ref());
+    let classes = acc.shares(wall_ns);
+    let bottleneck = pick_bottleneck(&classes, rec, pid, producers);
+    let busy = |t: &ThreadTimes| t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
+    let mut kept: Vec<&(&ThreadTimes, Acc)> = threads.into_iter().filter(|(t, _)| t.wall_ns >= min_wall && t.wall_ns > 0).collect();
+    kept.sort_by(|a, b| busy(b.0).cmp(&busy(a.0)).then(a.0.tid.cmp(&b.0.tid)));
+    kept.truncate(MAX_THREADS);
+    let threads = kept
+        .into_iter()
+        .map(|(t, a)| {
+            let classes = a.shares(t.wall_ns);
+            let member = members.iter().find(|(p, _)| *p == t.pid).map(|(_, p)| *p);
+            ThreadVerdict {
+                tid: t.tid,
+                comm: t.comm.clone(),
+                wall_ns: t.wall_ns,
+                bottleneck: pick_bottleneck(&classes, rec, t.pid, member.and_then(|m| m.producers.as_ref())),
+                classes,
+                pool: member.and_then(|m| m.pool_of.get(&t.tid).cloned()),
+            }
+        })
+        .collect();
+    let memory = if members.len() == 1 {
+        rec.memory.as_ref().and_then(|m| m.processes.iter().find(|p| p.pid == pid)).map(memory::memory_verdicts).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    ProcessVerdict {
+        pid,
+        comm: target.map(|t| t.comm.clone()).unwrap_or_default(),
+        cmdline: target.map(|t| t.cmdline.clone()).unwrap_or_default(),
+        wall_ns,
+        classes,
+        bottleneck,
+        threads,
+        parked: (parked.threads > 0).then_some(parked),
+        helpers: (helpers.threads > 0).then_some(helpers),
+        pids: if members.len() > 1 { members.iter().map(|(p, _)| *p).collect() } else { Vec::new() },
+        ppid: None,
+        memory,
+    }
+}
+
+/// Worker processes: traced processes of one traced parent with one
+/// command line, two or more, by (parent, command line), pid order.
+fn worker_groups(rec: &Recording, traced: &BTreeSet<u32>) -> Vec<(u32, Vec<u32>)> {
+    let mut groups: BTreeMap<(u32, &[String]), Vec<u32>> = BTreeMap::new();
+    for t in &rec.targets {
+        let Some(ppid) = t.ppid.filter(|p| traced.contains(p)) else { continue };
+        if traced.contains(&t.pid) {
+            groups.entry((ppid, t.cmdline.as_slice())).or_default().push(t.pid);
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|(_, pids)| pids.len() >= 2)
+        .map(|((ppid, _), mut pids)| {
+            pids.sort_unstable();
+            pids.dedup();
+            (ppid, pids)
+        })
+        .filter(|(_, pids)| pids.len() >= 2)
+        .collect()
+}
+
 /// The verdict of `rec` (docs/verdict.md).
 pub fn verdict(rec: &Recording) -> Verdict {
     let mut notes = Vec::new();
@@ -499,56 +714,22 @@ pub fn verdict(rec: &Recording) -> Verdict {
     } else if rec.sample_hz == 0 {
         notes.push("CPU sampling was off (-F 0): on-CPU time is not split between Python and native code, and has no line".to_owned());
     }
-    let (stacks_of, by_pid) = threads_by_pid(rec);
+    let (_, prepared) = prepare(rec);
     let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
-    let mut processes: Vec<ProcessVerdict> = by_pid
-        .into_iter()
-        .map(|(pid, mut threads)| {
-            let parked = parked::drop_parked(&mut threads, &stacks_of);
-            let pool_of = pools::apply(&mut threads, &stacks_of, rec.sample_hz);
-            let target = rec.targets.iter().find(|t| t.pid == pid);
-            let mut acc = Acc::default();
-            let mut wall_ns = 0u64;
-            for (t, a) in &threads {
-                acc.merge(a);
-                wall_ns = wall_ns.saturating_add(t.wall_ns);
-            }
-            let classes = acc.shares(wall_ns);
-            let bottleneck = pick_bottleneck(&classes, rec, pid);
-            let busy = |t: &ThreadTimes| t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
-            let mut kept: Vec<&(&ThreadTimes, Acc)> = threads.iter().filter(|(t, _)| t.wall_ns >= min_wall && t.wall_ns > 0).collect();
-            kept.sort_by(|a, b| busy(b.0).cmp(&busy(a.0)).then(a.0.tid.cmp(&b.0.tid)));
-            kept.truncate(MAX_THREADS);
-            let threads = kept
-                .into_iter()
-                .map(|(t, a)| {
-                    let classes = a.shares(t.wall_ns);
-                    ThreadVerdict {
-                        tid: t.tid,
-                        comm: t.comm.clone(),
-                        wall_ns: t.wall_ns,
-                        bottleneck: pick_bottleneck(&classes, rec, pid),
-                        classes,
-                        pool: pool_of.get(&t.tid).cloned(),
-                    }
-                })
-                .collect();
-            ProcessVerdict {
-                pid,
-                comm: target.map(|t| t.comm.clone()).unwrap_or_default(),
-                cmdline: target.map(|t| t.cmdline.clone()).unwrap_or_default(),
-                wall_ns,
-                classes,
-                bottleneck,
-                threads,
-                parked: (parked.threads > 0).then_some(parked),
-                memory: rec.memory.as_ref().and_then(|m| m.processes.iter().find(|p| p.pid == pid)).map(memory::memory_verdicts).unwrap_or_default(),
-            }
-        })
-        .collect();
+    let mut processes: Vec<ProcessVerdict> = prepared.iter().map(|(pid, p)| process_verdict(rec, &[(*pid, p)], min_wall)).collect();
     // The process with the most thread time first (the service, not the shell that started it).
     processes.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
-    Verdict { processes, notes }
+    let traced: BTreeSet<u32> = prepared.keys().copied().collect();
+    let groups = worker_groups(rec, &traced)
+        .into_iter()
+        .map(|(ppid, pids)| {
+            let members: Vec<(u32, &Prepared)> = pids.iter().filter_map(|p| prepared.get(p).map(|q| (*p, q))).collect();
+            let mut g = process_verdict(rec, &members, min_wall);
+            g.ppid = Some(ppid);
+            g
+        })
+        .collect();
+    Verdict { processes, groups, notes }
 }
 
 #[cfg(test)]

@@ -260,3 +260,157 @@ fn syncs_waiting_on_collectives_are_collective() {
     render_text(&v, &mut text);
     assert!(text.contains("bottleneck waiting on collectives (NCCL) 75.0% at step (ddp.py:40)"), "{text}");
 }
+
+fn on(pid: u32, mut t: ThreadTimes) -> ThreadTimes {
+    t.pid = pid;
+    t
+}
+
+fn at(pid: u32, mut s: StackRecord) -> StackRecord {
+    s.pid = pid;
+    s
+}
+
+fn target(pid: u32, ppid: u32, cmdline: &str) -> crate::recording::Target {
+    crate::recording::Target {
+        pid,
+        ppid: Some(ppid),
+        comm: "python3".into(),
+        exe: None,
+        cmdline: cmdline.split(' ').map(str::to_owned).collect(),
+        origin: crate::recording::Origin::Followed,
+        exit_code: None,
+    }
+}
+
+/// The DataLoader of issue 26: the main thread waits in `next()` (a poll
+/// under torch's dataloader.py and multiprocessing's queues.py), its queue
+/// feeder thread idles in `Condition.wait`, and two forked workers compute
+/// `__getitem__` and wait for a CPU.
+fn dataloader() -> Recording {
+    let mut r = rec();
+    let mp = "/usr/lib/python3.11/multiprocessing";
+    let dl = "/venv/lib/python3.11/site-packages/torch/utils/data";
+    r.targets = vec![target(10, 1, "python3 pipeline.py"), target(20, 10, "python3 pipeline.py"), target(21, 10, "python3 pipeline.py")];
+    let poll = OffCpuTimes { poll_ns: 1800 * MS, ..Default::default() };
+    let idle = OffCpuTimes { lock_ns: 1990 * MS, ..Default::default() };
+    r.threads = vec![
+        thread(10, 200 * MS, poll, 0),
+        thread(11, 10 * MS, idle, 0),
+        on(20, thread(20, 1400 * MS, OffCpuTimes::default(), 600 * MS)),
+        on(20, thread(22, 5 * MS, idle, 0)),
+        on(21, thread(21, 1500 * MS, OffCpuTimes::default(), 500 * MS)),
+    ];
+    let next = vec![
+        py("poll", "/usr/lib/python3.11/selectors.py", 415),
+        py("wait", &format!("{mp}/connection.py"), 1136),
+        py("Connection._poll", &format!("{mp}/connection.py"), 440),
+        py("Queue.get", &format!("{mp}/queues.py"), 113),
+        py("_MultiProcessingDataLoaderIter._try_get_data", &format!("{dl}/dataloader.py"), 1131),
+        py("_BaseDataLoaderIter.__next__", &format!("{dl}/dataloader.py"), 701),
+        py("main", "/srv/pipeline.py", 60),
+    ];
+    let feed = vec![py("Condition.wait", "/usr/lib/python3.11/threading.py", 327), py("Queue._feed", &format!("{mp}/queues.py"), 231)];
+    let item = vec![py("SlowDS.__getitem__", "/srv/pipeline.py", 33), py("_worker_loop", &format!("{dl}/_utils/worker.py"), 349)];
+    r.stacks = vec![
+        stack(StackKind::OffCpu, Some(OffCpuReason::Poll), 10, 0, 1700 * MS, next),
+        stack(StackKind::Cpu, None, 10, 20, 0, vec![py("step", "/srv/pipeline.py", 40)]),
+        stack(StackKind::OffCpu, Some(OffCpuReason::Lock), 11, 0, 1900 * MS, feed.clone()),
+        at(20, stack(StackKind::Cpu, None, 20, 140, 0, item.clone())),
+        at(20, stack(StackKind::OffCpu, Some(OffCpuReason::Lock), 22, 0, 1900 * MS, feed)),
+        at(21, stack(StackKind::Cpu, None, 21, 150, 0, item)),
+    ];
+    r
+}
+
+#[test]
+fn a_loop_waiting_for_busy_dataloader_workers_is_input_pipeline_naming_them() {
+    let r = dataloader();
+    let v = verdict(&r);
+    let p = v.processes.iter().find(|p| p.pid == 10).unwrap();
+    // The feeder thread is a helper, out of the shares.
+    assert_eq!(p.helpers, Some(parked::Parked { threads: 1, wall_ns: 2000 * MS }));
+    assert_eq!(p.wall_ns, 2000 * MS);
+    let b = p.bottleneck.as_ref().unwrap();
+    assert_eq!(b.class, Class::InputPipeline, "{:?}", p.classes);
+    assert!((b.share - 0.9).abs() < 1e-9, "{}", b.share);
+    let site = b.site.as_ref().unwrap();
+    assert_eq!((site.site.function.as_str(), site.site.line), ("main", Some(60)));
+    let pr = b.producers.as_ref().unwrap();
+    assert_eq!((pr.kind.as_str(), pr.pids.as_slice()), ("dataloader_workers", &[20, 21][..]));
+    assert_eq!(pr.bound_by, Class::PythonCompute);
+    assert!(pr.starved_share >= pipeline::STARVED_MIN_SHARE, "{pr:?}");
+    assert_eq!(pr.site.as_ref().unwrap().site.function, "SlowDS.__getitem__");
+    assert!(b.advice.contains("num_workers"), "{}", b.advice);
+    // The workers, one row.
+    assert_eq!(v.groups.len(), 1);
+    assert_eq!((v.groups[0].pids.as_slice(), v.groups[0].ppid), (&[20, 21][..], Some(10)));
+    assert_eq!(v.groups[0].helpers.as_ref().map(|h| h.threads), Some(1));
+    let mut text = String::new();
+    render_text(&v, &mut text);
+    let lines: Vec<&str> = text.lines().collect();
+    let head = lines.iter().position(|l| l.starts_with("pid 10 python3 pipeline.py: bottleneck input pipeline 90.0% at main (pipeline.py:60)")).unwrap_or_else(|| panic!("{text}"));
+    assert!(lines[head].contains("for DataLoader workers 20, 21"), "{text}");
+    assert!(lines[head + 1].starts_with("  producers: DataLoader workers 20, 21, which are CPU-bound (and CPU-starved) at SlowDS.__getitem__ (pipeline.py:33)"), "{text}");
+    assert!(text.contains("left out: 1 helper thread"), "{text}");
+    assert!(text.contains("pids 20, 21 (2 worker processes of pid 10) python3 pipeline.py: bottleneck"), "{text}");
+    assert!(!text.contains("pid 20 "), "members are not shown apart: {text}");
+}
+
+#[test]
+fn idle_producers_leave_the_consumer_wait_in_its_class() {
+    let mut r = dataloader();
+    // The workers sleep (a paced source): no pipeline to widen.
+    for t in r.threads.iter_mut().filter(|t| t.pid != 10) {
+        t.off_cpu.sleep_ns = t.on_cpu_ns + t.runqueue_ns;
+        t.on_cpu_ns /= 20;
+        t.runqueue_ns = 0;
+    }
+    let v = verdict(&r);
+    let b = v.processes.iter().find(|p| p.pid == 10).unwrap().bottleneck.clone().unwrap();
+    assert_eq!(b.class, Class::Polling);
+    assert!(b.producers.is_none());
+}
+
+#[test]
+fn a_queue_fed_by_a_busy_thread_is_input_pipeline_naming_the_thread() {
+    let mut r = rec();
+    r.threads = vec![thread(10, 50 * MS, OffCpuTimes { lock_ns: 950 * MS, ..Default::default() }, 0), thread(11, 900 * MS, OffCpuTimes::default(), 100 * MS)];
+    r.stacks = vec![
+        stack(
+            StackKind::OffCpu,
+            Some(OffCpuReason::Lock),
+            10,
+            0,
+            900 * MS,
+            vec![py("Condition.wait", "/usr/lib/python3.11/threading.py", 327), py("Queue.get", "/usr/lib/python3.11/queue.py", 171), py("consume", "/srv/app.py", 20)],
+        ),
+        stack(StackKind::Cpu, None, 11, 90, 0, vec![py("produce", "/srv/app.py", 9)]),
+    ];
+    let v = verdict(&r);
+    let p = &v.processes[0];
+    let t = p.threads.iter().find(|t| t.tid == 10).unwrap().bottleneck.as_ref().unwrap();
+    assert_eq!(t.class, Class::InputPipeline);
+    let pr = t.producers.as_ref().unwrap();
+    assert_eq!((pr.kind.as_str(), pr.tids.as_slice(), pr.bound_by), ("threads", &[11][..], Class::PythonCompute));
+    assert!(v.groups.is_empty());
+}
+
+#[test]
+fn an_idle_native_helper_never_heads_the_verdict() {
+    // `import torch; torch.cuda.is_available()`: the main thread computes
+    // a little; a native helper is runnable 8% of its life, parked the rest.
+    let mut r = rec();
+    let futex = OffCpuTimes { lock_ns: 920 * MS, ..Default::default() };
+    r.threads = vec![thread(10, 600 * MS, OffCpuTimes { io_ns: 100 * MS, ..Default::default() }, 0), thread(11, 40 * MS, futex, 40 * MS)];
+    r.stacks = vec![
+        stack(StackKind::Cpu, None, 10, 60, 0, vec![py("<module>", "/srv/check.py", 1)]),
+        stack(StackKind::OffCpu, Some(OffCpuReason::Lock), 11, 0, 900 * MS, vec![native("__futex_abstimed_wait_common64", "libc.so.6")]),
+        stack(StackKind::Cpu, None, 11, 4, 0, vec![native("worker", "libtorch_cpu.so")]),
+    ];
+    let v = verdict(&r);
+    let p = &v.processes[0];
+    assert_eq!(p.bottleneck.as_ref().unwrap().class, Class::PythonCompute, "{:?}", p.classes);
+    assert_eq!(p.helpers.as_ref().map(|h| h.threads), Some(1));
+    assert!(p.classes.iter().all(|c| c.class != Class::WaitingOnThreads), "{:?}", p.classes);
+}

@@ -69,21 +69,53 @@ fn class_list(classes: &[ClassShare]) -> String {
         .join(" | ")
 }
 
-fn render_process(p: &ProcessVerdict, out: &mut String) {
+/// `pid 4242 python3 app.py` or, for a group of worker processes,
+/// `pids 4250, 4251 (2 worker processes of pid 4242) python3 app.py`.
+fn who(p: &ProcessVerdict) -> String {
     let cmd = if p.cmdline.is_empty() { p.comm.clone() } else { p.cmdline.join(" ") };
+    if p.pids.len() < 2 {
+        return format!("pid {} {}", p.pid, printable(&cmd));
+    }
+    let mut named: Vec<String> = p.pids.iter().take(6).map(u32::to_string).collect();
+    if p.pids.len() > 6 {
+        named.push("...".to_owned());
+    }
+    let parent = p.ppid.map(|pp| format!(" of pid {pp}")).unwrap_or_default();
+    format!("pids {} ({} worker processes{parent}) {}", named.join(", "), p.pids.len(), printable(&cmd))
+}
+
+/// `; waits for DataLoader workers 5753, 5754`.
+fn waits_for(b: &Bottleneck) -> String {
+    b.producers.as_ref().map(|p| format!(" for {}", p.who())).unwrap_or_default()
+}
+
+fn render_process(p: &ProcessVerdict, out: &mut String) {
     let Some(b) = &p.bottleneck else {
-        let _ = writeln!(out, "pid {} {}: no thread time recorded", p.pid, printable(&cmd));
+        let _ = writeln!(out, "{}: no thread time recorded", who(p));
         return;
     };
     let _ = writeln!(
         out,
-        "pid {} {}: bottleneck {}{} (of {} thread time)",
-        p.pid,
-        printable(&cmd),
+        "{}: bottleneck {}{}{} (of {} thread time)",
+        who(p),
         headline(b, &p.classes),
         at(b),
+        waits_for(b),
         fmt_duration(p.wall_ns)
     );
+    if let Some(pr) = &b.producers {
+        let at = pr.site.as_ref().map(|s| format!(" at {}", printable(&s.site.short()))).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  producers: {}, which are {}{at}: {} {} of their thread time, busy {}, run queue {}",
+            pr.who(),
+            pr.bound(),
+            pr.bound_by.label(),
+            pct(pr.bound_share),
+            pct(pr.busy_share),
+            pct(pr.starved_share)
+        );
+    }
     let busy: Vec<String> = p.threads.iter().filter(|t| t.pool.as_ref().is_some_and(|x| x.busy_waiting)).map(|t| t.tid.to_string()).collect();
     if !busy.is_empty() {
         let _ = writeln!(out, "  busy-waiting native worker pool: thread{} {} spin{} while the Python threads feeding {} idle", if busy.len() == 1 { "" } else { "s" }, busy.join(", "), if busy.len() == 1 { "s" } else { "" }, if busy.len() == 1 { "it are" } else { "them are" });
@@ -106,11 +138,21 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
             super::parked::PARKED_MAX_BUSY_SHARE * 100.0
         );
     }
+    if let Some(k) = &p.helpers {
+        let _ = writeln!(
+            out,
+            "  left out: {} helper thread{} ({} thread time; no user-code frame, busy under {:.0}% of its life: queue feeders, library helpers)",
+            k.threads,
+            if k.threads == 1 { "" } else { "s" },
+            fmt_duration(k.wall_ns),
+            super::parked::HELPER_MAX_BUSY_SHARE * 100.0
+        );
+    }
     if p.threads.len() > 1 || p.threads.first().is_some_and(|t| t.tid != p.pid) {
         for t in &p.threads {
             let Some(tb) = &t.bottleneck else { continue };
             let pool = t.pool.as_ref().map(pool_note).unwrap_or_default();
-            let _ = writeln!(out, "  thread {} {}: {}{}{pool}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb));
+            let _ = writeln!(out, "  thread {} {}: {}{}{}{pool}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb), waits_for(tb));
         }
     }
 }
@@ -157,16 +199,51 @@ fn pool_note(p: &super::pools::PoolThread) -> String {
 /// advice, linked CUDA findings, class shares and threads.
 pub fn render_text(v: &Verdict, out: &mut String) {
     let _ = writeln!(out, "\n== verdict (docs/verdict.md)");
-    let top = v.processes.first().map(|p| p.wall_ns).unwrap_or(0);
-    let (shown, small): (Vec<&ProcessVerdict>, Vec<&ProcessVerdict>) =
-        v.processes.iter().partition(|p| p.wall_ns as f64 >= top as f64 * super::PROCESS_MIN_SHARE);
-    for p in shown {
-        render_process(p, out);
-    }
-    if !small.is_empty() {
-        let _ = writeln!(out, "({} more process{} with under 1% of the thread time of the first: in the JSON report)", small.len(), if small.len() == 1 { "" } else { "es" });
+    for p in rows(v) {
+        match p {
+            Row::Shown(p) => render_process(p, out),
+            Row::Small(n) => {
+                let _ = writeln!(out, "({n} more process{} with under 1% of the thread time of the first: in the JSON report)", if n == 1 { "" } else { "es" });
+            }
+        }
     }
     for n in &v.notes {
         let _ = writeln!(out, "verdict note: {}", printable(n));
     }
+}
+
+enum Row<'a> {
+    Shown(&'a ProcessVerdict),
+    /// How many rows were too small to show.
+    Small(usize),
+}
+
+/// The rows of the text verdict: processes, with worker groups shown
+/// instead of their members, each group right after its parent; rows
+/// under [`super::PROCESS_MIN_SHARE`] of the first counted, not shown.
+fn rows(v: &Verdict) -> Vec<Row<'_>> {
+    let grouped: std::collections::BTreeSet<u32> = v.groups.iter().flat_map(|g| g.pids.iter().copied()).collect();
+    let mut all: Vec<&ProcessVerdict> = v.processes.iter().filter(|p| !grouped.contains(&p.pid)).chain(v.groups.iter()).collect();
+    all.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
+    let top = all.first().map(|p| p.wall_ns).unwrap_or(0);
+    let shown = |p: &ProcessVerdict| p.wall_ns as f64 >= top as f64 * super::PROCESS_MIN_SHARE;
+    // Groups follow their parent when it is shown.
+    let parents: std::collections::BTreeSet<u32> = all.iter().filter(|p| p.pids.len() < 2 && shown(p)).map(|p| p.pid).collect();
+    let follows = |g: &ProcessVerdict| g.pids.len() >= 2 && shown(g) && g.ppid.is_some_and(|pp| parents.contains(&pp));
+    let mut out = Vec::new();
+    let mut small = 0;
+    for p in all.iter().copied().filter(|p| !follows(p)) {
+        if !shown(p) {
+            small += 1;
+            continue;
+        }
+        out.push(Row::Shown(p));
+        for g in all.iter().copied().filter(|g| follows(g) && g.ppid == Some(p.pid) && p.pids.len() < 2) {
+            out.push(Row::Shown(g));
+        }
+    }
+    if small > 0 {
+        out.push(Row::Small(small));
+    }
+    out
 }

@@ -1,0 +1,223 @@
+//! The input pipeline in the verdict (issue 26; docs/verdict.md#input-pipeline)
+//! on the REAL torch wheel (CPU execution; `cargo xtask setup` installs it):
+//! a DataLoader with 2 workers whose `__getitem__` costs ~5 ms of Python
+//! (tests/workloads/pipeline.py). The main process's headline is
+//! `input_pipeline` at the `next(it)` line, naming the workers (the pids the
+//! workload printed) and their `__getitem__` line; the workers are one row;
+//! the queue feeder threads are left out as helpers; the main thread's
+//! pipeline time agrees with the wait the loop measured itself.
+//!
+//! Needs root, the binary, python3 with torch. Under CI=true a missing one fails.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use infertrace_e2e::serde_json::Value;
+use infertrace_e2e::*;
+
+fn source() -> PathBuf {
+    workspace_root().join("tests/workloads/pipeline.py")
+}
+
+struct Piped {
+    run: Run,
+    report: Report,
+    out: PathBuf,
+    _dir: TempDir,
+}
+
+impl Piped {
+    /// A `KEY VALUE` line the workload printed on stderr.
+    fn printed(&self, key: &str) -> String {
+        self.run
+            .stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("the workload printed no {key}\n{}", self.run.describe()))
+    }
+
+    fn number(&self, key: &str) -> f64 {
+        self.printed(key).parse().unwrap_or_else(|e| panic!("{key}: {e}"))
+    }
+
+    #[track_caller]
+    fn main_pid(&self) -> u64 {
+        self.number("main_pid") as u64
+    }
+
+    fn worker_pids(&self) -> BTreeSet<u64> {
+        self.printed("worker_pids").split(',').map(|p| p.parse().unwrap()).collect()
+    }
+
+    fn verdict(&self) -> &Value {
+        &self.report.0["verdict"]
+    }
+
+    #[track_caller]
+    fn process(&self, pid: u64) -> &Value {
+        self.verdict()["processes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["pid"] == pid))
+            .unwrap_or_else(|| panic!("no verdict for pid {pid}: {:#}", self.verdict()))
+    }
+
+    /// `infertrace report` of the recording: the text a user reads.
+    fn text(&self) -> String {
+        let r = run_infertrace(["report".as_ref(), self.out.as_os_str()]);
+        r.assert_ok();
+        r.stdout
+    }
+}
+
+/// The interpreter python3 runs, when it imports torch.
+fn python_with_torch(test: &str) -> Option<PathBuf> {
+    let python = python3_executable(test)?;
+    let ok = Command::new(&python).args(["-c", "import torch.utils.data"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        skip(test, &format!("PyTorch (the torch wheel) for {} (cargo xtask setup)", python.display()));
+        return None;
+    }
+    Some(python)
+}
+
+fn record(test: &str, mode: &str, seconds: &str) -> Option<Piped> {
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return None;
+    }
+    let python = python_with_torch(test)?;
+    let dir = TempDir::new("verdict-pipeline");
+    let out = dir.join("rec.itr");
+    let src = source();
+    let cmd = [python.as_os_str(), src.as_os_str(), mode.as_ref(), seconds.as_ref()];
+    let (run, report) = record_launch(&out, &cmd);
+    Some(Piped { run, report, out, _dir: dir })
+}
+
+fn note(test: &str, what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{test}: {what}");
+}
+
+fn pids(v: &Value) -> BTreeSet<u64> {
+    v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+}
+
+/// Checks the main process's verdict: `input_pipeline` at the `next(it)`
+/// line, naming `workers` and the `__getitem__` line, with the main
+/// thread's pipeline time within bounds of what the loop measured.
+fn check_main(test: &str, p: &Piped, workers: &BTreeSet<u64>, main_pid: u64, waited: Option<f64>) {
+    let m = markers_of(&source());
+    let main = p.process(main_pid);
+    let b = &main["bottleneck"];
+    note(test, &format!("main: {} {:.1}% at {}; producers {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], b["producers"]));
+    assert_eq!(b["class"], "input_pipeline", "{main:#}");
+    assert_eq!((b["site"]["site"]["function"].as_str(), b["site"]["site"]["line"].as_u64()), (Some("main"), Some(m["next"])), "{b:#}");
+    let pr = &b["producers"];
+    assert_eq!(pr["kind"], "dataloader_workers", "{pr:#}");
+    assert_eq!(&pids(&pr["pids"]), workers, "the producers are the workers the DataLoader started: {pr:#}");
+    assert!(matches!(pr["bound_by"].as_str(), Some("python_compute" | "cpu_starvation")), "{pr:#}");
+    assert_eq!((pr["site"]["site"]["function"].as_str(), pr["site"]["site"]["line"].as_u64()), (Some("SlowDS.__getitem__"), Some(m["getitem"])), "{pr:#}");
+    // The main thread's own time in the pipeline, against the loop's clock.
+    let thread = main["threads"].as_array().and_then(|t| t.iter().find(|t| t["tid"] == main_pid)).unwrap_or_else(|| panic!("no main thread: {main:#}"));
+    let piped = thread["classes"].as_array().unwrap().iter().find(|c| c["class"] == "input_pipeline").and_then(|c| c["time_ns"].as_u64()).unwrap_or(0) as f64 / 1e9;
+    if let Some(waited) = waited {
+        note(test, &format!("main thread: input_pipeline {piped:.3} s, the loop measured {waited:.3} s in next()"));
+        assert!(piped >= 0.6 * waited && piped <= 1.1 * waited + 0.2, "input_pipeline {piped:.3} s vs {waited:.3} s measured");
+    }
+    // The workers: one row.
+    let groups = p.verdict()["groups"].as_array().unwrap_or_else(|| panic!("no verdict.groups: {:#}", p.verdict()));
+    let g = groups.iter().find(|g| g["ppid"] == main_pid).unwrap_or_else(|| panic!("no group of the main's workers: {groups:#?}"));
+    assert_eq!(&pids(&g["pids"]), workers, "{g:#}");
+}
+
+/// Checks the text verdict: the main's headline, the producers line, no
+/// helper-thread headline, the workers in one row; prints its length.
+fn check_text(test: &str, p: &Piped, workers: &BTreeSet<u64>, main_pid: u64) {
+    let m = markers_of(&source());
+    let text = p.text();
+    let verdict: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("== verdict")).skip(1).take_while(|l| !l.starts_with("== ")).collect();
+    note(test, &format!("text report: {} lines, verdict {} lines", text.lines().count(), verdict.len()));
+    let head = format!("pid {main_pid} ");
+    let main = verdict.iter().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no verdict line for the main process:\n{}", verdict.join("\n")));
+    assert!(main.contains(": bottleneck input pipeline ") && main.contains(&format!("at main (pipeline.py:{})", m["next"])) && main.contains("for DataLoader worker"), "{main}");
+    let producers = verdict.iter().find(|l| l.starts_with("  producers: DataLoader worker")).unwrap_or_else(|| panic!("no producers line:\n{}", verdict.join("\n")));
+    assert!(producers.contains(&format!("at SlowDS.__getitem__ (pipeline.py:{})", m["getitem"])), "{producers}");
+    assert!(!verdict.iter().any(|l| l.contains(": bottleneck waiting on other threads")), "a waiting headline:\n{}", verdict.join("\n"));
+    let rows: Vec<&&str> = verdict.iter().filter(|l| l.contains(&format!("({} worker processes of pid {main_pid})", workers.len()))).collect();
+    assert_eq!(rows.len(), 1, "the workers in one row:\n{}", verdict.join("\n"));
+    for w in workers {
+        assert!(!verdict.iter().any(|l| l.starts_with(&format!("pid {w} "))), "worker {w} has a row of its own:\n{}", verdict.join("\n"));
+    }
+    assert!(verdict.iter().any(|l| l.contains("helper thread")), "the feeder threads are not said to be left out:\n{}", verdict.join("\n"));
+}
+
+#[test]
+fn dataloader_wait_is_input_pipeline_naming_the_workers_line() {
+    let test = "dataloader_wait_is_input_pipeline_naming_the_workers_line";
+    let Some(p) = record(test, "persistent", "4") else { return };
+    let workers = p.worker_pids();
+    assert_eq!(workers.len(), 2, "{}", p.run.stderr);
+    check_main(test, &p, &workers, p.main_pid(), Some(p.number("waited_s")));
+    check_text(test, &p, &workers, p.main_pid());
+}
+
+/// `persistent_workers=False`: 2 new workers per epoch, each a short life;
+/// all of them one row, all named producers.
+#[test]
+fn fresh_workers_are_one_row_feeding_the_pipeline() {
+    let test = "fresh_workers_are_one_row_feeding_the_pipeline";
+    let Some(p) = record(test, "fresh", "4") else { return };
+    let workers = p.worker_pids();
+    assert!(workers.len() >= 6, "{}", p.run.stderr);
+    check_main(test, &p, &workers, p.main_pid(), Some(p.number("waited_s")));
+    check_text(test, &p, &workers, p.main_pid());
+}
+
+/// `record -p MAIN` on a loader whose 2 persistent workers already run:
+/// the workers are traced too (a note says so), and the verdict is the
+/// same; with `--no-descendants` they are not.
+#[test]
+fn attach_takes_the_existing_workers() {
+    let test = "attach_takes_the_existing_workers";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python_with_torch(test) else { return };
+    for descendants in [true, false] {
+        let mut child = Command::new(&python).arg(source()).args(["attach", "6"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut guard = KillOnDrop::new(child.id());
+        let main_pid = u64::from(child.id());
+        let lines = line_channel(child.stdout.take().unwrap());
+        let ready = lines.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("no ready line: {e}"));
+        let workers: BTreeSet<u64> = ready.strip_prefix("ready ").unwrap_or_else(|| panic!("{ready:?}")).split(',').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(workers.len(), 2, "{ready}");
+        let dir = TempDir::new("verdict-pipeline-attach");
+        let out = dir.join("rec.itr");
+        let mut args: Vec<std::ffi::OsString> = vec!["record".into(), "-q".into(), "-p".into(), main_pid.to_string().into(), "-d".into(), "3".into(), "--format".into(), "json".into(), "-o".into(), out.clone().into()];
+        if !descendants {
+            args.push("--no-descendants".into());
+        }
+        let run = run_infertrace(&args);
+        run.assert_ok();
+        let report = run.json();
+        let _ = child.kill();
+        let _ = child.wait();
+        guard.disarm();
+        let traced: BTreeSet<u64> = report.0["targets"].as_array().map(|a| a.iter().filter_map(|t| t["pid"].as_u64()).collect()).unwrap_or_default();
+        let notes: Vec<String> = report.0["notes"].as_array().map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+        let said = notes.iter().find(|n| n.starts_with(&format!("-p {main_pid}: also traced its 2 existing descendant processes")));
+        note(test, &format!("descendants {descendants}: traced {traced:?}; note {said:?}"));
+        if !descendants {
+            assert!(workers.is_disjoint(&traced), "--no-descendants traced the workers: {traced:?}");
+            assert!(said.is_none(), "{notes:#?}");
+            continue;
+        }
+        assert!(workers.is_subset(&traced), "the workers {workers:?} are not traced: {traced:?}");
+        assert!(said.is_some(), "no note on the descendants: {notes:#?}");
+        let p = Piped { run, report, out, _dir: dir };
+        check_main(test, &p, &workers, main_pid, None);
+    }
+}
