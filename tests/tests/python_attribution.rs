@@ -734,6 +734,59 @@ fn gil_single_thread_does_not_wait() {
     });
 }
 
+/// `gil_holder.py MODE`: the compute thread's GIL waits are charged to the
+/// holder thread (`gil_holders` in JSON) about as long as the compute
+/// thread waited by its own clock (wall minus CPU, minus the run-queue
+/// delay the tracer measured), and its verdict names the holder, what it
+/// did and its line.
+fn gil_holder_run(py: &Python, mode: &str) -> Result<String, String> {
+    let (r, rep, pid) = record_python(py, "gil_holder.py", &[mode, "2"]);
+    check_attributed_note(&rep, pid, py)?;
+    let printed = |k: &str| -> Result<f64, String> {
+        r.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("no {k} printed:\n{}", r.stderr))
+    };
+    let (holder, compute) = (printed("holder_tid")? as u64, printed("compute_tid")? as u64);
+    let rows: Vec<&Value> = rep.0["gil_holders"].as_array().map(|a| a.iter().filter(|h| h["tid"] == compute).collect()).unwrap_or_default();
+    let charged: u64 = rows.iter().filter(|h| h["holder_tid"] == holder).filter_map(|h| h["wait_ns"].as_u64()).sum();
+    let t = rep.thread_times().into_iter().find(|t| t.tid == compute).ok_or_else(|| format!("compute thread {compute} not in threads[]"))?;
+    let waited = (printed("compute_wall_s")? - printed("compute_cpu_s")?) * 1e9 - t.runqueue_ns as f64;
+    let desc = format!("charged to holder {:.3} s, compute waited {:.3} s (wall - cpu - run queue); loadavg {}", charged as f64 / 1e9, waited / 1e9, load_avg());
+    ensure!((charged as f64 - waited).abs() <= 0.1 * waited + 50e6, "{desc}");
+    // The compute thread's verdict names the holder.
+    let m = markers_of(&workload_py("gil_holder.py"));
+    let p = rep.0["verdict"]["processes"].as_array().and_then(|a| a.iter().find(|p| p["pid"] == pid)).ok_or("no verdict")?;
+    let th = p["threads"].as_array().and_then(|a| a.iter().find(|x| x["tid"] == compute)).ok_or_else(|| format!("no verdict for the compute thread: {p:#}"))?;
+    let h = &th["bottleneck"]["gil_holders"][0];
+    ensure!(h["holder_tid"] == holder, "the first holder is not thread {holder}: {:#}", th["bottleneck"]);
+    let (doing, function) = if mode == "native" { ("native_call", "holder_native") } else { ("python", "holder_python") };
+    ensure!(h["doing"] == doing && h["site"]["function"] == py.name(function).as_str(), "holder: {h:#}");
+    if mode == "native" {
+        ensure!(h["site"]["line"].as_u64() == Some(m["native_call"]), "holder line: {h:#}");
+        let kinds: Vec<&str> = th["bottleneck"]["findings"].as_array().map(|a| a.iter().filter_map(|f| f["kind"].as_str()).collect()).unwrap_or_default();
+        ensure!(kinds.contains(&"gil_held_in_native_call"), "findings {kinds:?}");
+        ensure!(th["bottleneck"]["class"] == "gil", "compute thread: {:#}", th["bottleneck"]);
+    }
+    Ok(desc)
+}
+
+#[test]
+fn gil_holder_in_a_native_call_is_named() {
+    let test = "gil_holder_in_a_native_call_is_named";
+    let Some(pythons) = supported_pythons(test) else { return };
+    for_each_python(test, &pythons, |py| gil_holder_run(py, "native"));
+}
+
+#[test]
+fn gil_holder_running_python_is_named() {
+    let test = "gil_holder_running_python_is_named";
+    let Some(pythons) = supported_pythons(test) else { return };
+    for_each_python(test, &pythons, |py| gil_holder_run(py, "python"));
+}
+
 // ---------------------------------------------------------------------------
 // Attach
 

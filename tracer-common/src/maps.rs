@@ -26,6 +26,7 @@ pub const REUSED_THREADS: &str = "REUSED_THREADS";
 pub const OFFCPU_STACKS: &str = "OFFCPU_STACKS";
 pub const RUNQ_HIST: &str = "RUNQ_HIST";
 pub const REASON_OF_NR: &str = "REASON_OF_NR";
+pub const GIL_HOLDERS: &str = "GIL_HOLDERS";
 // cpu_samples
 pub const CPU_SAMPLES: &str = "CPU_SAMPLES";
 // python
@@ -34,6 +35,7 @@ pub const PY_STACKS: &str = "PY_STACKS";
 pub const PY_LAYOUT: &str = "PY_LAYOUT";
 pub const PY_TSTATE: &str = "PY_TSTATE";
 pub const GIL_RANGE: &str = "GIL_RANGE";
+pub const PY_TSTATE_TID: &str = "PY_TSTATE_TID";
 // asyncio
 pub const ASYNC_EVENTS: &str = "ASYNC_EVENTS";
 pub const ASYNC_LOST: &str = "ASYNC_LOST";
@@ -84,12 +86,14 @@ pub const ALL: &[&str] = &[
     OFFCPU_STACKS,
     RUNQ_HIST,
     REASON_OF_NR,
+    GIL_HOLDERS,
     CPU_SAMPLES,
     PY_CODES,
     PY_STACKS,
     PY_LAYOUT,
     PY_TSTATE,
     GIL_RANGE,
+    PY_TSTATE_TID,
     ASYNC_EVENTS,
     ASYNC_LOST,
     TIMELINE_EVENTS,

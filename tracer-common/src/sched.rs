@@ -98,6 +98,42 @@ pub struct ThreadState {
     /// creation; `EXEC_UNKNOWN` when unreadable. Repairs intervals whose
     /// switch-in the tracepoint never reported (see `docs/wall-time.md`).
     pub exec_ns: u64,
+    /// While the current interval is a GIL wait: who held the GIL when it
+    /// began (`GilHolderKey`'s holder fields; `holder_tid` 0: unknown).
+    pub gil: GilHolder,
+}
+
+/// The GIL's holder, read when a thread begins to wait for the GIL: its
+/// thread, its state then (`STATE_*`), the syscall it was blocked in
+/// (`u32::MAX`: none), its stacks (its own off-CPU stacks when blocked;
+/// its Python stack walked there and then when it runs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GilHolder {
+    pub tid: u32,
+    pub state: u32,
+    pub nr: u32,
+    pub user_stack: i32,
+    pub py_stack: u64,
+}
+
+/// Key of the `GIL_HOLDERS` map: a waiter thread and the holder it waited
+/// for -> `GilHolderTime`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GilHolderKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub holder: GilHolder,
+}
+
+/// Time the waiter spent waiting for the GIL while that holder held it,
+/// and how many waits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GilHolderTime {
+    pub ns: u64,
+    pub waits: u64,
 }
 
 /// `ThreadState::exec_ns` when the kernel's CPU-time counter is unreadable.
@@ -262,6 +298,8 @@ mod pod {
     unsafe impl aya::Pod for super::OffCpuKey {}
     unsafe impl aya::Pod for super::RunqKey {}
     unsafe impl aya::Pod for super::ReusedKey {}
+    unsafe impl aya::Pod for super::GilHolderKey {}
+    unsafe impl aya::Pod for super::GilHolderTime {}
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use aya_log_ebpf::warn;
 use tracer_common::{
@@ -81,6 +81,29 @@ pub const SCRATCH_MEMORY: u32 = 4;
 /// frame object 2, C stack 3, interpreter 4 since 3.14). A higher one means
 /// a layout we do not know (or a misread frame).
 const MAX_KNOWN_OWNER: u32 = 4;
+
+/// The thread of a `PyThreadState` (the reverse of `PY_TSTATE`, written
+/// with it here and by userspace): the GIL's `last_holder` is a thread
+/// state, and its thread is what a GIL wait is charged to. LRU: a state
+/// freed and reused for another thread is overwritten with that thread.
+#[map]
+pub static PY_TSTATE_TID: LruHashMap<u64, u32> = LruHashMap::with_max_entries(32768, 0);
+
+/// `_gil_runtime_state.last_holder` (after `unsigned long interval`):
+/// the same in 3.8 .. 3.15 GIL builds.
+const GIL_LAST_HOLDER: u64 = 8;
+
+/// The thread holding the GIL of process `pid` (its `last_holder`, read
+/// when a thread begins to wait for it), 0 when unknown.
+#[inline(always)]
+pub fn gil_holder_tid(pid: u32) -> u32 {
+    let Some(r) = (unsafe { GIL_RANGE.get(&pid) }) else { return 0 };
+    let tstate = read_u64(r.start + GIL_LAST_HOLDER);
+    if tstate == 0 {
+        return 0;
+    }
+    unsafe { PY_TSTATE_TID.get(&tstate) }.copied().unwrap_or(0)
+}
 
 /// Whether `addr` lies in the GIL state of process `pid`.
 #[inline(always)]
@@ -248,6 +271,7 @@ fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
     if PY_TSTATE.insert(&tid, &found, 0).is_err() {
         count_drop(counters::PY_STACKS_LOST);
     }
+    let _ = PY_TSTATE_TID.insert(&found, &tid, 0);
     let _ = PY_TSTATE_MISS.remove(&tid);
     found
 }

@@ -6,7 +6,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_stack},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{tracing::StackIdContext, BtfTracePointContext},
     EbpfContext,
 };
@@ -32,6 +32,11 @@ pub static REUSED_THREADS: HashMap<ReusedKey, ThreadState> = HashMap::with_max_e
 
 #[map]
 pub static OFFCPU_STACKS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(32768, 0);
+
+/// GIL waits by (waiter, holder): see `GilHolderKey`. LRU: the oldest
+/// pairs go first when a long session fills it.
+#[map]
+pub static GIL_HOLDERS: LruHashMap<GilHolderKey, GilHolderTime> = LruHashMap::with_max_entries(8192, 0);
 
 #[map]
 pub static RUNQ_HIST: HashMap<RunqKey, u64> = HashMap::with_max_entries(8192, 0);
@@ -143,7 +148,12 @@ fn new_thread(tgid: u32, tid: u32, state: u32, since: u64, task: u64) -> *mut Th
 #[inline(always)]
 fn charge(t: &mut ThreadState, ns: u64) {
     match t.charge(ns) {
-        Charge::OffCpu => add_off_cpu_stacks(&t.offcpu_key(), ns),
+        Charge::OffCpu => {
+            add_off_cpu_stacks(&t.offcpu_key(), ns);
+            if t.reason == REASON_GIL {
+                add_gil_holder(t, ns);
+            }
+        }
         Charge::Runqueue => add_runqueue_hist(t.pid, ns),
         Charge::OnCpu | Charge::Nowhere => {}
     }
@@ -159,6 +169,45 @@ fn add_off_cpu_stacks(key: &OffCpuKey, ns: u64) {
             }
         }
     }
+}
+
+/// Counts `ns` of a GIL wait to the holder it waited for.
+#[inline(always)]
+fn add_gil_holder(t: &ThreadState, ns: u64) {
+    let key = GilHolderKey { pid: t.pid, tid: t.tid, holder: t.gil };
+    let wait = (t.state == STATE_OFF_CPU) as u64;
+    match GIL_HOLDERS.get_ptr_mut(&key) {
+        Some(p) => unsafe {
+            (*p).ns += ns;
+            (*p).waits += wait;
+        },
+        None => {
+            let _ = GIL_HOLDERS.insert(&key, &GilHolderTime { ns, waits: wait }, 0);
+        }
+    }
+}
+
+/// Who holds the GIL of `tgid` now, and what it is doing: blocked (its
+/// own off-CPU stacks and syscall) or not (the caller walks its Python
+/// stack). A function of its own, off the chain under the stack walks.
+#[inline(never)]
+fn gil_holder(tgid: u32) -> GilHolder {
+    let tid = python::gil_holder_tid(tgid);
+    let mut h = GilHolder { tid, state: STATE_UNKNOWN, nr: NO_SYSCALL, user_stack: NO_STACK, py_stack: 0 };
+    if tid == 0 {
+        return h;
+    }
+    if let Some(s) = unsafe { THREADS.get(&tid) } {
+        h.state = s.state;
+        if s.state == STATE_OFF_CPU {
+            h.user_stack = s.user_stack;
+            h.py_stack = s.py_stack;
+            if s.in_syscall != 0 {
+                h.nr = syscall_in_flight(tid).0;
+            }
+        }
+    }
+    h
 }
 
 #[inline(always)]
@@ -249,6 +298,15 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
             let r = REASON_OF_NR.get(nr).copied().unwrap_or(REASON_OTHER);
             if r == REASON_LOCK && python::is_gil_address(tgid, uaddr) { REASON_GIL } else { r }
         };
+        if t.reason == REASON_GIL {
+            t.gil = gil_holder(tgid);
+            if t.gil.tid != 0 && t.gil.tid != tid && t.gil.state != STATE_OFF_CPU {
+                // Running (or runnable): where its Python code is now.
+                t.gil.py_stack = python::capture(tgid, t.gil.tid, python::SCRATCH_SCHED);
+            }
+        } else {
+            t.gil = GilHolder::default();
+        }
         let fresh = now.saturating_sub(t.stack_ns) >= global(&OFFCPU_STACK_INTERVAL_NS) || nr != t.stack_nr;
         if global(&OFFCPU_STACKS_ENABLED) != 0 && fresh {
             t.user_stack = user_stack_id(ctx);

@@ -254,6 +254,7 @@ fn empty_recording(cx: &Context) -> Recording {
         tracer_overhead: None,
         asyncio: None,
         memory: None,
+        gil_holders: Vec::new(),
     }
 }
 

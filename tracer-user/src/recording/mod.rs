@@ -382,6 +382,33 @@ pub struct Recording {
     /// `--no-memory` and in older recordings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<memory::MemoryReport>,
+    /// GIL waits by the thread that held the GIL (docs/python.md#gil-holders);
+    /// empty without GIL waits and in older recordings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gil_holders: Vec<GilHold>,
+}
+
+/// GIL waits of one thread while one holder held the GIL, doing one thing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GilHold {
+    pub pid: u32,
+    /// The waiting thread.
+    pub tid: u32,
+    /// The thread that held the GIL (0: not known: its thread state was
+    /// not published yet, or the interpreter is not readable).
+    pub holder_tid: u32,
+    /// What the holder was doing when the wait began: `running` (on CPU),
+    /// `runnable` (waiting for a CPU), `blocked` (off CPU), `unknown`.
+    pub holder_state: String,
+    /// The syscall it was blocked in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// Its stack: native frames (when blocked: the stack it blocked with)
+    /// and Python frames, leaf first.
+    pub frames: Vec<Frame>,
+    pub wait_ns: u64,
+    /// Waits that began while it held the GIL.
+    pub waits: u64,
 }
 
 /// Why a recording ends before its window did.
@@ -597,6 +624,7 @@ pub(crate) mod tests {
             tracer_overhead: None,
             asyncio: None,
             memory: None,
+            gil_holders: Vec::new(),
         }
     }
 

@@ -92,6 +92,10 @@ struct JsonReport<'a> {
     /// `--no-memory` and for older recordings.
     #[serde(skip_serializing_if = "Option::is_none")]
     memory: Option<&'a crate::recording::memory::MemoryReport>,
+    /// GIL waits by the thread that held the GIL (docs/python.md#gil-holders);
+    /// absent without GIL waits.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    gil_holders: &'a [crate::recording::GilHold],
 }
 
 pub fn render(rec: &Recording) -> String {
@@ -167,6 +171,7 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
         tracer_overhead: rec.tracer_overhead.as_ref(),
         asyncio: rec.asyncio.as_ref().map(super::findings::async_worded),
         memory: rec.memory.as_ref(),
+        gil_holders: &rec.gil_holders,
     };
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, super::fmt::PrintableJsonWriter::new(w));
     serde_json::to_writer_pretty(&mut out, &report)?;

@@ -240,8 +240,13 @@ impl PythonCollector {
         for tid in old.iter().filter(|t| !new.contains(t)) {
             let _ = map.remove(tid);
         }
-        for (tid, tstate) in states {
+        for (tid, tstate) in &states {
             let _ = map.insert(tid, tstate, 0);
+        }
+        // The reverse, for the GIL's holder (a thread state) in GIL waits.
+        let mut rev: BpfHashMap<_, u64, u32> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE_TID)?;
+        for (tid, tstate) in states {
+            let _ = rev.insert(tstate, tid, 0);
         }
         self.published.insert(pid, new);
         Ok(())

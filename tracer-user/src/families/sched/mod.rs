@@ -15,10 +15,10 @@ use aya::{
 use tracer_common::{
     cpu_samples::SampleKey,
     sched::{
-        Charge, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL, REASON_IO, REASON_LOCK,
+        Charge, GilHolderKey, GilHolderTime, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL, REASON_IO, REASON_LOCK,
         REASON_MEM_COMPACTION, REASON_MEM_FAULT, REASON_MEM_RECLAIM, REASON_MEM_THROTTLE, REASON_OTHER, REASON_POLL,
-        REASON_SLEEP, REASON_TABLE_SIZE, STATE_DEAD, STATE_OFF_CPU,
-        STATE_RUNNING, STATE_UNKNOWN,
+        REASON_SLEEP, REASON_TABLE_SIZE, NO_STACK, STATE_DEAD, STATE_OFF_CPU,
+        STATE_RUNNABLE, STATE_RUNNING, STATE_UNKNOWN,
     },
     syscalls::HIST_BUCKETS,
 };
@@ -31,7 +31,7 @@ use crate::{
     },
     os::probe::{self, ProbeError},
     os::procfs,
-    recording::{MemoryWaits, OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
+    recording::{GilHold, MemoryWaits, OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
     system::syscall_name,
 };
 
@@ -465,6 +465,37 @@ fn offcpu_stacks(cx: &mut Cx<'_>, target_pids: &[u32], mut offcpu: HashMap<OffCp
     Ok(out)
 }
 
+/// GIL waits by holder (the kernel's `GIL_HOLDERS`), with the holder's
+/// stack resolved, largest first.
+fn gil_holders(cx: &mut Cx<'_>, target_pids: &[u32]) -> Result<Vec<GilHold>, ProbeError> {
+    let rows: Vec<(GilHolderKey, GilHolderTime)> = {
+        let map: BpfHashMap<_, GilHolderKey, GilHolderTime> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::GIL_HOLDERS)?;
+        map.iter().filter_map(Result::ok).filter(|(k, v)| target_pids.contains(&k.pid) && v.ns > 0).collect()
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for (k, v) in rows {
+        let h = k.holder;
+        let holder_state = match h.state {
+            STATE_RUNNING => "running",
+            STATE_RUNNABLE => "runnable",
+            STATE_OFF_CPU => "blocked",
+            _ => "unknown",
+        };
+        out.push(GilHold {
+            pid: k.pid,
+            tid: k.tid,
+            holder_tid: h.tid,
+            holder_state: holder_state.to_owned(),
+            syscall: (h.nr != u32::MAX && h.state == STATE_OFF_CPU).then(|| syscall_name(std::env::consts::ARCH, h.nr)),
+            frames: if h.tid == 0 { Vec::new() } else { cx.frames(k.pid, h.user_stack, NO_STACK, h.py_stack)? },
+            wait_ns: v.ns,
+            waits: v.waits,
+        });
+    }
+    out.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then((a.pid, a.tid, a.holder_tid).cmp(&(b.pid, b.tid, b.holder_tid))));
+    Ok(out)
+}
+
 fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {
     let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let hist: BpfHashMap<_, RunqKey, u64> = probe::hash_map(ebpf, tracer_common::maps::RUNQ_HIST)?;
@@ -587,6 +618,7 @@ impl Collector for SchedCollector {
             });
         }
         rec.runqueue_hist = runqueue_hist(&mut cx.kernel.ebpf, &pids)?;
+        rec.gil_holders = gil_holders(cx, &pids)?;
         Ok(())
     }
 

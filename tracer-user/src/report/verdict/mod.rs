@@ -8,6 +8,7 @@
 //! report; the rules and thresholds are in docs/verdict.md.
 
 pub mod class;
+pub mod gil;
 pub mod memory;
 pub mod parked;
 pub mod pipeline;
@@ -151,6 +152,10 @@ pub struct Bottleneck {
     /// bound by (schema 1.x addition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producers: Option<pipeline::Producers>,
+    /// For `gil` (the bottleneck or too close to it): who held the GIL
+    /// during the waits, most first (schema 1.x addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gil_holders: Vec<gil::GilHolderShare>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -482,11 +487,24 @@ fn thread_acc(t: &ThreadTimes, stacks: &[&StackRecord], cuda: Option<&CudaSites>
     acc
 }
 
-/// The dominant class of `classes` (sorted largest first); `producers`
-/// go with `input_pipeline`.
-fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32, producers: Option<&pipeline::Producers>) -> Option<Bottleneck> {
+/// What the bottleneck of a process (or of its thread `tid`) is chosen with.
+struct Scope<'a> {
+    rec: &'a Recording,
+    pid: u32,
+    tid: Option<u32>,
+    cuda: Option<&'a CudaSites>,
+    /// Go with `input_pipeline`.
+    producers: Option<&'a pipeline::Producers>,
+}
+
+/// The dominant class of `classes` (sorted largest first), its line, its
+/// advice (for its cause: the producers of an input pipeline, the GIL's
+/// holder; each class's when too close to call) and the findings that go
+/// with it.
+fn pick_bottleneck(classes: &[ClassShare], sc: &Scope) -> Option<Bottleneck> {
+    let rec = sc.rec;
     let top = classes.first()?;
-    let too_close_with = classes[1..]
+    let too_close_with: Vec<Class> = classes[1..]
         .iter()
         .filter(|c| (top.share - c.share) * 100.0 < CLOSE_CALL_POINTS)
         .map(|c| c.class)
@@ -495,7 +513,7 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32, producers:
     let mut findings = Vec::new();
     if matches!(top.class, Class::GpuSync | Class::CopyWork | Class::Collective) {
         let line = site.as_ref().and_then(|s| s.site.line);
-        let mut fs: Vec<_> = rec.cuda.iter().flat_map(|c| c.findings.iter()).filter(|f| f.pid == pid).collect();
+        let mut fs: Vec<_> = rec.cuda.iter().flat_map(|c| c.findings.iter()).filter(|f| f.pid == sc.pid).collect();
         // Those at the bottleneck's line first, then by time.
         fs.sort_by_key(|f| (line.is_none() || f.site.line != line, std::cmp::Reverse(f.time_ns)));
         findings = fs
@@ -504,9 +522,24 @@ fn pick_bottleneck(classes: &[ClassShare], rec: &Recording, pid: u32, producers:
             .map(|f| FindingRef { kind: f.kind.clone(), severity: f.severity.clone(), site: f.site.display(), advice: crate::report::findings::cuda_advice(f).to_owned() })
             .collect();
     }
-    let producers = producers.filter(|_| top.class == Class::InputPipeline).cloned();
-    let advice = producers.as_ref().map(pipeline::Producers::advice).unwrap_or_else(|| top.class.advice().to_owned());
-    Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice, findings, producers })
+    let producers = sc.producers.filter(|_| top.class == Class::InputPipeline).cloned();
+    let gil_named = top.class == Class::Gil || too_close_with.contains(&Class::Gil);
+    let gil_holders = if gil_named { gil::holders(rec, sc.pid, sc.tid, sc.cuda) } else { Vec::new() };
+    findings.extend(gil::findings(&gil_holders));
+    let advice_of = |c: Class| -> String {
+        match c {
+            Class::InputPipeline => producers.as_ref().map(pipeline::Producers::advice),
+            Class::Gil => gil_holders.first().map(gil::GilHolderShare::advice),
+            _ => None,
+        }
+        .unwrap_or_else(|| c.advice().to_owned())
+    };
+    let advice = if too_close_with.is_empty() {
+        advice_of(top.class)
+    } else {
+        std::iter::once(top.class).chain(too_close_with.iter().copied()).map(|c| format!("{}: {}", c.label(), advice_of(c))).collect::<Vec<_>>().join(" | ")
+    };
+    Some(Bottleneck { class: top.class, share: top.share, too_close_with, site, advice, findings, producers, gil_holders })
 }
 
 /// One process's time per class and per user line (all classes), the
@@ -625,7 +658,7 @@ impl parked::Parked {
 }
 
 /// The verdict of one process, or of a group of worker processes (`members`, pid order).
-fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64) -> ProcessVerdict {
+fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64, cuda: &HashMap<u32, CudaSites>) -> ProcessVerdict {
     let pid = members.first().map(|(p, _)| *p).unwrap_or(0);
     let target = rec.targets.iter().find(|t| t.pid == pid);
     let mut acc = Acc::default();
@@ -643,7 +676,7 @@ fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64)
     // A group's producers: those of its members, when one member has them.
     let producers = members.iter().find_map(|(_, p)| p.producers.as_ref());
     let classes = acc.shares(wall_ns);
-    let bottleneck = pick_bottleneck(&classes, rec, pid, producers);
+    let bottleneck = pick_bottleneck(&classes, &Scope { rec, pid, tid: None, cuda: cuda.get(&pid), producers });
     let busy = |t: &ThreadTimes| t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
     let mut kept: Vec<&(&ThreadTimes, Acc)> = threads.into_iter().filter(|(t, _)| t.wall_ns >= min_wall && t.wall_ns > 0).collect();
     kept.sort_by(|a, b| busy(b.0).cmp(&busy(a.0)).then(a.0.tid.cmp(&b.0.tid)));
@@ -657,7 +690,10 @@ fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64)
                 tid: t.tid,
                 comm: t.comm.clone(),
                 wall_ns: t.wall_ns,
-                bottleneck: pick_bottleneck(&classes, rec, t.pid, member.and_then(|m| m.producers.as_ref())),
+                bottleneck: pick_bottleneck(
+                    &classes,
+                    &Scope { rec, pid: t.pid, tid: (t.tid != 0).then_some(t.tid), cuda: cuda.get(&t.pid), producers: member.and_then(|m| m.producers.as_ref()) },
+                ),
                 classes,
                 pool: member.and_then(|m| m.pool_of.get(&t.tid).cloned()),
             }
@@ -715,8 +751,9 @@ pub fn verdict(rec: &Recording) -> Verdict {
         notes.push("CPU sampling was off (-F 0): on-CPU time is not split between Python and native code, and has no line".to_owned());
     }
     let (_, prepared) = prepare(rec);
+    let cuda = cuda_sites(rec);
     let min_wall = (rec.duration_ns as f64 * THREAD_MIN_WALL_SHARE) as u64;
-    let mut processes: Vec<ProcessVerdict> = prepared.iter().map(|(pid, p)| process_verdict(rec, &[(*pid, p)], min_wall)).collect();
+    let mut processes: Vec<ProcessVerdict> = prepared.iter().map(|(pid, p)| process_verdict(rec, &[(*pid, p)], min_wall, &cuda)).collect();
     // The process with the most thread time first (the service, not the shell that started it).
     processes.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
     let traced: BTreeSet<u32> = prepared.keys().copied().collect();
@@ -724,7 +761,7 @@ pub fn verdict(rec: &Recording) -> Verdict {
         .into_iter()
         .map(|(ppid, pids)| {
             let members: Vec<(u32, &Prepared)> = pids.iter().filter_map(|p| prepared.get(p).map(|q| (*p, q))).collect();
-            let mut g = process_verdict(rec, &members, min_wall);
+            let mut g = process_verdict(rec, &members, min_wall, &cuda);
             g.ppid = Some(ppid);
             g
         })

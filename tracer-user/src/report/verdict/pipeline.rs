@@ -9,11 +9,13 @@
 //! - A **consumer wait** is an off-CPU stack (lock, poll, I/O or other
 //!   wait) with a Python frame in one of [`CONSUMER_FRAMES`].
 //! - The **producers** of a process are its traced child processes (the
-//!   DataLoader's or a `multiprocessing` job's workers) and its other
-//!   working threads that have no consumer wait and are no native pool;
-//!   they count when busy (on CPU, in the run queue, waiting for the GIL,
-//!   for I/O or for memory) at least [`PRODUCER_MIN_BUSY_SHARE`] of their
-//!   thread time, children and threads taken apart.
+//!   DataLoader's or a `multiprocessing` job's workers), by command line,
+//!   each on its busiest thread; else its other working threads that have
+//!   no consumer wait and are no native pool. They count when busy (on
+//!   CPU, in the run queue, waiting for the GIL, for I/O or for memory) at
+//!   least [`PRODUCER_MIN_BUSY_SHARE`] of their thread time and alive at
+//!   least a tenth of the time the consumers waited
+//!   ([`PRODUCER_MIN_WALL_PER_WAIT`]: not `ldconfig` at import).
 //! - With busy producers, the consumer waits of the process's threads move
 //!   to `input_pipeline` (same lines); without, they stay in the class of
 //!   their reason: a consumer fed by a producer that sleeps between items
@@ -157,6 +159,12 @@ pub(super) struct Working<'a, 'b> {
     pub pool: &'b HashMap<u32, super::pools::PoolThread>,
 }
 
+/// The thread a process produces on: its busiest.
+fn producing<'w>(w: &Working<'_, 'w>) -> Option<&'w (&'w ThreadTimes, Acc)> {
+    let threads: &'w [(&ThreadTimes, Acc)] = w.threads;
+    threads.iter().filter(|(t, _)| t.tid != 0).max_by_key(|(t, _)| (busy_ns(t), t.tid)).or_else(|| threads.first())
+}
+
 /// Thread time, busy time and run-queue delay of some threads.
 #[derive(Default)]
 struct Tally {
@@ -205,22 +213,22 @@ pub(super) fn producers(
     let mut all = Tally::default();
     let mut pids = Vec::new();
     let mut worker = false;
+    // A process produces on its busiest thread: its other threads (a
+    // DataLoader worker's queue feeder, fd-passing listener) would dilute it.
     for group in children {
         let mut g = Tally::default();
-        for (_, w) in group {
-            for (t, a) in w.threads {
-                g.add(t, a);
-            }
+        for (t, a) in group.iter().filter_map(|(_, w)| producing(w)) {
+            g.add(t, a);
         }
         if !g.busy_enough(waited) {
             continue;
         }
         for (pid, w) in group {
             pids.push(*pid);
-            for (t, a) in w.threads {
+            if let Some((t, a)) = producing(w) {
                 all.add(t, a);
-                worker |= worker_stack(t);
             }
+            worker |= w.threads.iter().any(|(t, _)| worker_stack(t));
         }
     }
     if !pids.is_empty() {

@@ -84,9 +84,16 @@ fn who(p: &ProcessVerdict) -> String {
     format!("pids {} ({} worker processes{parent}) {}", named.join(", "), p.pids.len(), printable(&cmd))
 }
 
-/// `; waits for DataLoader workers 5753, 5754`.
+/// ` for DataLoader workers 5753, 5754`, or `; GIL held by thread 12
+/// in a native call ...`.
 fn waits_for(b: &Bottleneck) -> String {
-    b.producers.as_ref().map(|p| format!(" for {}", p.who())).unwrap_or_default()
+    if let Some(p) = &b.producers {
+        return format!(" for {}", p.who());
+    }
+    match b.gil_holders.first() {
+        Some(h) => format!("; GIL held by thread {} {}", h.holder_tid, h.what()),
+        None => String::new(),
+    }
 }
 
 fn render_process(p: &ProcessVerdict, out: &mut String) {
@@ -121,8 +128,13 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         let _ = writeln!(out, "  busy-waiting native worker pool: thread{} {} spin{} while the Python threads feeding {} idle", if busy.len() == 1 { "" } else { "s" }, busy.join(", "), if busy.len() == 1 { "s" } else { "" }, if busy.len() == 1 { "it are" } else { "them are" });
     }
     let _ = writeln!(out, "  advice: {}", b.advice);
+    for h in &b.gil_holders {
+        let at = h.site.as_ref().map(|s| format!(" at {}", printable(&s.short()))).unwrap_or_default();
+        let _ = writeln!(out, "  GIL held by thread {} {}: {} of the GIL waits, {}{at}", h.holder_tid, printable(&h.holder_comm), pct(h.share), h.what());
+    }
     for f in &b.findings {
-        let _ = writeln!(out, "  CUDA finding {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
+        let what = if f.kind.starts_with("gil_") { "finding" } else { "CUDA finding" };
+        let _ = writeln!(out, "  {what} {} ({}) at {}: {}", printable(&f.kind), printable(&f.severity), printable(&f.site), printable(&f.advice));
     }
     let _ = writeln!(out, "  classes: {}", class_list(&p.classes));
     for m in &p.memory {

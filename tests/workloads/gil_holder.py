@@ -1,0 +1,75 @@
+"""A thread that holds the GIL, beside one that needs it (issue 26).
+
+    python3 gil_holder.py native SECONDS   # holder: ctypes.PyDLL(None).usleep(50000) in a loop
+                                           # (PyDLL keeps the GIL during the call)
+    python3 gil_holder.py python SECONDS   # holder: a pure-Python loop
+
+The other thread (`compute`) runs a pure-Python loop all along. Prints on
+stderr at the end: `holder_tid T`, `compute_tid T`, `held_s F` (native:
+the time the holder spent inside usleep with the GIL, by its own clock),
+`compute_wall_s F` and `compute_cpu_s F` (the compute thread's wall and
+CPU time: it waited for the GIL for about the difference).
+"""
+import ctypes
+import sys
+import threading
+import time
+
+out = {}
+
+
+def holder_native(seconds):
+    lib = ctypes.PyDLL(None)
+    held = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        lib.usleep(50000)  # @native_call
+        held += time.monotonic() - t0
+    out["held_s"] = held
+
+
+def holder_python(seconds):
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        for i in range(200):
+            x += i * i  # @python_loop
+    out["held_s"] = 0.0
+
+
+def compute(seconds):
+    w0, c0 = time.monotonic(), time.thread_time()
+    end = w0 + seconds
+    x = 0
+    while time.monotonic() < end:
+        for i in range(200):
+            x += i * i  # @compute
+    out["compute_wall_s"] = time.monotonic() - w0
+    out["compute_cpu_s"] = time.thread_time() - c0
+
+
+def run(target, seconds, key):
+    out[key] = threading.get_native_id()
+    target(seconds)
+
+
+def main():
+    mode, seconds = sys.argv[1], float(sys.argv[2])
+    holder = {"native": holder_native, "python": holder_python}.get(mode)
+    if holder is None:
+        sys.exit(f"unknown mode {mode}")
+    threads = [
+        threading.Thread(target=run, args=(holder, seconds, "holder_tid"), name="holder"),
+        threading.Thread(target=run, args=(compute, seconds, "compute_tid"), name="compute"),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in ("holder_tid", "compute_tid", "held_s", "compute_wall_s", "compute_cpu_s"):
+        print(f"{k} {out[k]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
