@@ -174,6 +174,15 @@ fn fresh_workers_are_one_row_feeding_the_pipeline() {
     assert!(workers.len() >= 6, "{}", p.run.stderr);
     check_main(test, &p, &workers, p.main_pid(), Some(p.number("waited_s")));
     check_text(test, &p, &workers, p.main_pid());
+    // No worker thread outlives its process's main thread (a thread whose
+    // exit was missed ran to the end of the window: 6.9 s in a 0.7 s worker).
+    let threads = p.report.0["threads"].as_array().expect("threads");
+    for w in &workers {
+        let of = |pred: &dyn Fn(&Value) -> bool| threads.iter().filter(|t| t["pid"] == *w && pred(t)).filter_map(|t| t["wall_ns"].as_u64()).max().unwrap_or(0);
+        let leader = of(&|t| t["tid"] == *w);
+        let longest = of(&|_| true);
+        assert!(leader > 0 && longest <= leader + 100_000_000, "worker {w}: a thread of {longest} ns, its main thread {leader} ns");
+    }
 }
 
 /// `record -p MAIN` on a loader whose 2 persistent workers already run:

@@ -234,7 +234,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // go to the shared table before it may run elsewhere.
     crate::syscalls::flush_pending_of(prev_tid);
     let prev_tgid = (pid_tgid >> 32) as u32;
-    if prev_tid != 0 && is_target(prev_tgid) {
+    if prev_tid != 0 && (is_target(prev_tgid) || exiting_known(&ctx, prev_tgid, prev_tid)) {
         let prev: u64 = ctx.arg(1);
         switch_out(&ctx, prev_tgid, prev_tid, now, task_exec_ns(prev));
     }
@@ -245,6 +245,19 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         }
     }
     0
+}
+
+/// The last switch-out of a thread we follow whose process already left
+/// the target set: userspace drops a process once /proc shows it gone
+/// (its leader a zombie, no live thread), while its last thread may still
+/// be tearing down the memory (`exit_mmap`, preempted: runnable). Without
+/// its exit, that thread stayed runnable to the end of the window (a
+/// DataLoader worker that lived 0.7 s had a thread of 6.9 s, "CPU
+/// starvation at folios_put_refs").
+#[inline(always)]
+fn exiting_known(ctx: &BtfTracePointContext, tgid: u32, tid: u32) -> bool {
+    let prev_state: u64 = ctx.arg(3);
+    prev_state & TASK_DEAD != 0 && unsafe { THREADS.get(&tid) }.is_some_and(|t| t.pid == tgid && t.state != STATE_DEAD)
 }
 
 #[inline(always)]

@@ -223,7 +223,7 @@ impl Acc {
     }
 
     /// Moves the consumer waits to [`Class::InputPipeline`], at their lines.
-    fn to_pipeline(&mut self) {
+    fn move_consumer_waits(&mut self) {
         for (class, sites) in std::mem::take(&mut self.consumer) {
             for (charged, ns) in sites {
                 if let Some(t) = self.time.get_mut(&class) {
@@ -615,7 +615,7 @@ fn prepare(rec: &Recording) -> (StacksOf<'_>, BTreeMap<u32, Prepared<'_>>) {
     for (pid, prod) in found {
         if let Some(p) = out.get_mut(&pid) {
             for (_, a) in &mut p.threads {
-                a.to_pipeline();
+                a.move_consumer_waits();
             }
             p.producers = Some(prod);
         }
