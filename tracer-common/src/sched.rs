@@ -308,7 +308,10 @@ mod tests {
 
     #[test]
     fn sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16 + 8);
+        assert_eq!(core::mem::size_of::<GilHolder>(), 16 + 8);
+        assert_eq!(core::mem::size_of::<ThreadState>(), 16 + 8 * 5 + 8 * REASONS + 8 + 16 + 16 + 8 + 16 + 8 + 24);
+        assert_eq!(core::mem::size_of::<GilHolderKey>(), 8 + 24);
+        assert_eq!(core::mem::size_of::<GilHolderTime>(), 16);
         assert_eq!(core::mem::size_of::<OffCpuKey>(), 32);
         assert_eq!(core::mem::size_of::<RunqKey>(), 8);
         assert_eq!(core::mem::size_of::<ReusedKey>(), 16);
