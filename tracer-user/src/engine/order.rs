@@ -13,7 +13,7 @@ pub enum Part {
     Syscalls,
     /// `threads`, `runqueue_hist`: the wall-time partition.
     Threads,
-    /// `stacks`, `sample_hz`: CPU samples, off-CPU and slow-syscall stacks.
+    /// `stacks`, `sample_hz`, `gil_holders`: CPU samples, off-CPU and slow-syscall stacks, GIL waits by holder.
     Stacks,
     /// `cuda`: the CUDA report (calls, launches, findings, GPU samples).
     Cuda,
@@ -33,7 +33,7 @@ impl Part {
         match self {
             Part::Syscalls => &["syscalls"],
             Part::Threads => &["threads", "runqueue_hist"],
-            Part::Stacks => &["stacks", "sample_hz"],
+            Part::Stacks => &["stacks", "sample_hz", "gil_holders"],
             Part::Cuda => &["cuda"],
             Part::Timeline => &["timeline"],
             Part::Asyncio => &["asyncio"],
