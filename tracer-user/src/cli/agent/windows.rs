@@ -20,7 +20,7 @@ use std::{
 
 use crate::recording::{
     safe_write::{self, Dir, Place},
-    Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes,
+    GilHold, Recording, RecordingError, StackRecord, ThreadSyscall, ThreadTimes,
 };
 
 /// What the next window's difference needs of a cumulative snapshot: the
@@ -89,12 +89,27 @@ pub fn delta(mut cur: Recording, prev: Option<&Baseline>) -> (Recording, Baselin
         .collect();
     out.cuda = cur.cuda.as_ref().map(|c| super::cuda_delta::cuda_delta(c, prev_rec.cuda.as_ref(), prev_rec.duration_ns));
     out.memory = cur.memory.as_ref().map(|m| super::memory_delta::memory_delta(m, prev_rec.memory.as_ref(), prev_rec.duration_ns));
+    out.gil_holders = gil_holders_delta(&cur.gil_holders, &prev_rec.gil_holders);
     // The targets active in this window, and those that appeared in it.
     let active: std::collections::HashSet<u32> =
         out.syscalls.iter().map(|s| s.pid).chain(out.threads.iter().map(|t| t.pid)).collect();
     let before: std::collections::HashSet<u32> = prev_rec.targets.iter().map(|t| t.pid).collect();
     out.targets.retain(|t| active.contains(&t.pid) || !before.contains(&t.pid));
     (out, next)
+}
+
+/// The GIL waits of the window: each (waiter, holder, what it did) row's
+/// growth since the last snapshot (the kernel sums them from the start).
+fn gil_holders_delta(cur: &[GilHold], prev: &[GilHold]) -> Vec<GilHold> {
+    let key = |h: &GilHold| (h.pid, h.tid, h.holder_tid, h.holder_state.clone(), h.syscall.clone(), format!("{:?}", h.frames));
+    let before: HashMap<_, (u64, u64)> = prev.iter().map(|h| (key(h), (h.wait_ns, h.waits))).collect();
+    cur.iter()
+        .filter_map(|h| {
+            let (ns, n) = before.get(&key(h)).copied().unwrap_or((0, 0));
+            let wait_ns = h.wait_ns.saturating_sub(ns);
+            (wait_ns > 0).then(|| GilHold { wait_ns, waits: h.waits.saturating_sub(n), ..h.clone() })
+        })
+        .collect()
 }
 
 /// Signed per-row differences. A row gone since (folded into its group's
@@ -453,6 +468,24 @@ mod tests {
         use crate::recording::{Frame, FrameKind, StackKind};
         let f = |name: &str| Frame { function: name.into(), file: Some("w.py".into()), line: Some(3), kind: FrameKind::Python, module: None };
         StackRecord { kind: StackKind::Cpu, reason: None, pid: 10, tid, samples, weight_ns, syscall: None, frames: vec![f(leaf), f("main")] }
+    }
+
+    #[test]
+    fn gil_waits_are_the_window_s_growth_per_holder() {
+        let h = |holder_tid: u32, wait_ns: u64, waits: u64| GilHold {
+            pid: 10,
+            tid: 11,
+            holder_tid,
+            holder_state: "blocked".into(),
+            syscall: Some("clock_nanosleep".into()),
+            frames: vec![],
+            wait_ns,
+            waits,
+        };
+        let d = gil_holders_delta(&[h(12, 500, 5), h(13, 40, 2)], &[h(12, 300, 3), h(13, 40, 2)]);
+        assert_eq!(d, vec![h(12, 200, 2)]);
+        // A holder new in this window: all of it.
+        assert_eq!(gil_holders_delta(&[h(14, 7, 1)], &[]), vec![h(14, 7, 1)]);
     }
 
     #[test]
