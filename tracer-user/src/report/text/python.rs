@@ -20,6 +20,27 @@ fn python_leaf(s: &StackRecord) -> Option<&Frame> {
     s.frames.iter().find(|f| f.kind == FrameKind::Python)
 }
 
+/// Lines shown per function.
+const TOP_LINES: usize = 3;
+
+/// `handle (svc.py:10)` for a function whose time is at one line, else
+/// `handle (svc.py) at lines 10 45%, 14 30%, 8 15%` (its hottest lines,
+/// each with its share of the function's time): the function's time is
+/// not all at its hottest line.
+fn label(function: &str, file: &str, total: u64, lines: BTreeMap<u32, u64>) -> String {
+    let mut lines: Vec<(u32, u64)> = lines.into_iter().collect();
+    lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    match lines.as_slice() {
+        [] => format!("{} ({})", printable(function), printable(file)),
+        [(l, _)] => format!("{} ({}:{l})", printable(function), printable(file)),
+        _ => {
+            let shown: Vec<String> = lines.iter().take(TOP_LINES).map(|(l, w)| format!("{l} {}", fmt_share(*w, total).trim())).collect();
+            let more = if lines.len() > TOP_LINES { format!(", {} more", lines.len() - TOP_LINES) } else { String::new() };
+            format!("{} ({}) at lines {}{more}", printable(function), printable(file), shown.join(", "))
+        }
+    }
+}
+
 /// Top Python functions (self time at the Python leaf) by on-CPU samples,
 /// GIL wait and off-CPU time per reason.
 pub fn render(out: &mut String, rec: &Recording) {
@@ -51,10 +72,7 @@ pub fn render(out: &mut String, rec: &Recording) {
         }
         let mut ranked: Vec<(String, u64)> = by_fn
             .into_iter()
-            .map(|((function, file), (w, lines))| {
-                let hot = lines.iter().max_by_key(|(_, w)| **w).map(|(l, _)| *l).unwrap_or(0);
-                (format!("{} ({}:{hot})", printable(&function), printable(&file)), w)
-            })
+            .map(|((function, file), (w, lines))| (label(&function, &file, w, lines), w))
             .collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let _ = writeln!(out, "\n== top Python functions by {title}");
@@ -62,5 +80,18 @@ pub fn render(out: &mut String, rec: &Recording) {
             let amount = if kind == StackKind::Cpu { format!("{w} samples") } else { fmt_duration(w) };
             let _ = writeln!(out, "{}  {amount:>12}  {name}", fmt_share(w, total));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_is_labelled_with_its_lines_not_only_the_hottest() {
+        assert_eq!(label("handle", "svc.py", 10, BTreeMap::from([(10, 10)])), "handle (svc.py:10)");
+        let l = label("handle", "svc.py", 100, BTreeMap::from([(10, 45), (14, 30), (8, 15), (12, 10)]));
+        assert!(l.starts_with("handle (svc.py) at lines 10 45"), "{l}");
+        assert!(l.contains(", 14 30") && l.contains(", 8 15") && l.ends_with(", 1 more"), "{l}");
     }
 }
