@@ -30,7 +30,7 @@ use blazesym::{
     MaybeDefault,
 };
 
-pub use crate::recording::UNKNOWN;
+pub use crate::recording::{JIT_MODULE, UNKNOWN};
 use crate::{
     os::procfs::{self, MapsLine},
     recording::{Frame, FrameKind},
@@ -192,7 +192,9 @@ impl Symbolizer {
                 continue;
             }
             let object = if entry.is_file() { self.object_for(pid, &entry) } else { None };
-            let module = entry.path.as_ref().map(|_| entry.basename().to_owned());
+            // An anonymous executable mapping is code generated at run time
+            // (oneDNN's kernels, a JIT): named as such, not left nameless.
+            let module = Some(entry.path.as_ref().map(|_| entry.basename().to_owned()).unwrap_or_else(|| JIT_MODULE.to_owned()));
             mappings.push(Mapping { start: entry.start, end: entry.end, offset: entry.offset, module, object });
         }
         if mappings.is_empty() {

@@ -34,6 +34,8 @@ use limits::{fmt_size, Guard, LimitHit};
 
 /// Function name of a frame that could not be resolved.
 pub const UNKNOWN: &str = "[unknown]";
+/// The module of code in an anonymous executable mapping (JIT-generated).
+pub const JIT_MODULE: &str = "[jit]";
 
 pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
 /// 2: findings hold numbers, no words (CUDA `message` and `advice`, asyncio

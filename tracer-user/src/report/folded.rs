@@ -144,8 +144,13 @@ fn stack_line_of(comms: &HashMap<u32, String>, pid: u32, frames: &[Frame], conte
     }
     for frame in frames.iter().rev() {
         line.push(';');
-        if frame.function.is_empty() {
-            line.push_str("[unknown]");
+        if frame.function.is_empty() || frame.function == crate::recording::UNKNOWN {
+            // Unresolved: its library kept (`[unknown in libgomp.so.1]`), or `[jit]`.
+            match frame.module.as_deref() {
+                Some(crate::recording::JIT_MODULE) => line.push_str(crate::recording::JIT_MODULE),
+                Some(m) if !m.is_empty() => line.push_str(&sanitize(&format!("[unknown in {m}]"))),
+                _ => line.push_str("[unknown]"),
+            }
         } else {
             line.push_str(&sanitize(&frame.function));
         }
@@ -168,6 +173,14 @@ fn sanitize(name: &str) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::recording::{Frame, Recording, StackKind, StackRecord, ThreadTimes};
+
+    #[test]
+    fn unresolved_frames_keep_their_library() {
+        let unknown = |module: Option<&str>| Frame { function: crate::recording::UNKNOWN.into(), file: None, line: None, kind: FrameKind::Native, module: module.map(Into::into) };
+        let comms = HashMap::from([(7, "python".to_owned())]);
+        let frames = [unknown(Some("libgomp.so.1")), unknown(Some(crate::recording::JIT_MODULE)), unknown(None)];
+        assert_eq!(stack_line_of(&comms, 7, &frames, None), "python;[unknown];[jit];[unknown in libgomp.so.1]");
+    }
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
         Frame { function: function.into(), file: None, line: None, kind, module: None }
