@@ -26,6 +26,7 @@ pub const SCALED: &[(&str, u32)] = &[
     (maps::OFFCPU_STACKS, 32768),
     (maps::CPU_SAMPLES, 32768),
     (maps::PY_TSTATE, 32768),
+    (maps::PY_TSTATE_TID, 32768),
     (maps::CUDA_SLICE_HITS, 32768),
     (maps::CUDA_STATS, 16384),
     (maps::CUDA_TEXT, 16384),

@@ -31,6 +31,13 @@ use blazesym::{
 };
 
 pub use crate::recording::{JIT_MODULE, UNKNOWN};
+
+/// The function of an unresolved leaf whose code is a spin-wait loop
+/// (`pause` within [`SPIN_WINDOW`] bytes): the verdict's pool rule counts
+/// such samples as spinning (docs/verdict.md#native-worker-pools).
+pub const SPIN_WAIT: &str = "[spin-wait]";
+/// Bytes looked at on each side of the sampled instruction.
+pub const SPIN_WINDOW: u64 = 10;
 use crate::{
     os::procfs::{self, MapsLine},
     recording::{Frame, FrameKind},
@@ -43,11 +50,11 @@ const FD_RESERVE: u64 = 512;
 
 /// An object file (executable or shared library) some process mapped.
 struct Object {
-    /// What blazesym opens: `/proc/self/fd/N` of `_file` while it is held,
+    /// What blazesym opens: `/proc/self/fd/N` of `file` while it is held,
     /// else a path into the (then live) process.
     path: PathBuf,
     /// Keeps the file readable after its process exits or it is deleted.
-    _file: Option<File>,
+    file: Option<File>,
 }
 
 /// One executable mapping of a process.
@@ -83,6 +90,8 @@ pub struct Symbolizer {
     /// pid -> executable mappings, sorted by start address.
     processes: HashMap<u32, Vec<Mapping>>,
     user_cache: HashMap<(usize, u64), Vec<Frame>>,
+    /// Whether the code at an unresolved leaf address is a spin-wait loop.
+    spin_cache: HashMap<(usize, u64), bool>,
     kernel_cache: HashMap<u64, Frame>,
     /// How many more files may be held open.
     fd_budget: u64,
@@ -139,7 +148,7 @@ impl Symbolizer {
             if live[i] {
                 remap[i] = Some(kept.len());
                 kept.push(o);
-            } else if o._file.is_some() {
+            } else if o.file.is_some() {
                 self.fd_budget += 1;
             }
         }
@@ -170,6 +179,7 @@ impl Symbolizer {
             by_maps_id: HashMap::new(),
             processes: HashMap::new(),
             user_cache: HashMap::new(),
+            spin_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
             fd_budget: fd_budget(),
             use_map_files: true,
@@ -256,13 +266,42 @@ impl Symbolizer {
             }
         }
         let mut frames = Vec::with_capacity(slots.len());
-        for slot in slots {
+        for (i, slot) in slots.into_iter().enumerate() {
             match slot {
-                Slot::Cached(key) => frames.extend(self.user_cache[&key].iter().cloned()),
+                Slot::Cached(key) => {
+                    // An unresolved leaf in a stripped library (libgomp, MKL,
+                    // oneDNN): a spin-wait loop when its code has a `pause`.
+                    let unresolved = self.user_cache[&key].len() == 1 && self.user_cache[&key][0].function == UNKNOWN;
+                    if i == 0 && unresolved && self.spins_at(key) {
+                        frames.push(Frame { function: SPIN_WAIT.to_owned(), ..self.user_cache[&key][0].clone() });
+                    } else {
+                        frames.extend(self.user_cache[&key].iter().cloned());
+                    }
+                }
                 Slot::Unknown(module) => frames.push(unknown(FrameKind::Native, module)),
             }
         }
         frames
+    }
+
+    /// Whether the code around file offset `key.1` of object `key.0` holds
+    /// a `pause` (`f3 90`): the instruction of x86 spin-wait loops (OpenMP
+    /// barriers, MKL and oneDNN pools, spinlocks). Read once per address,
+    /// through the object's own descriptor, [`SPIN_WINDOW`] bytes each side.
+    fn spins_at(&mut self, key: (usize, u64)) -> bool {
+        if let Some(&b) = self.spin_cache.get(&key) {
+            return b;
+        }
+        let spins = cfg!(target_arch = "x86_64")
+            && self.objects.get(key.0).and_then(|o| o.file.as_ref()).is_some_and(|f| {
+                use std::os::unix::fs::FileExt;
+                let from = key.1.saturating_sub(SPIN_WINDOW);
+                let mut buf = [0u8; 2 * SPIN_WINDOW as usize + 2];
+                let n = f.read_at(&mut buf, from).unwrap_or(0);
+                has_pause(&buf[..n])
+            });
+        self.spin_cache.insert(key, spins);
+        spins
     }
 
     /// Leaf-first kernel frames. As for user stacks, addresses after the
@@ -319,11 +358,11 @@ impl Symbolizer {
                 crate::os::elf::check_tables(&file, entry.path()).ok()?;
                 let object = if self.fd_budget > 0 {
                     self.fd_budget -= 1;
-                    Object { path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())), _file: Some(file) }
+                    Object { path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())), file: Some(file) }
                 } else {
                     // Out of descriptors to hold: symbolization of this file
                     // only works while the process lives.
-                    Object { path: live_path?, _file: None }
+                    Object { path: live_path?, file: None }
                 };
                 self.objects.push(object);
                 self.by_identity.insert(identity, self.objects.len() - 1);
@@ -357,6 +396,11 @@ fn fd_budget() -> u64 {
     // SAFETY: getrlimit writes into the struct we pass.
     let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 { lim.rlim_cur } else { 1024 };
     soft.saturating_sub(FD_RESERVE).clamp(64, 1 << 20)
+}
+
+/// Whether x86 code bytes hold a `pause` (`f3 90`, `rep nop`).
+fn has_pause(code: &[u8]) -> bool {
+    code.windows(2).any(|w| w == [0xf3, 0x90])
 }
 
 fn find_mapping(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
@@ -421,6 +465,13 @@ fn kernel_frame(sym: Sym<'_>) -> Frame {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_pause_marks_a_spin_wait_loop() {
+        // libgomp's barrier wait: pause; mov; cmp; jne back.
+        assert!(super::has_pause(&[0xf3, 0x90, 0x8b, 0x07, 0x39, 0xc2, 0x75, 0xf8]));
+        assert!(!super::has_pause(&[0x48, 0x89, 0xe5, 0x90, 0xf3, 0x0f, 0x1e, 0xfa]));
+    }
+
     use super::*;
     use std::{ffi::CString, fs, path::Path};
 
@@ -493,7 +544,7 @@ mod tests {
         s.fd_budget = 0;
         assert!(s.observe_process(pid));
         assert!(!s.objects.is_empty());
-        assert!(s.objects.iter().all(|o| o._file.is_none() && o.path.starts_with(format!("/proc/{pid}/map_files/"))));
+        assert!(s.objects.iter().all(|o| o.file.is_none() && o.path.starts_with(format!("/proc/{pid}/map_files/"))));
         let frames = s.user_frames(pid, &[b]);
         assert!(frames.iter().any(|f| f.function.contains("rusty_probe_target_fn")), "{frames:?}");
         // ... but a path in the process's root is never handed on by name.

@@ -144,12 +144,15 @@ fn stack_line_of(comms: &HashMap<u32, String>, pid: u32, frames: &[Frame], conte
     }
     for frame in frames.iter().rev() {
         line.push(';');
-        if frame.function.is_empty() || frame.function == crate::recording::UNKNOWN {
-            // Unresolved: its library kept (`[unknown in libgomp.so.1]`), or `[jit]`.
+        let bracketed = frame.function.starts_with('[') && frame.function.ends_with(']') && frame.kind == FrameKind::Native;
+        if frame.function.is_empty() || bracketed {
+            // Unresolved (or a spin-wait): its library kept
+            // (`[unknown in libgomp.so.1]`, `[spin-wait in libgomp.so.1]`), or `[jit]`.
+            let what = if frame.function.is_empty() { crate::recording::UNKNOWN } else { frame.function.as_str() };
             match frame.module.as_deref() {
-                Some(crate::recording::JIT_MODULE) => line.push_str(crate::recording::JIT_MODULE),
-                Some(m) if !m.is_empty() => line.push_str(&sanitize(&format!("[unknown in {m}]"))),
-                _ => line.push_str("[unknown]"),
+                Some(crate::recording::JIT_MODULE) if what == crate::recording::UNKNOWN => line.push_str(crate::recording::JIT_MODULE),
+                Some(m) if !m.is_empty() => line.push_str(&sanitize(&format!("{} in {m}]", &what[..what.len() - 1]))),
+                _ => line.push_str(&sanitize(what)),
             }
         } else {
             line.push_str(&sanitize(&frame.function));
@@ -178,8 +181,9 @@ pub(crate) mod tests {
     fn unresolved_frames_keep_their_library() {
         let unknown = |module: Option<&str>| Frame { function: crate::recording::UNKNOWN.into(), file: None, line: None, kind: FrameKind::Native, module: module.map(Into::into) };
         let comms = HashMap::from([(7, "python".to_owned())]);
-        let frames = [unknown(Some("libgomp.so.1")), unknown(Some(crate::recording::JIT_MODULE)), unknown(None)];
-        assert_eq!(stack_line_of(&comms, 7, &frames, None), "python;[unknown];[jit];[unknown in libgomp.so.1]");
+        let spin = Frame { function: crate::os::symbolize::SPIN_WAIT.into(), ..unknown(Some("libgomp.so.1")) };
+        let frames = [spin, unknown(Some("libgomp.so.1")), unknown(Some(crate::recording::JIT_MODULE)), unknown(None)];
+        assert_eq!(stack_line_of(&comms, 7, &frames, None), "python;[unknown];[jit];[unknown in libgomp.so.1];[spin-wait in libgomp.so.1]");
     }
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
