@@ -183,3 +183,61 @@ fn one_intra_op_thread_without_spinning_has_no_pool() {
     let nc = class(p, "native_compute").unwrap_or_else(|| panic!("no native_compute: {p:#}"));
     assert!(nc["sites"].as_array().unwrap().iter().any(|s| s["site"]["line"].as_u64() == Some(line)), "{nc:#}");
 }
+
+/// PyTorch's OpenMP pool (tests/workloads/omp_spin.py, the real torch
+/// wheel: its bundled libgomp is stripped): `set_num_threads(4)` on small
+/// element-wise ops makes the pool threads spin at libgomp's barriers; the
+/// samples there resolve to no name, and are recognised by the `pause` in
+/// their code (`[spin-wait]`): busy-waiting is named. The same pool used
+/// once, then idle, is not.
+fn omp(test: &str, mode: &str) -> Option<(Run, Report)> {
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return None;
+    }
+    let python = python3_executable(test)?;
+    if !Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()) {
+        skip(test, &format!("PyTorch (the torch wheel) for {} (cargo xtask setup)", python.display()));
+        return None;
+    }
+    let dir = TempDir::new("pools-omp");
+    let src = workspace_root().join("tests/workloads/omp_spin.py");
+    let cmd = [python.as_os_str(), src.as_os_str(), mode.as_ref(), "3".as_ref()];
+    Some(record_launch(&dir.join("rec.itr"), &cmd))
+}
+
+fn omp_process(report: &Report) -> &Value {
+    report.0["verdict"]["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["cmdline"].as_array().is_some_and(|c| c.iter().any(|x| x.as_str().is_some_and(|s| s.ends_with("omp_spin.py"))))))
+        .unwrap_or_else(|| panic!("no verdict for omp_spin.py: {:#}", report.0["verdict"]))
+}
+
+#[test]
+fn torch_openmp_pool_spinning_on_small_ops_is_busy_waiting() {
+    let test = "torch_openmp_pool_spinning_on_small_ops_is_busy_waiting";
+    let Some((_run, report)) = omp(test, "spin") else { return };
+    let p = omp_process(&report);
+    let pools: Vec<&Value> = p["threads"].as_array().unwrap().iter().filter(|t| !t["pool"].is_null()).collect();
+    for t in &pools {
+        note(test, &summary(t));
+    }
+    assert!(!pools.is_empty(), "no pool thread: {p:#}");
+    let spinning = pools.iter().filter(|t| t["pool"]["spin_sample_share"].as_f64().unwrap_or(0.0) >= 0.3).count();
+    assert!(spinning > 0, "no pool thread with 30% of its samples in spin-waits: {pools:#?}");
+    assert!(pools.iter().any(|t| t["pool"]["busy_waiting"] == true), "busy-waiting not named: {pools:#?}");
+    // The spin-waits are in libgomp, with its name kept in the stacks.
+    let spins = report.0["stacks"].as_array().unwrap().iter().filter(|s| s["frames"][0]["function"] == "[spin-wait]").count();
+    assert!(spins > 0, "no [spin-wait] leaf");
+}
+
+#[test]
+fn torch_openmp_pool_left_idle_is_not_busy_waiting() {
+    let test = "torch_openmp_pool_left_idle_is_not_busy_waiting";
+    let Some((_run, report)) = omp(test, "idle") else { return };
+    let p = omp_process(&report);
+    for t in p["threads"].as_array().unwrap() {
+        note(test, &summary(t));
+        assert!(t["pool"]["busy_waiting"] != true, "an idle pool named busy-waiting: {}", summary(t));
+    }
+    assert!(p["bottleneck"]["class"] == "sleeping", "{:#}", p["bottleneck"]);
+}

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::Acc;
-use crate::recording::{attribution::is_user_file, FrameKind, StackRecord, ThreadTimes};
+use crate::recording::{attribution::is_user_file, Frame, FrameKind, StackRecord, ThreadTimes};
 
 /// A thread busy less than this share of its life can be parked.
 pub const PARKED_MAX_BUSY_SHARE: f64 = 0.05;
@@ -33,27 +33,8 @@ pub struct Parked {
 /// Removes the parked threads of one process from `threads` (when it runs
 /// Python at all) and says how many there were.
 pub(super) fn drop_parked(threads: &mut Vec<(&ThreadTimes, Acc)>, stacks_of: &HashMap<(u32, u32), Vec<&StackRecord>>) -> Parked {
-    let stacks = |t: &ThreadTimes| stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
-    let python = |t: &ThreadTimes| stacks(t).iter().any(|s| s.frames.iter().any(|f| f.kind == FrameKind::Python));
-    if !threads.iter().any(|(t, _)| python(t)) {
-        return Parked::default();
-    }
-    let mut parked = Parked::default();
-    threads.retain(|(t, _)| {
-        let busy = t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
-        let is_parked = t.tid != t.pid
-            && t.tid != 0
-            && t.wall_ns > 0
-            && !stacks(t).is_empty()
-            && !python(t)
-            && (busy as f64) < t.wall_ns as f64 * PARKED_MAX_BUSY_SHARE;
-        if is_parked {
-            parked.threads += 1;
-            parked.wall_ns = parked.wall_ns.saturating_add(t.wall_ns);
-        }
-        !is_parked
-    });
-    parked
+    let python = |f: &Frame| f.kind == FrameKind::Python;
+    drop_idle(threads, stacks_of, python, PARKED_MAX_BUSY_SHARE)
 }
 
 /// Removes the helper threads of one Python process from `threads`: not
@@ -65,32 +46,40 @@ pub(super) fn drop_parked(threads: &mut Vec<(&ThreadTimes, Acc)>, stacks_of: &Ha
 /// the process waits for: the multiprocessing queue feeder of a
 /// DataLoader parked in `Condition.wait` made its process's headline
 /// "waiting on other threads" while the main thread waited for the workers.
-pub(super) fn drop_helpers(
+pub(super) fn drop_helpers(threads: &mut Vec<(&ThreadTimes, Acc)>, stacks_of: &HashMap<(u32, u32), Vec<&StackRecord>>) -> Parked {
+    let user_code = |f: &Frame| f.kind == FrameKind::Python && f.file.as_deref().is_some_and(is_user_file);
+    drop_idle(threads, stacks_of, user_code, HELPER_MAX_BUSY_SHARE)
+}
+
+/// Removes from the threads of a Python process those, other than the
+/// main thread, with stacks recorded, none with a frame `working`
+/// accepts, and busy (on CPU, waiting for the GIL, in the run queue) less
+/// than `max_busy` of their life; counts them.
+fn drop_idle(
     threads: &mut Vec<(&ThreadTimes, Acc)>,
     stacks_of: &HashMap<(u32, u32), Vec<&StackRecord>>,
+    working: impl Fn(&Frame) -> bool,
+    max_busy: f64,
 ) -> Parked {
     let stacks = |t: &ThreadTimes| stacks_of.get(&(t.pid, t.tid)).map(Vec::as_slice).unwrap_or(&[]);
-    let python = |t: &ThreadTimes| stacks(t).iter().any(|s| s.frames.iter().any(|f| f.kind == FrameKind::Python));
-    if !threads.iter().any(|(t, _)| python(t)) {
+    let has = |t: &ThreadTimes, pred: &dyn Fn(&Frame) -> bool| stacks(t).iter().any(|s| s.frames.iter().any(pred));
+    if !threads.iter().any(|(t, _)| has(t, &|f: &Frame| f.kind == FrameKind::Python)) {
         return Parked::default();
     }
-    let user_code = |t: &ThreadTimes| {
-        stacks(t).iter().any(|s| s.frames.iter().any(|f| f.kind == FrameKind::Python && f.file.as_deref().is_some_and(is_user_file)))
-    };
-    let mut helpers = Parked::default();
+    let mut dropped = Parked::default();
     threads.retain(|(t, _)| {
         let busy = t.on_cpu_ns.saturating_add(t.off_cpu.gil_ns).saturating_add(t.runqueue_ns);
-        let is_helper = t.tid != t.pid
+        let idle = t.tid != t.pid
             && t.tid != 0
             && t.wall_ns > 0
             && !stacks(t).is_empty()
-            && !user_code(t)
-            && (busy as f64) < t.wall_ns as f64 * HELPER_MAX_BUSY_SHARE;
-        if is_helper {
-            helpers.threads += 1;
-            helpers.wall_ns = helpers.wall_ns.saturating_add(t.wall_ns);
+            && !has(t, &working)
+            && (busy as f64) < t.wall_ns as f64 * max_busy;
+        if idle {
+            dropped.threads += 1;
+            dropped.wall_ns = dropped.wall_ns.saturating_add(t.wall_ns);
         }
-        !is_helper
+        !idle
     });
-    helpers
+    dropped
 }

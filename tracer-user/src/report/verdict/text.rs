@@ -141,24 +141,10 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
         memory_line(m, out);
     }
     if let Some(k) = &p.parked {
-        let _ = writeln!(
-            out,
-            "  left out: {} parked native thread{} ({} thread time; no Python frame, busy under {:.0}% of its life)",
-            k.threads,
-            if k.threads == 1 { "" } else { "s" },
-            fmt_duration(k.wall_ns),
-            super::parked::PARKED_MAX_BUSY_SHARE * 100.0
-        );
+        left_out(out, k, "parked native", "no Python frame", super::parked::PARKED_MAX_BUSY_SHARE, "");
     }
     if let Some(k) = &p.helpers {
-        let _ = writeln!(
-            out,
-            "  left out: {} helper thread{} ({} thread time; no user-code frame, busy under {:.0}% of its life: queue feeders, library helpers)",
-            k.threads,
-            if k.threads == 1 { "" } else { "s" },
-            fmt_duration(k.wall_ns),
-            super::parked::HELPER_MAX_BUSY_SHARE * 100.0
-        );
+        left_out(out, k, "helper", "no user-code frame", super::parked::HELPER_MAX_BUSY_SHARE, ": queue feeders, library helpers");
     }
     if p.threads.len() > 1 || p.threads.first().is_some_and(|t| t.tid != p.pid) {
         for t in &p.threads {
@@ -167,6 +153,18 @@ fn render_process(p: &ProcessVerdict, out: &mut String) {
             let _ = writeln!(out, "  thread {} {}: {}{}{}{pool}", t.tid, printable(&t.comm), headline(tb, &t.classes), at(tb), waits_for(tb));
         }
     }
+}
+
+/// `left out: 2 helper threads (1.9 s thread time; no user-code frame, busy under 20% of its life...)`.
+fn left_out(out: &mut String, k: &super::parked::Parked, what: &str, rule: &str, max_busy: f64, examples: &str) {
+    let _ = writeln!(
+        out,
+        "  left out: {} {what} thread{} ({} thread time; {rule}, busy under {:.0}% of its life{examples})",
+        k.threads,
+        if k.threads == 1 { "" } else { "s" },
+        fmt_duration(k.wall_ns),
+        max_busy * 100.0
+    );
 }
 
 /// One memory class of a process, and its advice.
