@@ -255,3 +255,50 @@ fn copy_then_sync_loop_is_gpu_synchronisation() {
     assert!(kinds.contains(&"pageable_copy") || kinds.contains(&"sync_after_copy"), "{kinds:?}: {:#}", p["bottleneck"]);
     assert!(c.run.stdout.contains("\"verdict\""));
 }
+
+/// tests/workloads/gil_holder.py `cuda`: a thread copies and syncs through
+/// `ctypes.PyDLL` (the GIL held) on the timing stand-in (tests/cudasim,
+/// NOT CUDA) while another computes in Python: the computing thread's GIL
+/// waits are charged to the holder, `in a CUDA call`, at the copy or sync
+/// line, with the finding `gil_held_in_cuda_call`.
+#[test]
+fn gil_held_in_a_cuda_call_is_named() {
+    let test = "gil_held_in_a_cuda_call_is_named";
+    if !require(test, &[Need::Root, Need::Binary, Need::Gcc]) {
+        return;
+    }
+    let Some(sim) = cuda_standin_dir(test) else { return };
+    let Some(python) = python3_executable(test) else { return };
+    let dir = TempDir::new("verdict-gil-cuda");
+    let src = workspace_root().join("tests/workloads/gil_holder.py");
+    let run = run_cmd(
+        infertrace(["record", "-q", "--format", "json", "-o"])
+            .arg(dir.join("rec.itr"))
+            .arg("--")
+            .arg(&python)
+            .arg(&src)
+            .args(["cuda", "2"])
+            .env("CUDART", sim.join("libcudart.so.12")),
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    let report = run.json();
+    let printed = |k: &str| -> u64 {
+        run.stderr.lines().find_map(|l| l.strip_prefix(k).and_then(|v| v.trim().parse().ok())).unwrap_or_else(|| panic!("no {k}\n{}", run.stderr))
+    };
+    let (holder, compute) = (printed("holder_tid "), printed("compute_tid "));
+    let p = report.0["verdict"]["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["threads"].as_array().is_some_and(|t| t.iter().any(|t| t["tid"] == compute))))
+        .unwrap_or_else(|| panic!("no verdict with the compute thread: {:#}", report.0["verdict"]));
+    let t = p["threads"].as_array().unwrap().iter().find(|t| t["tid"] == compute).unwrap();
+    let b = &t["bottleneck"];
+    note(test, &format!("compute thread: {} {}; holders {}", b["class"], b["share"], b["gil_holders"]));
+    let h = &b["gil_holders"][0];
+    assert_eq!((h["holder_tid"].as_u64(), h["doing"].as_str()), (Some(holder), Some("cuda_call")), "{b:#}");
+    let m = markers_of(&src);
+    let line = h["site"]["line"].as_u64();
+    assert!(line == Some(m["cuda_copy"]) || line == Some(m["cuda_sync"]), "holder line {line:?}: {h:#}");
+    let kinds: Vec<&str> = b["findings"].as_array().map(|a| a.iter().filter_map(|f| f["kind"].as_str()).collect()).unwrap_or_default();
+    assert!(kinds.contains(&"gil_held_in_cuda_call"), "findings {kinds:?}: {b:#}");
+}

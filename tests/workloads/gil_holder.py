@@ -3,6 +3,9 @@
     python3 gil_holder.py native SECONDS   # holder: ctypes.PyDLL(None).usleep(50000) in a loop
                                            # (PyDLL keeps the GIL during the call)
     python3 gil_holder.py python SECONDS   # holder: a pure-Python loop
+    python3 gil_holder.py cuda SECONDS     # holder: 32 MiB pageable copies and a stream sync
+                                           # through ctypes.PyDLL($CUDART) (GIL held; the
+                                           # timing stand-in of tests/cudasim, NOT CUDA)
 
 The other thread (`compute`) runs a pure-Python loop all along. Prints on
 stderr at the end: `holder_tid T`, `compute_tid T`, `held_s F` (native:
@@ -11,6 +14,7 @@ the time the holder spent inside usleep with the GIL, by its own clock),
 CPU time: it waited for the GIL for about the difference).
 """
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -25,6 +29,23 @@ def holder_native(seconds):
     while time.monotonic() < end:
         t0 = time.monotonic()
         lib.usleep(50000)  # @native_call
+        held += time.monotonic() - t0
+    out["held_s"] = held
+
+
+def holder_cuda(seconds):
+    lib = ctypes.PyDLL(os.environ["CUDART"])
+    lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    n = 32 << 20
+    dev = ctypes.c_void_p()
+    lib.cudaMalloc(ctypes.byref(dev), n)
+    host = ctypes.create_string_buffer(n)
+    held = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        lib.cudaMemcpyAsync(dev, host, ctypes.c_size_t(n), 1, None)  # @cuda_copy
+        lib.cudaStreamSynchronize(None)  # @cuda_sync
         held += time.monotonic() - t0
     out["held_s"] = held
 
@@ -56,7 +77,7 @@ def run(target, seconds, key):
 
 def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
-    holder = {"native": holder_native, "python": holder_python}.get(mode)
+    holder = {"native": holder_native, "python": holder_python, "cuda": holder_cuda}.get(mode)
     if holder is None:
         sys.exit(f"unknown mode {mode}")
     threads = [

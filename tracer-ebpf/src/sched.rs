@@ -188,8 +188,8 @@ fn add_gil_holder(t: &ThreadState, ns: u64) {
 }
 
 /// Who holds the GIL of `tgid` now, and what it is doing: blocked (its
-/// own off-CPU stacks and syscall) or not (the caller walks its Python
-/// stack). A function of its own, off the chain under the stack walks.
+/// own off-CPU stacks and syscall) or running. A function of its own, off
+/// the chain under the stack walks.
 #[inline(never)]
 fn gil_holder(tgid: u32) -> GilHolder {
     let tid = python::gil_holder_tid(tgid);
@@ -199,9 +199,15 @@ fn gil_holder(tgid: u32) -> GilHolder {
     }
     if let Some(s) = unsafe { THREADS.get(&tid) } {
         h.state = s.state;
+        // The Python stack it last left the CPU with: where it blocks now,
+        // or, running, where it last waited (for a Python thread in GIL
+        // contention, its GIL wait at the line it runs). Walking a running
+        // holder's frames here too put a second stack walk under
+        // sched_switch: past the verifier's 1M instructions with
+        // --debug-ebpf.
+        h.py_stack = s.py_stack;
         if s.state == STATE_OFF_CPU {
             h.user_stack = s.user_stack;
-            h.py_stack = s.py_stack;
             if s.in_syscall != 0 {
                 h.nr = syscall_in_flight(tid).0;
             }
@@ -313,10 +319,6 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         };
         if t.reason == REASON_GIL {
             t.gil = gil_holder(tgid);
-            if t.gil.tid != 0 && t.gil.tid != tid && t.gil.state != STATE_OFF_CPU {
-                // Running (or runnable): where its Python code is now.
-                t.gil.py_stack = python::capture(tgid, t.gil.tid, python::SCRATCH_SCHED);
-            }
         } else {
             t.gil = GilHolder::default();
         }
