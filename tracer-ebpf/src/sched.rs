@@ -171,9 +171,14 @@ fn add_off_cpu_stacks(key: &OffCpuKey, ns: u64) {
     }
 }
 
-/// Counts `ns` of a GIL wait to the holder it waited for.
+/// Counts `ns` of a GIL wait to the holder it waited for; a wait whose
+/// holder is unknown (no thread state mapped, or the waiter itself as the
+/// last holder) is left to the off-CPU stacks alone: no map work for it.
 #[inline(always)]
 fn add_gil_holder(t: &ThreadState, ns: u64) {
+    if t.gil.tid == 0 || t.gil.tid == t.tid {
+        return;
+    }
     let key = GilHolderKey { pid: t.pid, tid: t.tid, holder: t.gil };
     let wait = (t.state == STATE_OFF_CPU) as u64;
     match GIL_HOLDERS.get_ptr_mut(&key) {

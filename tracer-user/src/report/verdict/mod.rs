@@ -723,23 +723,13 @@ fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64,
 /// Worker processes: traced processes of one traced parent with one
 /// command line, two or more, by (parent, command line), pid order.
 fn worker_groups(rec: &Recording, traced: &BTreeSet<u32>) -> Vec<(u32, Vec<u32>)> {
-    let mut groups: BTreeMap<(u32, &[String]), Vec<u32>> = BTreeMap::new();
-    for t in &rec.targets {
-        let Some(ppid) = t.ppid.filter(|p| traced.contains(p)) else { continue };
-        if traced.contains(&t.pid) {
-            groups.entry((ppid, t.cmdline.as_slice())).or_default().push(t.pid);
+    let mut groups: BTreeMap<(u32, &[String]), BTreeSet<u32>> = BTreeMap::new();
+    for t in rec.targets.iter().filter(|t| traced.contains(&t.pid)) {
+        if let Some(ppid) = t.ppid.filter(|p| traced.contains(p)) {
+            groups.entry((ppid, t.cmdline.as_slice())).or_default().insert(t.pid);
         }
     }
-    groups
-        .into_iter()
-        .filter(|(_, pids)| pids.len() >= 2)
-        .map(|((ppid, _), mut pids)| {
-            pids.sort_unstable();
-            pids.dedup();
-            (ppid, pids)
-        })
-        .filter(|(_, pids)| pids.len() >= 2)
-        .collect()
+    groups.into_iter().filter(|(_, pids)| pids.len() >= 2).map(|((ppid, _), pids)| (ppid, pids.into_iter().collect())).collect()
 }
 
 /// The verdict of `rec` (docs/verdict.md).
