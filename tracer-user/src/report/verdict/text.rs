@@ -248,7 +248,7 @@ fn rows(v: &Verdict) -> Vec<Row<'_>> {
             continue;
         }
         out.push(Row::Shown(p));
-        for g in all.iter().copied().filter(|g| follows(g) && g.ppid == Some(p.pid) && p.pids.len() < 2) {
+        for g in all.iter().copied().filter(|g| follows(g) && g.ppid == Some(p.pid)) {
             out.push(Row::Shown(g));
         }
     }
