@@ -39,6 +39,10 @@ pub struct RecordArgs {
     /// Format of the report printed at the end (`report` renders the recording in any format later).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+    /// Text report: show every process, row, stack, histogram and detail (by default a compact report: the
+    /// busiest processes and the top rows, two screens for a short run).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// CPU sampling frequency in Hz, on every CPU, 0 to 10000 (0 turns sampling off).
     #[arg(short = 'F', long, default_value_t = engine::DEFAULT_FREQUENCY, value_name = "HZ",
           value_parser = parse_frequency, allow_negative_numbers = true)]
@@ -111,7 +115,7 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let RecordArgs { pids, no_descendants, duration, output, checkpoint_every, quiet, format, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead, no_memory } = args;
+    let RecordArgs { pids, no_descendants, duration, output, checkpoint_every, quiet, format, verbose, frequency, no_sched, no_offcpu_stacks, slow_syscall, no_python, no_cuda, no_cuda_driver, gpu_sample_hz, debug_ebpf, timeline, timeline_limit, command, async_on, no_async, blocked_loop, max_overhead, no_memory } = args;
     let sched = SchedOptions { enabled: !no_sched, frequency, offcpu_stacks: !no_offcpu_stacks };
     let slow_syscall = (!slow_syscall.is_zero()).then_some(slow_syscall);
     let checkpoint_every = (!checkpoint_every.is_zero()).then_some(checkpoint_every);
@@ -126,7 +130,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         Err(e) => bail!("{e} (hint: {})", e.hint()),
     };
     // The report is printed whether or not the recording could be written.
-    let report = render(&outcome.recording, format, Profile::Cpu)?;
+    let report = render(&outcome.recording, format, Profile::Cpu, verbose)?;
     let printed = {
         let mut out = std::io::stdout().lock();
         out.write_all(&report).and_then(|()| out.flush())

@@ -13,7 +13,7 @@ use crate::{
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// strace -c style tables, wall-time breakdown and top stacks.
+    /// The verdict, then strace -c style tables, wall-time breakdown and top stacks (compact unless --verbose).
     Text,
     /// Machine-readable report (docs/report-schema.md).
     Json,
@@ -41,6 +41,10 @@ pub struct ReportArgs {
     /// resident memory growth in bytes (memory: the stacks the memory family sampled).
     #[arg(long, value_enum, default_value = "cpu")]
     pub profile: Profile,
+    /// Text report: show every process, row, stack, histogram and detail (by default a compact report: the
+    /// busiest processes and the top rows, two screens for a short run).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Write the report here instead of stdout.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
@@ -52,11 +56,11 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    let ReportArgs { file, format, profile, output, max_inflated } = args;
+    let ReportArgs { file, format, profile, verbose, output, max_inflated } = args;
     let limits = max_inflated.map(ReadLimits::plain).unwrap_or_default();
     let rec = Recording::read_limited(&file, limits)
         .map_err(|e| anyhow::anyhow!("{e} (hint: {})", e.hint()))?;
-    let text = render(&rec, format, profile)?;
+    let text = render(&rec, format, profile, verbose)?;
     match output {
         // As `record -o`: a new file renamed into place, never through a planted link.
         Some(out) => Output::prepare(&out)
@@ -70,9 +74,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn render(rec: &Recording, format: Format, profile: Profile) -> anyhow::Result<Vec<u8>> {
+pub fn render(rec: &Recording, format: Format, profile: Profile, verbose: bool) -> anyhow::Result<Vec<u8>> {
     Ok(match format {
-        Format::Text => report::text::render(rec).into_bytes(),
+        Format::Text => report::text::render_with(rec, verbose).into_bytes(),
         Format::Json => report::json::render(rec).into_bytes(),
         Format::Folded => report::folded::render(rec, profile).into_bytes(),
         Format::Speedscope => report::speedscope::render(rec, profile).into_bytes(),

@@ -190,8 +190,8 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
     // Once every family has resolved its stacks: Python frames that could
     // not be resolved, per process and cause.
     for (pid, problems) in cx.stacks.python_problems() {
-        for (i, text) in problems.into_iter().enumerate() {
-            cx.sink.state_note(format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
+        for (i, (topic, text)) in problems.into_iter().enumerate() {
+            cx.sink.state_note_on(topic, format!("python_unresolved_{pid}_{i}"), format!("pid {pid}: {text}"));
         }
     }
     // Files of targets refused (FIFOs, devices, oversized or malformed
@@ -249,6 +249,7 @@ fn empty_recording(cx: &Context) -> Recording {
         cuda: None,
         lost: BTreeMap::new(),
         notes: Vec::new(),
+        details: Vec::new(),
         cut: None,
         timeline: None,
         tracer_overhead: None,

@@ -13,6 +13,9 @@ pub enum Topic {
     /// The CUDA report's `notes` when the recording has a CUDA report,
     /// else the recording's `notes`.
     Gpu,
+    /// The recording's `details`: how the tracer worked (which library was
+    /// probed when, interpreter internals), shown in text with `--verbose`.
+    Detail,
 }
 
 #[derive(Default, Debug)]
@@ -43,12 +46,22 @@ impl Sink {
         }
     }
 
+    /// A detail (`Topic::Detail`), once.
+    pub fn detail(&mut self, text: impl Into<String>) {
+        self.note_on(Topic::Detail, text);
+    }
+
     /// A note on the state so far, replacing the one with the same `key`.
     pub fn state_note(&mut self, key: impl Into<String>, text: impl Into<String>) {
+        self.state_note_on(Topic::General, key, text);
+    }
+
+    /// [`Self::state_note`] for a `topic`.
+    pub fn state_note_on(&mut self, topic: Topic, key: impl Into<String>, text: impl Into<String>) {
         let (key, text) = (Some(key.into()), text.into());
         match self.notes.iter_mut().find(|n| n.key == key) {
             Some(n) => n.text = text,
-            None => self.notes.push(Note { topic: Topic::General, key, text }),
+            None => self.notes.push(Note { topic, key, text }),
         }
     }
 
@@ -76,6 +89,7 @@ impl Sink {
         for n in &self.notes {
             match (n.topic, rec.cuda.as_mut()) {
                 (Topic::Gpu, Some(cuda)) => cuda.notes.push(n.text.clone()),
+                (Topic::Detail, _) => rec.details.push(n.text.clone()),
                 _ => rec.notes.push(n.text.clone()),
             }
         }
@@ -126,6 +140,9 @@ mod tests {
         sink.note_on(Topic::Gpu, "g");
         sink.state_note("k", "old");
         sink.state_note("k", "new");
+        sink.detail("d");
+        sink.state_note_on(Topic::Detail, "dk", "d1");
+        sink.state_note_on(Topic::Detail, "dk", "d2");
         sink.set_lost("cuda_lost", 3);
         sink.set_lost("none", 0);
         let mut rec = crate::recording::tests::sample();
@@ -134,6 +151,7 @@ mod tests {
         rec.cuda = None;
         sink.fill(&mut rec);
         assert_eq!(rec.notes, vec!["a".to_owned(), "g".to_owned(), "new".to_owned()]);
+        assert_eq!(rec.details, ["d", "d2"]);
         assert_eq!(rec.lost.len(), 1);
         let mut rec2 = crate::recording::tests::sample();
         rec2.notes.clear();

@@ -27,7 +27,7 @@ pub trait PythonFrames: Any {
     /// Leaf-first Python frames of stack `id`.
     fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame>;
     /// Per process, what could not be resolved (for notes).
-    fn problems(&self) -> BTreeMap<u32, Vec<String>>;
+    fn problems(&self) -> BTreeMap<u32, Vec<(super::Topic, String)>>;
     /// Drops what is kept of these processes.
     fn forget(&mut self, pids: &HashSet<u32>);
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -73,8 +73,9 @@ impl Stacks {
         self.python.as_mut().and_then(|p| p.as_any_mut().downcast_mut::<T>())
     }
 
-    /// Per process, Python frames that could not be resolved.
-    pub fn python_problems(&self) -> BTreeMap<u32, Vec<String>> {
+    /// Per process, Python frames that could not be resolved (each with
+    /// where its note belongs: a note, or a detail).
+    pub fn python_problems(&self) -> BTreeMap<u32, Vec<(super::Topic, String)>> {
         self.python.as_ref().map(|p| p.problems()).unwrap_or_default()
     }
 

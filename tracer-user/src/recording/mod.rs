@@ -365,6 +365,11 @@ pub struct Recording {
     pub lost: BTreeMap<String, u64>,
     /// Things the user should know about this recording (degraded features...).
     pub notes: Vec<String>,
+    /// How the tracer worked: when each library was probed, interpreter
+    /// internals (stack depth cuts, code objects read from kernel copies).
+    /// In the text report with `--verbose`; absent from older recordings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
     /// Set on a checkpoint: the recording ends there because the tracer had
     /// not finished when it was written. Absent from a finished recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -621,6 +626,7 @@ pub(crate) mod tests {
             cuda: None,
             lost: BTreeMap::new(),
             notes: vec![],
+            details: vec![],
             cut: None,
             timeline: None,
             tracer_overhead: None,

@@ -74,6 +74,11 @@ struct JsonReport<'a> {
     lost_events: u64,
     lost_detail: &'a BTreeMap<String, u64>,
     notes: &'a [String],
+    /// How the tracer worked (probe timings, interpreter internals): what
+    /// the text report shows with `--verbose` (schema 1.x addition; absent
+    /// when empty).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    details: &'a [String],
     /// Set when the recording ends at a checkpoint (the tracer did not finish); null otherwise.
     cut: Option<&'a crate::recording::Cut>,
     /// `record --timeline`: how many events the recording's timeline holds
@@ -165,6 +170,7 @@ pub fn render_to(rec: &Recording, w: impl std::io::Write) -> std::io::Result<()>
         lost_events: rec.lost_events(),
         lost_detail: &rec.lost,
         notes: &rec.notes,
+        details: &rec.details,
         cut: rec.cut.as_ref(),
         timeline: rec.timeline.as_ref().map(crate::report::timeline_summary::TimelineSummary::of),
         verdict: super::verdict::verdict(rec),

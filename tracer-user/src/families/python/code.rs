@@ -14,7 +14,7 @@ use super::{
     proc::{le_u32, le_u64, ReadMem},
     Interpreter, PythonError,
 };
-use crate::recording::{Frame, FrameKind};
+use crate::{engine::Topic, recording::{Frame, FrameKind}};
 
 /// Function name of a frame whose code object could not be read (or no
 /// longer matches what the kernel saw).
@@ -196,23 +196,23 @@ impl Interpreter {
         }
     }
 
-    /// One line per cause of unresolved code objects and one for the
+    /// One note per cause of unresolved code objects and a detail for the
     /// objects resolved from cut copies; empty when all resolved fully.
-    pub fn resolution_problems(&self) -> Vec<String> {
+    pub fn resolution_problems(&self) -> Vec<(Topic, String)> {
         let mut out = Vec::new();
         if !self.unresolved.is_empty() {
             let total: u64 = self.unresolved.values().sum();
             let causes: Vec<String> = self.unresolved.iter().map(|(c, n)| format!("{n} {}", c.describe())).collect();
-            out.push(format!(
+            out.push((Topic::General, format!(
                 "{total} Python code objects could not be resolved (their frames show as [unknown]): {}",
                 causes.join(", ")
-            ));
+            )));
         }
         if !self.partial_codes.is_empty() {
-            out.push(format!(
+            out.push((Topic::Detail, format!(
                 "{} Python code objects were resolved from kernel copies that cut their file name or line table (the process had exited): a file name ends in …, a line past the copy is unknown",
                 self.partial_codes.len()
-            ));
+            )));
         }
         out
     }

@@ -19,7 +19,7 @@ use tracer_common::{
 
 use super::resolve::PyFrames;
 use crate::{
-    engine::{Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
+    engine::{Topic, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, LoadInputs, TargetEvent},
     os::probe::{self, ProbeError},
     os::procfs,
     families::python::{Interpreter, PythonError, STILL_TRACED},
@@ -389,7 +389,7 @@ impl Collector for PythonCollector {
             }
         }
         for (pid, version) in frames(cx).map(|py| py.versions()).unwrap_or_default() {
-            cx.sink.note(format!("pid {pid}: CPython {version}, Python stacks attributed"));
+            cx.sink.detail(format!("pid {pid}: CPython {version}, Python stacks attributed"));
         }
         // A stack cut at the depth limit is kept (its leaf frames are
         // there): reported, not counted as lost.
@@ -398,12 +398,12 @@ impl Collector for PythonCollector {
             let text = format!(
                 "{full} Python code objects could not be copied in the kernel (python_code_copies_map_full): their frames resolve only while their process lives"
             );
-            cx.sink.state_note("python_code_copies_map_full", text);
+            cx.sink.state_note_on(Topic::Detail, "python_code_copies_map_full", text);
         }
         let n = probe::counter(&mut cx.kernel.ebpf, counters::PY_STACKS_TRUNCATED)?;
         if n > 0 {
             let text = format!("{n} Python stacks were deeper than {PY_MAX_DEPTH} frames and were cut at their root end");
-            cx.sink.state_note("python_stacks_truncated", text);
+            cx.sink.state_note_on(Topic::Detail, "python_stacks_truncated", text);
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use aya::{maps::HashMap as BpfHashMap, Ebpf};
 use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK, STACK_LOOPED};
 
 use crate::{
-    engine::stacks::PythonFrames,
+    engine::{stacks::PythonFrames, Topic},
     os::probe::{self, ProbeError},
     families::python::Interpreter,
     recording::Frame,
@@ -34,7 +34,7 @@ pub struct PyFrames {
 /// An exited process's interpreter as the recording still shows it.
 struct Retired {
     version: (u32, u32, u32),
-    problems: Vec<String>,
+    problems: Vec<(Topic, String)>,
 }
 
 impl PyFrames {
@@ -88,17 +88,17 @@ impl PyFrames {
 
     /// Per process, what could not be resolved fully (see
     /// `Interpreter::resolution_problems`).
-    pub fn problems(&self) -> BTreeMap<u32, Vec<String>> {
-        let mut out: BTreeMap<u32, Vec<String>> = self
+    pub fn problems(&self) -> BTreeMap<u32, Vec<(Topic, String)>> {
+        let mut out: BTreeMap<u32, Vec<(Topic, String)>> = self
             .interpreters
             .iter()
             .map(|(pid, i)| (*pid, i.resolution_problems()))
             .chain(self.retired.iter().map(|(pid, r)| (*pid, r.problems.clone())))
             .collect();
         for (pid, n) in &self.looped {
-            out.entry(*pid).or_default().push(format!(
+            out.entry(*pid).or_default().push((Topic::General, format!(
                 "its Python frame chain loops (a corrupted or hostile interpreter): {n} stack(s) end where the walk found the loop"
-            ));
+            )));
         }
         out.retain(|_, p| !p.is_empty());
         out
@@ -179,7 +179,7 @@ impl PythonFrames for PyFrames {
         PyFrames::frames(self, id, stacks)
     }
 
-    fn problems(&self) -> BTreeMap<u32, Vec<String>> {
+    fn problems(&self) -> BTreeMap<u32, Vec<(Topic, String)>> {
         PyFrames::problems(self)
     }
 

@@ -61,7 +61,7 @@ fn incomplete(out: &mut String, cuda: &CudaReport, rows: &[&CudaCall], per_call:
 
 /// The whole CUDA section; nothing when no CUDA runtime was probed and no
 /// GPU was sampled.
-pub fn render(out: &mut String, cuda: &CudaReport) {
+pub fn render(out: &mut String, cuda: &CudaReport, view: &super::view::View) {
     let traced = !(cuda.libraries.is_empty() && cuda.calls.is_empty() && cuda.launches.is_empty());
     if !traced && cuda.gpu_samples.is_empty() {
         return;
@@ -83,9 +83,19 @@ pub fn render(out: &mut String, cuda: &CudaReport) {
     }
     syncs_and_memory_sections(out, cuda);
     launches_and_failures(out, cuda);
-    for n in &cuda.notes {
+    for n in cuda.notes.iter().filter(|n| view.verbose || !is_inventory(n)) {
         let _ = writeln!(out, "note: {}", printable(n));
     }
+}
+
+/// Whether a CUDA note only says what was probed, with nothing missed (a
+/// detail: the `probed ...` lines above say as much; shown with
+/// `--verbose`). The notes of late probes that missed calls, of failures
+/// and of libraries not traced are not.
+pub fn is_inventory(note: &str) -> bool {
+    let probed = note.contains(" functions probed") && !note.contains("earlier calls missed");
+    let allocator = note.contains("USDT pytorch:malloc") && note.contains(" probed");
+    probed || allocator || note.contains("carries its own CUDA runtime, stripped")
 }
 
 /// The findings, each with its words (`report::findings`) and advice.
@@ -462,14 +472,14 @@ mod tests {
             ..Default::default()
         };
         let mut s = String::new();
-        render(&mut s, &report);
+        render(&mut s, &report, &crate::report::text::view::View::verbose());
         let f = s.find("small_htod_copies at step (/srv/app/model.py:42)").expect(&s);
         let c = s.find("copies by site").expect(&s);
         assert!(f < c, "{s}");
         assert!(s.contains("0.20") && s.contains("2.0%") && s.contains("0/100") && s.contains("step (model.py:42)"), "{s}");
         assert!(s.contains("kernel launches by kernel and site (5 in all)"), "{s}");
         let mut empty = String::new();
-        render(&mut empty, &CudaReport::default());
+        render(&mut empty, &CudaReport::default(), &crate::report::text::view::View::verbose());
         assert!(empty.is_empty());
     }
 
@@ -506,7 +516,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = String::new();
-        render(&mut s, &report);
+        render(&mut s, &report, &crate::report::text::view::View::verbose());
         assert!(s.contains("== CUDA runtime"), "{s}");
         let g = s.find("GPUs (NVML; whole devices, every process on them; 2 samples in 2.00 s)").expect(&s);
         assert!(s.find("copies by site").expect(&s) < g, "{s}");
@@ -523,7 +533,7 @@ mod tests {
         // Samples without any CUDA runtime probed: the GPU part alone.
         let only = CudaReport { gpu_samples: samples, window_ns: 1_000_000_000, ..Default::default() };
         let mut s = String::new();
-        render(&mut s, &only);
+        render(&mut s, &only, &crate::report::text::view::View::verbose());
         assert!(s.starts_with("\n== GPU utilization (no CUDA runtime probed in the targets)"), "{s}");
         assert!(!s.contains("findings") && !s.contains("copied by the targets") && !s.contains("no host<->device copies"), "{s}");
         assert!(s.contains("81 / 81 / 81"), "{s}");
@@ -533,7 +543,7 @@ mod tests {
             c.errors = c.count;
         }
         let mut s = String::new();
-        render(&mut s, &failed);
+        render(&mut s, &failed, &crate::report::text::view::View::verbose());
         assert!(s.contains("host<->device copies traced in the targets: 20, all failed (no data moved)"), "{s}");
         for line in s.lines().filter(|l| l.trim_start().starts_with('0') || l.trim_start().starts_with('1')) {
             assert!(line.len() < 160, "line too long: {line:?}");

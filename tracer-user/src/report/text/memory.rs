@@ -16,10 +16,8 @@ use crate::{
 const MAX_PROCESSES: usize = 5;
 /// A process is shown when its peak is at least this share of the largest.
 const MIN_PEAK_SHARE: f64 = 0.05;
-/// Lines shown per process.
-const MAX_LINES: usize = 10;
-
-pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport) {
+/// Resident memory per process, with `max_lines` of growth by line each.
+pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport, max_lines: usize) {
     let largest = m.processes.iter().map(|p| p.peak_rss).max().unwrap_or(0);
     let mut shown: Vec<&ProcessMemory> = m.processes.iter().filter(|p| p.peak_rss as f64 >= largest as f64 * MIN_PEAK_SHARE).collect();
     shown.sort_by(|a, b| b.peak_rss.cmp(&a.peak_rss).then(a.pid.cmp(&b.pid)));
@@ -33,7 +31,7 @@ pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport) {
         fmt_bytes(m.growth_sample_bytes)
     );
     for p in &shown {
-        process(out, rec, p);
+        process(out, rec, p, max_lines);
     }
     let rest = m.processes.len() - shown.len();
     if rest > 0 {
@@ -41,7 +39,7 @@ pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport) {
     }
 }
 
-fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
+fn process(out: &mut String, rec: &Recording, p: &ProcessMemory, max_lines: usize) {
     let comm = rec.targets.iter().find(|t| t.pid == p.pid).map(|t| printable(&t.comm).into_owned()).unwrap_or_default();
     let (Some(first), Some(last)) = (p.series.first(), p.series.last()) else { return };
     let hwm = p.vm_hwm.map(|h| format!(" (VmHWM {})", fmt_bytes(h))).unwrap_or_default();
@@ -98,7 +96,7 @@ fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
     let _ = writeln!(out, "  {:>11} {:>11} {:>8}  LINE", "GROWN", "RELEASED", "SAMPLES");
     let mut lines: Vec<_> = p.lines.iter().collect();
     lines.sort_by_key(|l| std::cmp::Reverse(l.grown_bytes.max(l.released_bytes)));
-    for l in lines.iter().take(MAX_LINES) {
+    for l in lines.iter().take(max_lines) {
         let beneath = l.beneath.as_ref().map(|b| format!(" <- {}", printable(&b.short()))).unwrap_or_default();
         let _ = writeln!(
             out,
@@ -109,8 +107,8 @@ fn process(out: &mut String, rec: &Recording, p: &ProcessMemory) {
             printable(&l.site.short())
         );
     }
-    if lines.len() > MAX_LINES {
-        let _ = writeln!(out, "  ({} more lines)", lines.len() - MAX_LINES);
+    if lines.len() > max_lines {
+        let _ = writeln!(out, "  ({} more lines)", lines.len() - max_lines);
     }
 }
 

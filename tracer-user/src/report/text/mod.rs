@@ -6,6 +6,9 @@
 //! table, then latency histograms of the top syscalls ([`syscalls`]); the
 //! wall-time accounting ([`walltime`]) with the top Python functions
 //! ([`python`]) and run-queue delay; then totals, lost events and notes.
+//! [`view`] decides how much of it a rendering shows: by default the
+//! busiest processes and the top rows (a short run fits on two screens),
+//! with `--verbose` everything, the recording's details included.
 
 pub mod asyncio;
 pub mod cuda;
@@ -14,6 +17,7 @@ pub mod nvml;
 pub mod overhead;
 pub mod python;
 pub mod syscalls;
+pub mod view;
 pub mod walltime;
 
 use std::fmt::Write as _;
@@ -27,9 +31,16 @@ use crate::{
     system::local_time,
 };
 
+/// The compact text report (the default).
 pub fn render(rec: &Recording) -> String {
+    render_with(rec, false)
+}
+
+/// The text report, everything shown when `verbose`.
+pub fn render_with(rec: &Recording, verbose: bool) -> String {
     let mut out = String::new();
     let rows = syscall_rows(rec);
+    let view = if verbose { view::View::verbose() } else { view::View::compact(rec, &rows) };
     let all_rows: Vec<&SyscallRow> = rows.values().flatten().collect();
     let grand = totals(all_rows.iter().copied());
     let _ = writeln!(
@@ -55,28 +66,32 @@ pub fn render(rec: &Recording) -> String {
     }
     // The answer first: the bottleneck verdict (docs/verdict.md).
     if !rec.threads.is_empty() {
-        super::verdict::render_text(&super::verdict::verdict(rec), &mut out);
+        super::verdict::render_text_above(&super::verdict::verdict(rec), &mut out, view.limits.verdict_min_share);
     }
     if let Some(t) = &rec.timeline {
         out.push_str(&crate::report::timeline_summary::TimelineSummary::of(t).line());
     }
     if let Some(c) = &rec.cuda {
         // Findings first: they name the bottleneck and the call site.
-        cuda::render(&mut out, c);
+        cuda::render(&mut out, c, &view);
     }
     if let Some(a) = &rec.asyncio {
         asyncio::render(&mut out, a);
     }
     if let Some(m) = &rec.memory {
-        memory::render(&mut out, rec, m);
+        memory::render(&mut out, rec, m, view.limits.memory_lines);
     }
-    syscalls::render_tables(&mut out, rec, &rows);
-    syscalls::render_latency(&mut out, rec, &rows);
+    syscalls::render_tables(&mut out, rec, &rows, &view);
+    if view.verbose {
+        syscalls::render_latency(&mut out, rec, &rows);
+    }
     // Wall-time accounting needs the scheduler's per-thread times.
     if !rec.threads.is_empty() {
-        walltime::render(&mut out, rec);
-        python::render(&mut out, rec);
-        walltime::render_runqueue(&mut out, rec);
+        walltime::render(&mut out, rec, &view);
+        python::render(&mut out, rec, &view);
+        if view.verbose {
+            walltime::render_runqueue(&mut out, rec);
+        }
     }
     let _ = writeln!(out, "\n== totals");
     let _ = writeln!(
@@ -92,7 +107,7 @@ pub fn render(rec: &Recording) -> String {
         let _ = writeln!(out, "{in_flight} calls were still in flight when the window closed (counted, timed to its end)");
     }
     if let Some(o) = &rec.tracer_overhead {
-        overhead::render(&mut out, o);
+        overhead::render(&mut out, o, view.limits.overhead_rows);
     }
     if rec.lost_events() == 0 {
         out.push_str("lost events: 0\n");
@@ -100,12 +115,48 @@ pub fn render(rec: &Recording) -> String {
         let detail: Vec<String> = rec.lost.iter().map(|(k, v)| format!("{}={v}", printable(k))).collect();
         let _ = writeln!(out, "lost events: {} ({}) -- counts above are incomplete", rec.lost_events(), detail.join(", "));
     }
-    for n in &rec.notes {
+    for n in rec.notes.iter().take(view.limits.notes) {
         let _ = writeln!(out, "note: {}", printable(n));
+    }
+    if view.verbose {
+        for n in &rec.details {
+            let _ = writeln!(out, "detail: {}", printable(n));
+        }
+    } else {
+        compact_footer(&mut out, rec, &view);
     }
     // Names are escaped where they are printed; this catches any other
     // string of the recording (a file anyone can write).
     printable_text(out)
+}
+
+/// What the compact view left out, and how to see it.
+fn compact_footer(out: &mut String, rec: &Recording, view: &view::View) {
+    let mut left: Vec<String> = Vec::new();
+    let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    if view.left_out() > 0 {
+        left.push(format!("the sections of {}", plural(view.left_out(), "more process", "more processes")));
+    }
+    let notes = rec.notes.len().saturating_sub(view.limits.notes);
+    if notes > 0 {
+        left.push(plural(notes, "note", "notes"));
+    }
+    let details = rec.details.len() + rec.cuda.as_ref().map_or(0, |c| c.notes.iter().filter(|n| cuda::is_inventory(n)).count());
+    if details > 0 {
+        left.push(plural(details, "detail (what was probed when, interpreter internals)", "details (what was probed when, interpreter internals)"));
+    }
+    if !rec.syscalls.is_empty() {
+        left.push("latency histograms".into());
+    }
+    if !rec.runqueue_hist.is_empty() {
+        left.push("run-queue delay histograms".into());
+    }
+    left.push("the rows past the top of each table".into());
+    let _ = writeln!(
+        out,
+        "(compact report: left out {}; `--verbose` shows everything, `--format json` has it all)",
+        left.join(", ")
+    );
 }
 
 #[cfg(test)]

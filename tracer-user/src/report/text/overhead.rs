@@ -8,13 +8,12 @@ use crate::{
     report::fmt::{fmt_bytes, fmt_duration, printable},
 };
 
-/// Targets shown one per line, by estimated added time; the rest summed.
-const SHOWN: usize = 5;
-
-pub fn render(out: &mut String, o: &TracerOverhead) {
+/// The tracer's cost: the `shown` targets with the most estimated added
+/// time one per line, the rest summed.
+pub fn render(out: &mut String, o: &TracerOverhead, shown: usize) {
     let mut targets: Vec<_> = o.targets.iter().collect();
     targets.sort_by_key(|t| std::cmp::Reverse(t.estimated_added_ns));
-    let rest = targets.split_off(targets.len().min(SHOWN));
+    let rest = targets.split_off(targets.len().min(shown));
     for t in targets {
         let parts: Vec<String> = t
             .hits
@@ -86,7 +85,7 @@ mod tests {
         };
         let o = TracerOverhead { targets: (1..=7).map(|p| target(p, u64::from(p) * 1000)).collect(), ..Default::default() };
         let mut out = String::new();
-        super::render(&mut out, &o);
+        super::render(&mut out, &o, 5);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 7, "{out}");
         // The largest first, with its uretprobe syscalls said to be tracer time.

@@ -4,6 +4,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
+use super::view::View;
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord},
     report::{
@@ -11,9 +12,6 @@ use crate::{
         rows::stack_weight,
     },
 };
-
-/// How many Python functions each ranking shows.
-const TOP_FUNCTIONS: usize = 10;
 
 /// The Python function a stack's time belongs to: its Python leaf.
 fn python_leaf(s: &StackRecord) -> Option<&Frame> {
@@ -42,8 +40,9 @@ fn label(function: &str, file: &str, total: u64, lines: BTreeMap<u32, u64>) -> S
 }
 
 /// Top Python functions (self time at the Python leaf) by on-CPU samples,
-/// GIL wait and off-CPU time per reason.
-pub fn render(out: &mut String, rec: &Recording) {
+/// GIL wait and off-CPU time per reason, of the processes `view` shows
+/// (the largest rankings of waits first where it shows only some).
+pub fn render(out: &mut String, rec: &Recording, view: &View) {
     let rankings: [(&str, StackKind, Option<OffCpuReason>); 7] = [
         ("on-CPU", StackKind::Cpu, None),
         ("GIL wait", StackKind::Gil, Some(OffCpuReason::Gil)),
@@ -53,11 +52,12 @@ pub fn render(out: &mut String, rec: &Recording) {
         ("off-CPU sleep", StackKind::OffCpu, Some(OffCpuReason::Sleep)),
         ("off-CPU other", StackKind::OffCpu, Some(OffCpuReason::Other)),
     ];
+    let mut sections: Vec<(&str, StackKind, u64, Vec<(String, u64)>)> = Vec::new();
     for (title, kind, reason) in rankings {
         // (function, file) -> (weight, weight per line)
         let mut by_fn: BTreeMap<(String, String), (u64, BTreeMap<u32, u64>)> = BTreeMap::new();
         let mut total = 0u64;
-        for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason)) {
+        for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason) && view.shows(s.pid)) {
             total = total.saturating_add(stack_weight(s));
             if let Some(f) = python_leaf(s) {
                 let file = f.file.as_deref().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or("?");
@@ -75,10 +75,30 @@ pub fn render(out: &mut String, rec: &Recording) {
             .map(|((function, file), (w, lines))| (label(&function, &file, w, lines), w))
             .collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        sections.push((title, kind, total, ranked));
+    }
+    // On-CPU first, then the waits (the largest where only some are shown).
+    let waits = sections.iter().filter(|s| s.1 != StackKind::Cpu).count();
+    if waits > view.limits.wait_rankings {
+        let mut sizes: Vec<u64> = sections.iter().filter(|s| s.1 != StackKind::Cpu).map(|s| s.2).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let floor = sizes.get(view.limits.wait_rankings.saturating_sub(1)).copied().unwrap_or(0);
+        let mut kept = 0;
+        sections.retain(|s| {
+            let keep = s.1 == StackKind::Cpu || (s.2 >= floor && kept < view.limits.wait_rankings);
+            kept += usize::from(keep && s.1 != StackKind::Cpu);
+            keep
+        });
+    }
+    for (title, kind, total, ranked) in sections {
         let _ = writeln!(out, "\n== top Python functions by {title}");
-        for (name, w) in ranked.into_iter().take(TOP_FUNCTIONS) {
+        let more = ranked.len().saturating_sub(view.limits.functions);
+        for (name, w) in ranked.into_iter().take(view.limits.functions) {
             let amount = if kind == StackKind::Cpu { format!("{w} samples") } else { fmt_duration(w) };
             let _ = writeln!(out, "{}  {amount:>12}  {name}", fmt_share(w, total));
+        }
+        if more > 0 && !view.verbose {
+            let _ = writeln!(out, "  ... {more} more functions");
         }
     }
 }

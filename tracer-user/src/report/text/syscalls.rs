@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use super::view::View;
 use crate::{
     recording::{Origin, Recording, Target},
     report::{
@@ -18,8 +19,8 @@ const HISTOGRAMS_PER_PROCESS: usize = 3;
 
 /// One `== pid` heading and table per target, in pid order (`rows`: from
 /// [`crate::report::rows::syscall_rows`]).
-pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec<SyscallRow>>) {
-    for t in targets(rec) {
+pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec<SyscallRow>>, view: &View) {
+    for t in targets(rec).into_iter().filter(|t| view.shows(t.pid)) {
         let origin = match t.origin {
             Origin::Attached => "attached",
             Origin::Launched => "launched",
@@ -36,9 +37,17 @@ pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec
             command_line(t)
         );
         match rows.get(&t.pid) {
-            Some(r) => table(out, r),
+            Some(r) => table(out, r, view.limits.syscalls),
             None => out.push_str("(no syscalls in the window)\n"),
         }
+    }
+    if view.left_out() > 0 {
+        let _ = writeln!(
+            out,
+            "\n({} more process{} with less thread time: `--verbose` shows each, `--format json` has all)",
+            view.left_out(),
+            if view.left_out() == 1 { "" } else { "es" }
+        );
     }
 }
 
@@ -68,13 +77,15 @@ pub fn render_latency(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Ve
     }
 }
 
-fn table(out: &mut String, rows: &[SyscallRow]) {
+/// The table of `rows` (sorted by time): the first `max`, a line for the
+/// rest, and the total of all.
+fn table(out: &mut String, rows: &[SyscallRow], max: usize) {
     let tot = totals(rows);
     let rule = "------ ----------- ----------- --------- --------- ----------------";
     out.push_str("% time     seconds  usecs/call     calls    errors syscall\n");
     out.push_str(rule);
     out.push('\n');
-    for r in rows {
+    for r in rows.iter().take(max) {
         let pct = share(r.total_ns, tot.total_ns).percent;
         let per_call = r.total_ns.checked_div(r.count).unwrap_or(0) / 1000;
         let errors = if r.errors > 0 { r.errors.to_string() } else { String::new() };
@@ -87,6 +98,17 @@ fn table(out: &mut String, rows: &[SyscallRow]) {
             r.count,
             errors,
             r.name
+        );
+    }
+    if rows.len() > max {
+        let rest = totals(&rows[max..]);
+        let _ = writeln!(
+            out,
+            "  ... {} more syscalls: {} calls, {:.6} s ({:.2}%)",
+            rows.len() - max,
+            rest.count,
+            rest.total_ns as f64 / 1e9,
+            share(rest.total_ns, tot.total_ns).percent
         );
     }
     out.push_str(rule);

@@ -6,6 +6,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
+use super::view::View;
 use crate::{
     recording::{Frame, FrameKind, OffCpuReason, Recording, StackKind, ThreadTimes},
     report::{
@@ -15,8 +16,6 @@ use crate::{
 };
 
 const BAR: usize = 50;
-const TOP_STACKS: usize = 5;
-const STACK_DEPTH_SHOWN: usize = 12;
 
 /// One-letter legend used in the bars.
 pub const LEGEND: &str = "# on-CPU  s syscall(on-CPU)  r run-queue  g GIL  i io  l lock  p poll  z sleep  m memory  o other";
@@ -111,10 +110,11 @@ fn line(out: &mut String, label: &str, t: &ThreadTimes) -> bool {
     over
 }
 
-/// Wall time per process and thread, then the top stacks of each kind.
-pub fn render(out: &mut String, rec: &Recording) {
+/// Wall time per process and thread, then the top stacks of each kind
+/// (of the processes and as many rows as `view` shows).
+pub fn render(out: &mut String, rec: &Recording, view: &View) {
     let mut by_pid: BTreeMap<u32, Vec<&ThreadTimes>> = BTreeMap::new();
-    for t in &rec.threads {
+    for t in rec.threads.iter().filter(|t| view.shows(t.pid)) {
         by_pid.entry(t.pid).or_default().push(t);
     }
     let _ = writeln!(out, "\n== wall time per thread ({LEGEND})");
@@ -122,13 +122,24 @@ pub fn render(out: &mut String, rec: &Recording) {
     for (pid, threads) in &by_pid {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
         flagged += usize::from(line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads)));
-        for t in threads {
+        let mut shown: Vec<&ThreadTimes> = threads.clone();
+        if threads.len() > view.limits.threads {
+            // The longest-lived first, then in recorded order.
+            shown.sort_by_key(|t| std::cmp::Reverse(t.wall_ns));
+            shown.truncate(view.limits.threads);
+            shown.sort_by_key(|t| threads.iter().position(|x| std::ptr::eq(*x, *t)));
+        }
+        for t in &shown {
             let label = if t.aggregated_threads > 0 {
                 format!("  exited threads ({})", t.aggregated_threads)
             } else {
                 format!("  tid {} {}", t.tid, printable(&t.comm))
             };
             flagged += usize::from(line(out, &label, t));
+        }
+        if threads.len() > shown.len() {
+            let rest = saturating_sum(threads.iter().filter(|t| !shown.iter().any(|s| std::ptr::eq(*s, **t))).map(|t| t.wall_ns));
+            let _ = writeln!(out, "  ... {} more threads ({} thread time)", threads.len() - shown.len(), fmt_duration(rest));
         }
     }
     if flagged > 0 {
@@ -138,14 +149,32 @@ pub fn render(out: &mut String, rec: &Recording) {
             if flagged == 1 { "" } else { "s" }
         );
     }
-    stacks_section(out, rec, StackKind::Cpu, None);
-    stacks_section(out, rec, StackKind::Gil, None);
-    for reason in [OffCpuReason::Io, OffCpuReason::Lock, OffCpuReason::Poll, OffCpuReason::Sleep, OffCpuReason::Other] {
-        stacks_section(out, rec, StackKind::OffCpu, Some(reason));
+    stacks_section(out, rec, view, StackKind::Cpu, None);
+    // The waits: GIL, off-CPU by reason, slow syscalls; the largest
+    // sections first where the view shows only some.
+    let mut waits: Vec<(StackKind, Option<OffCpuReason>, u64)> = [
+        (StackKind::Gil, None),
+        (StackKind::OffCpu, Some(OffCpuReason::Io)),
+        (StackKind::OffCpu, Some(OffCpuReason::Lock)),
+        (StackKind::OffCpu, Some(OffCpuReason::Poll)),
+        (StackKind::OffCpu, Some(OffCpuReason::Sleep)),
+        (StackKind::OffCpu, Some(OffCpuReason::Other)),
+        (StackKind::Syscall, None),
+    ]
+    .into_iter()
+    .map(|(k, r)| (k, r, saturating_sum(merged(rec, view, k, r).iter().map(|s| s.1))))
+    .filter(|w| w.2 > 0)
+    .collect();
+    if waits.len() > view.limits.wait_sections {
+        let mut by_size = waits.clone();
+        by_size.sort_by_key(|w| std::cmp::Reverse(w.2));
+        let keep: Vec<_> = by_size.into_iter().take(view.limits.wait_sections).map(|w| (w.0, w.1)).collect();
+        waits.retain(|w| keep.contains(&(w.0, w.1)));
     }
-    stacks_section(out, rec, StackKind::Syscall, None);
+    for (kind, reason, _) in waits {
+        stacks_section(out, rec, view, kind, reason);
+    }
 }
-
 
 fn frame_text(f: &Frame) -> String {
     let mut s = printable(&f.function).into_owned();
@@ -168,10 +197,10 @@ fn frame_text(f: &Frame) -> String {
 /// (pid, function names) -> (weight, frames of the first stack seen).
 type MergedStacks<'a> = BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])>;
 
-fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
+fn merged<'a>(rec: &'a Recording, view: &View, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
     let mut m: MergedStacks<'a> = BTreeMap::new();
     // GIL stacks carry `reason: gil` (older recordings none): the kind says it all.
-    for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason)) {
+    for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason) && view.shows(s.pid)) {
         let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
         e.0 = e.0.saturating_add(stack_weight(s));
@@ -181,8 +210,9 @@ fn merged<'a>(rec: &'a Recording, kind: StackKind, reason: Option<OffCpuReason>)
     v
 }
 
-fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Option<OffCpuReason>) {
-    let stacks = merged(rec, kind, reason);
+fn stacks_section(out: &mut String, rec: &Recording, view: &View, kind: StackKind, reason: Option<OffCpuReason>) {
+    let stacks = merged(rec, view, kind, reason);
+    let (top, depth) = (if kind == StackKind::Cpu { view.limits.cpu_stacks } else { view.limits.wait_stacks }, view.limits.depth);
     if stacks.is_empty() {
         return;
     }
@@ -202,7 +232,8 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
         }
         _ => {}
     }
-    for (pid, w, frames) in stacks.into_iter().take(TOP_STACKS) {
+    let more = stacks.len().saturating_sub(top);
+    for (pid, w, frames) in stacks.into_iter().take(top) {
         let amount = match kind {
             StackKind::Cpu => format!("{w} samples"),
             _ => fmt_duration(w),
@@ -211,12 +242,15 @@ fn stacks_section(out: &mut String, rec: &Recording, kind: StackKind, reason: Op
         if frames.is_empty() {
             out.push_str("         (no stack)\n");
         }
-        for f in frames.iter().take(STACK_DEPTH_SHOWN) {
+        for f in frames.iter().take(depth) {
             let _ = writeln!(out, "         {}", frame_text(f));
         }
-        if frames.len() > STACK_DEPTH_SHOWN {
-            let _ = writeln!(out, "         ... {} more frames", frames.len() - STACK_DEPTH_SHOWN);
+        if frames.len() > depth {
+            let _ = writeln!(out, "         ... {} more frames", frames.len() - depth);
         }
+    }
+    if more > 0 && !view.verbose {
+        let _ = writeln!(out, "  ... {more} more stacks (`--verbose`, or a flame graph: `--format svg`)");
     }
 }
 
@@ -267,7 +301,7 @@ mod tests {
             frames: vec![frame],
         }];
         let mut out = String::new();
-        render(&mut out, &rec);
+        render(&mut out, &rec, &View::verbose());
         assert!(out.contains("== top GIL-wait stacks (7.00 ms total)") && out.contains("wait_for_gil"), "{out}");
     }
 
@@ -280,7 +314,7 @@ mod tests {
         rec.threads = vec![crafted(1, 2_000_000_000), crafted(1, 200_000_000), crafted(0, u64::MAX), crafted(u64::MAX, u64::MAX), crafted(10, 5)];
         rec.threads[3].runqueue_ns = u64::MAX;
         let mut out = String::new();
-        render(&mut out, &rec);
+        render(&mut out, &rec, &View::verbose());
         let rows: Vec<&str> = out.lines().filter(|l| l.contains(" tid ") || l.contains(" all ")).collect();
         assert_eq!(rows.len(), 6, "{out}");
         for l in &rows {

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use class::Class;
 pub use crate::recording::attribution::{Charged, SiteRef};
-pub use text::render_text;
+pub use text::{render_text, render_text_above};
 
 use crate::recording::{
     attribution as sites, cuda::CallClass, Frame, FrameKind, OffCpuReason, Recording, StackKind, StackRecord, ThreadTimes,

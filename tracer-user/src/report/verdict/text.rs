@@ -206,14 +206,27 @@ fn pool_note(p: &super::pools::PoolThread) -> String {
 }
 
 /// Appends the verdict: `== verdict`, then per process its bottleneck,
-/// advice, linked CUDA findings, class shares and threads.
+/// advice, linked CUDA findings, class shares and threads (of the
+/// processes with at least [`super::PROCESS_MIN_SHARE`] of the first's
+/// thread time).
 pub fn render_text(v: &Verdict, out: &mut String) {
+    render_text_above(v, out, super::PROCESS_MIN_SHARE);
+}
+
+/// [`render_text`] of the processes with at least `min_share` of the
+/// first's thread time (the compact text report's is higher).
+pub fn render_text_above(v: &Verdict, out: &mut String, min_share: f64) {
     let _ = writeln!(out, "\n== verdict (docs/verdict.md)");
-    for p in rows(v) {
+    for p in rows(v, min_share) {
         match p {
             Row::Shown(p) => render_process(p, out),
             Row::Small(n) => {
-                let _ = writeln!(out, "({n} more process{} with under 1% of the thread time of the first: in the JSON report)", if n == 1 { "" } else { "es" });
+                let _ = writeln!(
+                    out,
+                    "({n} more process{} with under {}% of the thread time of the first: in the JSON report)",
+                    if n == 1 { "" } else { "es" },
+                    min_share * 100.0
+                );
             }
         }
     }
@@ -230,13 +243,13 @@ enum Row<'a> {
 
 /// The rows of the text verdict: processes, with worker groups shown
 /// instead of their members, each group right after its parent; rows
-/// under [`super::PROCESS_MIN_SHARE`] of the first counted, not shown.
-fn rows(v: &Verdict) -> Vec<Row<'_>> {
+/// under `min_share` of the first counted, not shown.
+fn rows(v: &Verdict, min_share: f64) -> Vec<Row<'_>> {
     let grouped: std::collections::BTreeSet<u32> = v.groups.iter().flat_map(|g| g.pids.iter().copied()).collect();
     let mut all: Vec<&ProcessVerdict> = v.processes.iter().filter(|p| !grouped.contains(&p.pid)).chain(v.groups.iter()).collect();
     all.sort_by(|a, b| b.wall_ns.cmp(&a.wall_ns).then(a.pid.cmp(&b.pid)));
     let top = all.first().map(|p| p.wall_ns).unwrap_or(0);
-    let shown = |p: &ProcessVerdict| p.wall_ns as f64 >= top as f64 * super::PROCESS_MIN_SHARE;
+    let shown = |p: &ProcessVerdict| p.wall_ns as f64 >= top as f64 * min_share;
     // Groups follow their parent when it is shown.
     let parents: std::collections::BTreeSet<u32> = all.iter().filter(|p| p.pids.len() < 2 && shown(p)).map(|p| p.pid).collect();
     let follows = |g: &ProcessVerdict| g.pids.len() >= 2 && shown(g) && g.ppid.is_some_and(|pp| parents.contains(&pp));

@@ -1,0 +1,172 @@
+//! How much the text report shows. By default a compact view that fits a
+//! short run on two screens: the sections of the processes that hold most
+//! of the thread time (at most [`MAX_PROCESSES`]), the top rows of each
+//! table, the hottest stacks, and the notes a user acts on. `--verbose`
+//! shows every process, row, stack, histogram and detail; the JSON report
+//! always has everything.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{
+    recording::Recording,
+    report::rows::SyscallRow,
+};
+
+/// Processes with sections of their own in the compact view.
+pub const MAX_PROCESSES: usize = 3;
+/// A process below this share of the busiest one's thread time is left
+/// out of the compact view's per-process sections.
+const MIN_SHARE_OF_FIRST: f64 = 0.05;
+
+/// Rows and stacks per section: compact, verbose (`usize::MAX`: all).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limits {
+    /// Syscall rows per process table.
+    pub syscalls: usize,
+    /// Thread rows per process in the wall-time section.
+    pub threads: usize,
+    /// On-CPU stacks.
+    pub cpu_stacks: usize,
+    /// Stacks per off-CPU, GIL and slow-syscall section.
+    pub wait_stacks: usize,
+    /// Off-CPU, GIL and slow-syscall stack sections (the largest first).
+    pub wait_sections: usize,
+    /// Frames shown per stack.
+    pub depth: usize,
+    /// Python functions per ranking.
+    pub functions: usize,
+    /// Python rankings besides on-CPU (the largest first).
+    pub wait_rankings: usize,
+    /// Notes printed (after the details are left out).
+    pub notes: usize,
+    /// Lines per process in the resident-growth-by-line table.
+    pub memory_lines: usize,
+    /// Processes with a tracer-overhead line of their own.
+    pub overhead_rows: usize,
+    /// Verdict rows: processes with at least this share of the first's
+    /// thread time.
+    pub verdict_min_share: f64,
+}
+
+const COMPACT: Limits = Limits {
+    syscalls: 10,
+    threads: 8,
+    cpu_stacks: 3,
+    wait_stacks: 1,
+    wait_sections: 2,
+    depth: 8,
+    functions: 5,
+    wait_rankings: 2,
+    notes: 8,
+    memory_lines: 5,
+    overhead_rows: 2,
+    verdict_min_share: MIN_SHARE_OF_FIRST,
+};
+
+const VERBOSE: Limits = Limits {
+    syscalls: usize::MAX,
+    threads: usize::MAX,
+    cpu_stacks: 5,
+    wait_stacks: 5,
+    wait_sections: usize::MAX,
+    depth: 12,
+    functions: 10,
+    wait_rankings: usize::MAX,
+    notes: usize::MAX,
+    memory_lines: 10,
+    overhead_rows: 5,
+    verdict_min_share: crate::report::verdict::PROCESS_MIN_SHARE,
+};
+
+/// What one rendering of the text report shows.
+#[derive(Clone, Debug)]
+pub struct View {
+    pub verbose: bool,
+    pub limits: Limits,
+    /// The processes with sections of their own; `None`: all.
+    shown: Option<BTreeSet<u32>>,
+    /// Compact view: processes left out of the per-process sections.
+    left_out: usize,
+}
+
+impl View {
+    /// Everything (`--verbose`).
+    pub fn verbose() -> Self {
+        Self { verbose: true, limits: VERBOSE, shown: None, left_out: 0 }
+    }
+
+    /// The compact default for `rec`: its busiest processes by thread time
+    /// (by syscall time where the scheduler was not traced).
+    pub fn compact(rec: &Recording, rows: &BTreeMap<u32, Vec<SyscallRow>>) -> Self {
+        let mut busy: BTreeMap<u32, u64> = BTreeMap::new();
+        for t in &rec.threads {
+            let e = busy.entry(t.pid).or_default();
+            *e = e.saturating_add(t.wall_ns);
+        }
+        if busy.is_empty() {
+            for (pid, r) in rows {
+                busy.insert(*pid, r.iter().fold(0u64, |a, r| a.saturating_add(r.total_ns)));
+            }
+        }
+        let all: BTreeSet<u32> = rec.targets.iter().map(|t| t.pid).chain(busy.keys().copied()).collect();
+        let mut ranked: Vec<(u32, u64)> = busy.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let first = ranked.first().map_or(0, |r| r.1);
+        let shown: BTreeSet<u32> = ranked
+            .iter()
+            .take(MAX_PROCESSES)
+            .filter(|(_, ns)| first == 0 || *ns as f64 >= first as f64 * MIN_SHARE_OF_FIRST)
+            .map(|(pid, _)| *pid)
+            .collect();
+        // A recording with no time at all (nothing ran): show what there is.
+        let shown = if shown.is_empty() { all.clone() } else { shown };
+        let left_out = all.difference(&shown).count();
+        Self { verbose: false, limits: COMPACT, shown: Some(shown), left_out }
+    }
+
+    /// Whether process `pid` gets its own sections.
+    pub fn shows(&self, pid: u32) -> bool {
+        self.shown.as_ref().is_none_or(|s| s.contains(&pid))
+    }
+
+    /// Processes left out of the per-process sections.
+    pub fn left_out(&self) -> usize {
+        self.left_out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::ThreadTimes;
+
+    fn thread(pid: u32, wall_ns: u64) -> ThreadTimes {
+        ThreadTimes {
+            pid,
+            tid: pid,
+            comm: "t".into(),
+            wall_ns,
+            on_cpu_ns: wall_ns,
+            syscall_ns: 0,
+            off_cpu: Default::default(),
+            runqueue_ns: 0,
+            aggregated_threads: 0,
+        }
+    }
+
+    #[test]
+    fn compact_shows_the_busiest_processes() {
+        let mut rec = crate::recording::tests::sample();
+        rec.threads = vec![thread(1, 1000), thread(2, 40), thread(3, 900), thread(4, 800), thread(5, 700), thread(6, 60)];
+        let v = View::compact(&rec, &BTreeMap::new());
+        assert!(v.shows(1) && v.shows(3) && v.shows(4), "{v:?}");
+        assert!(!v.shows(5) && !v.shows(2) && !v.shows(6), "{v:?}");
+        assert!(v.left_out() >= 3, "{v:?}");
+        // Under 5% of the busiest: left out even when there is room.
+        rec.threads = vec![thread(1, 1000), thread(2, 40), thread(6, 60)];
+        let v = View::compact(&rec, &BTreeMap::new());
+        assert!(v.shows(1) && v.shows(6) && !v.shows(2), "{v:?}");
+        let all = View::verbose();
+        assert!(all.shows(2) && all.left_out() == 0);
+    }
+}
