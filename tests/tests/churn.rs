@@ -177,8 +177,8 @@ fn churned_threads_are_summed_and_add_up() {
         ))),
         "no note on the summed threads: {notes:?}"
     );
-    // The text report names the summed row.
-    let text = run_infertrace([OsStr::new("report"), out.as_os_str()]);
+    // The text report names the summed row (every row: `--verbose`).
+    let text = run_infertrace([OsStr::new("report"), OsStr::new("--verbose"), out.as_os_str()]);
     text.assert_ok();
     assert!(
         text.stdout

@@ -107,8 +107,9 @@ fn sleep_latency_is_measured() {
         assert_eq!(hist[23], N, "{ctx}");
     }
 
-    // The text report's usecs/call and calls columns agree.
-    let text = run_infertrace([OsStr::new("report"), dir.join("rec.itr").as_os_str()]);
+    // The text report's usecs/call and calls columns agree (every row:
+    // `--verbose`).
+    let text = run_infertrace([OsStr::new("report"), OsStr::new("--verbose"), dir.join("rec.itr").as_os_str()]);
     text.assert_ok();
     let line = text
         .stdout

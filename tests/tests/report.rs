@@ -50,7 +50,7 @@ fn record_prints_text_report_by_default() {
     let dir = TempDir::new("report-default");
     let w = workload("syscall_counts");
     let r = run_cmd(
-        infertrace(["record", "-q", "-o", "rec.itr", "--"])
+        infertrace(["record", "-q", "-v", "-o", "rec.itr", "--"])
             .arg(&w)
             .current_dir(dir.path()),
         RUN_TIMEOUT,
@@ -97,7 +97,7 @@ fn report_renders_text_and_json() {
     let dir = TempDir::new("report");
     let (rec, live) = recording(&dir);
 
-    let text = run_infertrace([OsStr::new("report"), rec.as_os_str()]);
+    let text = run_infertrace([OsStr::new("report"), OsStr::new("--verbose"), rec.as_os_str()]);
     text.assert_ok();
     check_text(&text.stdout);
 
@@ -105,6 +105,7 @@ fn report_renders_text_and_json() {
     run_infertrace([
         OsStr::new("report"),
         rec.as_os_str(),
+        "-v".as_ref(),
         "-o".as_ref(),
         text_out.as_os_str(),
     ])

@@ -72,6 +72,67 @@ impl Piped {
     }
 }
 
+/// Two screens of a terminal: the compact default report of a short run
+/// fits in them (docs/report.md; `--verbose` shows everything).
+const TWO_SCREENS: usize = 2 * 75;
+
+/// The default text report fits [`TWO_SCREENS`], says what it left out, and
+/// holds no detail of the tracer's internals.
+#[track_caller]
+fn assert_fits_two_screens(test: &str, text: &str) {
+    let n = text.lines().count();
+    note(test, &format!("default text report: {n} lines (two screens: {TWO_SCREENS})"));
+    assert!(n <= TWO_SCREENS, "{n} lines:\n{text}");
+    assert!(text.contains("(compact report: left out "), "no word on what was left out:\n{text}");
+    for internal in ["detail: ", "Python stacks attributed", "Python stacks were deeper than", "kernel copies that cut"] {
+        assert!(!text.contains(internal), "{internal:?} in the default report:\n{text}");
+    }
+}
+
+/// `import torch; torch.cuda.is_available()` (the real wheel, no GPU): the
+/// headline is the import's own work, not a helper thread's wait; the
+/// default report fits two screens, `--verbose` shows the details (the
+/// interpreter seen, the CUDA libraries probed) that JSON keeps in
+/// `details`.
+#[test]
+fn import_torch_reads_as_its_own_work_on_two_screens() {
+    let test = "import_torch_reads_as_its_own_work_on_two_screens";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python_with_torch(test) else { return };
+    let dir = TempDir::new("verdict-import-torch");
+    let out = dir.join("rec.itr");
+    let run = run_cmd(
+        infertrace(["record".as_ref(), "-q".as_ref(), "-o".as_ref(), out.as_os_str(), "--".as_ref(), python.as_os_str()])
+            .args(["-c", "import torch; print(torch.cuda.is_available())"]),
+        RUN_TIMEOUT,
+    );
+    run.assert_ok();
+    let text = run.stdout.clone();
+    assert_fits_two_screens(test, &text);
+    assert!(!text.contains(": bottleneck waiting on other threads"), "a helper's wait heads the verdict:\n{text}");
+    let json = run_infertrace(["report".as_ref(), out.as_os_str(), "--format".as_ref(), "json".as_ref()]);
+    json.assert_ok();
+    let report = json.json();
+    let pid = report.one_target("launched")["pid"].as_u64().expect("pid");
+    let v = report.0["verdict"]["processes"].as_array().and_then(|a| a.iter().find(|p| p["pid"] == pid)).cloned().expect("a verdict for python");
+    let class = v["bottleneck"]["class"].as_str().unwrap_or_default().to_owned();
+    note(test, &format!("headline {class}: {}", v["bottleneck"]));
+    // The import's own work: interpreting, native init, reading files, or
+    // waiting for a CPU (a loaded 2-core machine); never a helper's wait.
+    assert!(["python_compute", "native_compute", "io", "cpu_starvation"].contains(&class.as_str()), "headline {class}: {v:#}");
+    let details: Vec<String> = report.0["details"].as_array().map(|a| a.iter().filter_map(|d| d.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+    let attributed = format!("pid {pid}: CPython ");
+    assert!(details.iter().any(|d| d.starts_with(&attributed)), "no detail on the interpreter: {details:#?}");
+    let verbose = run_infertrace(["report".as_ref(), "--verbose".as_ref(), out.as_os_str()]);
+    verbose.assert_ok();
+    note(test, &format!("--verbose: {} lines", verbose.stdout.lines().count()));
+    assert!(verbose.stdout.lines().count() > text.lines().count(), "--verbose shows no more:\n{}", verbose.stdout);
+    assert!(verbose.stdout.contains(&format!("detail: {attributed}")), "{}", verbose.stdout);
+    assert!(!verbose.stdout.contains("(compact report:"), "{}", verbose.stdout);
+}
+
 /// The interpreter python3 runs, when it imports torch.
 fn python_with_torch(test: &str) -> Option<PathBuf> {
     let python = python3_executable(test)?;
@@ -140,6 +201,7 @@ fn check_text(test: &str, p: &Piped, workers: &BTreeSet<u64>, main_pid: u64) {
     let text = p.text();
     let verdict: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("== verdict")).skip(1).take_while(|l| !l.starts_with("== ")).collect();
     note(test, &format!("text report: {} lines, verdict {} lines", text.lines().count(), verdict.len()));
+    assert_fits_two_screens(test, &text);
     let head = format!("pid {main_pid} ");
     let main = verdict.iter().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no verdict line for the main process:\n{}", verdict.join("\n")));
     assert!(main.contains(": bottleneck input pipeline ") && main.contains(&format!("at main (pipeline.py:{})", m["next"])) && main.contains("for DataLoader worker"), "{main}");

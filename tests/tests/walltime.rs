@@ -332,13 +332,13 @@ fn spin_function_tops_cpu_stacks() {
     assert!(text.trim_end().ends_with("</svg>"), "SVG truncated");
 }
 
-/// The text report's wall-time sections.
+/// The text report's wall-time sections (all of them: `--verbose`).
 #[test]
 fn text_report_walltime_sections() {
     require!("text_report_walltime_sections", Root, Binary, Gcc);
     let dir = TempDir::new("wt-text");
     let (_, rep, rec) = record_walltime(&dir, &[], &["three", "300"]);
-    let r = run_infertrace([OsStr::new("report"), rec.as_os_str()]);
+    let r = run_infertrace([OsStr::new("report"), OsStr::new("--verbose"), rec.as_os_str()]);
     r.assert_ok();
     for section in [
         "== wall time per thread",

@@ -71,9 +71,17 @@ pub fn render(out: &mut String, cuda: &CudaReport, view: &super::view::View) {
     } else {
         let _ = writeln!(out, "\n== GPU utilization (no CUDA runtime probed in the targets)");
     }
-    for l in &cuda.libraries {
-        let pids: Vec<String> = l.pids.iter().map(u32::to_string).collect();
-        let _ = writeln!(out, "probed {} ({} functions), mapped by pid {}", printable(&l.path), l.functions.len(), pids.join(", "));
+    if view.verbose || cuda.libraries.len() < 2 {
+        for l in &cuda.libraries {
+            let pids: Vec<String> = l.pids.iter().map(u32::to_string).collect();
+            let _ = writeln!(out, "probed {} ({} functions), mapped by pid {}", printable(&l.path), l.functions.len(), pids.join(", "));
+        }
+    } else {
+        // Compact: one line (`--verbose` has each library's path and pids).
+        let names: Vec<String> =
+            cuda.libraries.iter().map(|l| format!("{} ({})", printable(l.path.rsplit('/').next().unwrap_or(&l.path)), l.functions.len())).collect();
+        let pids: std::collections::BTreeSet<u32> = cuda.libraries.iter().flat_map(|l| l.pids.iter().copied()).collect();
+        let _ = writeln!(out, "probed {} libraries (functions): {}; mapped by {} process{}", names.len(), names.join(", "), pids.len(), if pids.len() == 1 { "" } else { "es" });
     }
 
     findings_section(out, cuda, traced);

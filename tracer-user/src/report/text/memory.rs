@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use super::view::View;
 use crate::{
     recording::{
         memory::{MemoryReport, ProcessMemory},
@@ -12,16 +13,17 @@ use crate::{
     report::fmt::{fmt_bytes, fmt_duration, printable},
 };
 
-/// Processes shown, largest peak first; the others are counted.
-const MAX_PROCESSES: usize = 5;
 /// A process is shown when its peak is at least this share of the largest.
 const MIN_PEAK_SHARE: f64 = 0.05;
-/// Resident memory per process, with `max_lines` of growth by line each.
-pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport, max_lines: usize) {
+/// Resident memory per process (of those `view` shows), with its top lines
+/// of growth each.
+pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport, view: &View) {
+    let max_lines = view.limits.memory_lines;
     let largest = m.processes.iter().map(|p| p.peak_rss).max().unwrap_or(0);
-    let mut shown: Vec<&ProcessMemory> = m.processes.iter().filter(|p| p.peak_rss as f64 >= largest as f64 * MIN_PEAK_SHARE).collect();
+    let mut shown: Vec<&ProcessMemory> =
+        m.processes.iter().filter(|p| p.peak_rss as f64 >= largest as f64 * MIN_PEAK_SHARE && view.shows(p.pid)).collect();
     shown.sort_by(|a, b| b.peak_rss.cmp(&a.peak_rss).then(a.pid.cmp(&b.pid)));
-    shown.truncate(MAX_PROCESSES);
+    shown.truncate(view.limits.memory_processes);
     if shown.is_empty() {
         return;
     }
@@ -35,7 +37,7 @@ pub fn render(out: &mut String, rec: &Recording, m: &MemoryReport, max_lines: us
     }
     let rest = m.processes.len() - shown.len();
     if rest > 0 {
-        let _ = writeln!(out, "({rest} more process{} with smaller peaks: `--format json` has them)", if rest == 1 { "" } else { "es" });
+        let _ = writeln!(out, "({rest} more process{} with smaller peaks or less thread time: `--format json` has them)", if rest == 1 { "" } else { "es" });
     }
 }
 

@@ -40,7 +40,13 @@ pub fn render(rec: &Recording) -> String {
 pub fn render_with(rec: &Recording, verbose: bool) -> String {
     let mut out = String::new();
     let rows = syscall_rows(rec);
-    let view = if verbose { view::View::verbose() } else { view::View::compact(rec, &rows) };
+    let verdict = (!rec.threads.is_empty()).then(|| super::verdict::verdict(rec));
+    let view = match (&verdict, verbose) {
+        (_, true) => view::View::verbose(),
+        (Some(v), false) => view::View::compact(rec, &rows, &v.groups.iter().map(|g| g.pids.clone()).collect::<Vec<_>>())
+            .quieten(v.processes.iter().chain(&v.groups).flat_map(|p| p.parked.iter().chain(&p.helpers)).flat_map(|l| l.tids.iter().copied())),
+        (None, false) => view::View::compact(rec, &rows, &[]),
+    };
     let all_rows: Vec<&SyscallRow> = rows.values().flatten().collect();
     let grand = totals(all_rows.iter().copied());
     let _ = writeln!(
@@ -65,8 +71,8 @@ pub fn render_with(rec: &Recording, verbose: bool) -> String {
         );
     }
     // The answer first: the bottleneck verdict (docs/verdict.md).
-    if !rec.threads.is_empty() {
-        super::verdict::render_text_above(&super::verdict::verdict(rec), &mut out, view.limits.verdict_min_share);
+    if let Some(v) = &verdict {
+        super::verdict::render_text_above(v, &mut out, view.limits.verdict_min_share);
     }
     if let Some(t) = &rec.timeline {
         out.push_str(&crate::report::timeline_summary::TimelineSummary::of(t).line());
@@ -79,7 +85,7 @@ pub fn render_with(rec: &Recording, verbose: bool) -> String {
         asyncio::render(&mut out, a);
     }
     if let Some(m) = &rec.memory {
-        memory::render(&mut out, rec, m, view.limits.memory_lines);
+        memory::render(&mut out, rec, m, &view);
     }
     syscalls::render_tables(&mut out, rec, &rows, &view);
     if view.verbose {

@@ -57,7 +57,7 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
         // (function, file) -> (weight, weight per line)
         let mut by_fn: BTreeMap<(String, String), (u64, BTreeMap<u32, u64>)> = BTreeMap::new();
         let mut total = 0u64;
-        for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason) && view.shows(s.pid)) {
+        for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Cpu || s.reason == reason) && view.counted_as(s.pid).is_some() && !view.is_quiet(s.pid, s.tid)) {
             total = total.saturating_add(stack_weight(s));
             if let Some(f) = python_leaf(s) {
                 let file = f.file.as_deref().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or("?");

@@ -36,6 +36,9 @@ pub fn render_tables(out: &mut String, rec: &Recording, rows: &BTreeMap<u32, Vec
             exit,
             command_line(t)
         );
+        if let Some(n) = view.group_of(t.pid) {
+            let _ = writeln!(out, "(the busiest of {n} worker processes with this command: `--verbose` shows each)");
+        }
         match rows.get(&t.pid) {
             Some(r) => table(out, r, view.limits.syscalls),
             None => out.push_str("(no syscalls in the window)\n"),

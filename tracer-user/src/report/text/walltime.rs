@@ -122,10 +122,11 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
     for (pid, threads) in &by_pid {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
         flagged += usize::from(line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads)));
-        let mut shown: Vec<&ThreadTimes> = threads.clone();
-        if threads.len() > view.limits.threads {
-            // The longest-lived first, then in recorded order.
-            shown.sort_by_key(|t| std::cmp::Reverse(t.wall_ns));
+        // Compact: not the threads the verdict left out (parked, helpers).
+        let mut shown: Vec<&ThreadTimes> = threads.iter().copied().filter(|t| !view.is_quiet(t.pid, t.tid)).collect();
+        if shown.len() > view.limits.threads {
+            // The busiest (on CPU, run queue, GIL) first, then in recorded order.
+            shown.sort_by_key(|t| std::cmp::Reverse((t.on_cpu_ns.saturating_add(t.runqueue_ns).saturating_add(t.off_cpu.gil_ns), t.wall_ns)));
             shown.truncate(view.limits.threads);
             shown.sort_by_key(|t| threads.iter().position(|x| std::ptr::eq(*x, *t)));
         }
@@ -139,7 +140,9 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
         }
         if threads.len() > shown.len() {
             let rest = saturating_sum(threads.iter().filter(|t| !shown.iter().any(|s| std::ptr::eq(*s, **t))).map(|t| t.wall_ns));
-            let _ = writeln!(out, "  ... {} more threads ({} thread time)", threads.len() - shown.len(), fmt_duration(rest));
+            let quiet = threads.iter().filter(|t| view.is_quiet(t.pid, t.tid)).count();
+            let why = if quiet > 0 { format!("; {quiet} parked or helper threads the verdict left out") } else { String::new() };
+            let _ = writeln!(out, "  ... {} more threads ({} thread time{why})", threads.len() - shown.len(), fmt_duration(rest));
         }
     }
     if flagged > 0 {
@@ -162,6 +165,8 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
         (StackKind::Syscall, None),
     ]
     .into_iter()
+    // Compact: no slow-syscall stacks (the off-CPU stacks hold their waits).
+    .filter(|(k, _)| view.verbose || *k != StackKind::Syscall)
     .map(|(k, r)| (k, r, saturating_sum(merged(rec, view, k, r).iter().map(|s| s.1))))
     .filter(|w| w.2 > 0)
     .collect();
@@ -200,8 +205,10 @@ type MergedStacks<'a> = BTreeMap<(u32, Vec<String>), (u64, &'a [Frame])>;
 fn merged<'a>(rec: &'a Recording, view: &View, kind: StackKind, reason: Option<OffCpuReason>) -> Vec<(u32, u64, &'a [Frame])> {
     let mut m: MergedStacks<'a> = BTreeMap::new();
     // GIL stacks carry `reason: gil` (older recordings none): the kind says it all.
-    for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason) && view.shows(s.pid)) {
-        let key = (s.pid, s.frames.iter().map(|f| f.function.clone()).collect());
+    for s in rec.stacks.iter().filter(|s| s.kind == kind && (kind == StackKind::Gil || s.reason == reason) && !view.is_quiet(s.pid, s.tid)) {
+        // A worker group's stacks merge into its shown member's (compact).
+        let Some(pid) = view.counted_as(s.pid) else { continue };
+        let key = (pid, s.frames.iter().map(|f| f.function.clone()).collect());
         let e = m.entry(key).or_insert((0, &s.frames));
         e.0 = e.0.saturating_add(stack_weight(s));
     }
@@ -232,21 +239,30 @@ fn stacks_section(out: &mut String, rec: &Recording, view: &View, kind: StackKin
         }
         _ => {}
     }
-    let more = stacks.len().saturating_sub(top);
-    for (pid, w, frames) in stacks.into_iter().take(top) {
+    let floor = total as f64 * view.limits.stack_min_share;
+    let shown = stacks.iter().enumerate().take(top).take_while(|(i, s)| *i == 0 || s.1 as f64 >= floor).count();
+    let more = stacks.len().saturating_sub(shown);
+    for (pid, w, frames) in stacks.into_iter().take(shown) {
         let amount = match kind {
             StackKind::Cpu => format!("{w} samples"),
             _ => fmt_duration(w),
         };
-        let _ = writeln!(out, "{}  {amount}  pid {pid}", fmt_share(w, total));
+        let _ = writeln!(out, "{}  {amount}  {}", fmt_share(w, total), view.name(pid));
         if frames.is_empty() {
             out.push_str("         (no stack)\n");
         }
-        for f in frames.iter().take(depth) {
+        // Compact: the kernel's part of a stack (how the thread went to
+        // sleep) on one line, the frames that say why after it.
+        let kernel = if view.verbose { 0 } else { frames.iter().take_while(|f| f.kind == FrameKind::Kernel).count() };
+        if kernel > 1 {
+            let _ = writeln!(out, "         {} .. {} [k] ({kernel} kernel frames)", printable(&frames[0].function), printable(&frames[kernel - 1].function));
+        }
+        let rest = &frames[if kernel > 1 { kernel } else { 0 }..];
+        for f in rest.iter().take(depth) {
             let _ = writeln!(out, "         {}", frame_text(f));
         }
-        if frames.len() > depth {
-            let _ = writeln!(out, "         ... {} more frames", frames.len() - depth);
+        if rest.len() > depth {
+            let _ = writeln!(out, "         ... {} more frames", rest.len() - depth);
         }
     }
     if more > 0 && !view.verbose {

@@ -654,6 +654,7 @@ impl parked::Parked {
     fn add(&mut self, other: &parked::Parked) {
         self.threads += other.threads;
         self.wall_ns = self.wall_ns.saturating_add(other.wall_ns);
+        self.tids.extend_from_slice(&other.tids);
     }
 }
 

@@ -323,13 +323,35 @@ fn dataloader() -> Recording {
     r
 }
 
+/// A DataLoader worker's fd-passing listener thread (`socket.accept` in
+/// multiprocessing's resource sharer) waits for the GIL a third of its
+/// life behind the worker's `__getitem__`: still a helper, and the
+/// workers read as what they do.
+#[test]
+fn a_listener_waiting_for_the_gil_is_a_helper() {
+    let mut r = dataloader();
+    let gil_poll = OffCpuTimes { gil_ns: 700 * MS, poll_ns: 1250 * MS, ..Default::default() };
+    for pid in [20, 21] {
+        let tid = pid + 10;
+        r.threads.push(on(pid, thread(tid, 30 * MS, gil_poll, 20 * MS)));
+        let accept = vec![py("socket.accept", "/usr/lib/python3.11/socket.py", 294), py("_serve", "/usr/lib/python3.11/multiprocessing/resource_sharer.py", 138)];
+        r.stacks.push(at(pid, stack(StackKind::OffCpu, Some(OffCpuReason::Poll), tid, 0, 1250 * MS, accept)));
+    }
+    let v = verdict(&r);
+    let g = &v.groups[0];
+    assert_eq!(g.helpers.as_ref().map(|h| h.threads), Some(3), "{:?}", g.helpers);
+    let b = g.bottleneck.as_ref().unwrap();
+    assert_eq!(b.class, Class::PythonCompute, "{:?}", g.classes);
+    assert_eq!(b.site.as_ref().unwrap().site.function, "SlowDS.__getitem__");
+}
+
 #[test]
 fn a_loop_waiting_for_busy_dataloader_workers_is_input_pipeline_naming_them() {
     let r = dataloader();
     let v = verdict(&r);
     let p = v.processes.iter().find(|p| p.pid == 10).unwrap();
     // The feeder thread is a helper, out of the shares.
-    assert_eq!(p.helpers, Some(parked::Parked { threads: 1, wall_ns: 2000 * MS }));
+    assert_eq!(p.helpers, Some(parked::Parked { threads: 1, wall_ns: 2000 * MS, tids: vec![(10, 11)] }));
     assert_eq!(p.wall_ns, 2000 * MS);
     let b = p.bottleneck.as_ref().unwrap();
     assert_eq!(b.class, Class::InputPipeline, "{:?}", p.classes);
