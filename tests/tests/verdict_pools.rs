@@ -9,7 +9,7 @@
 //! Needs root, the binary, python3 with onnxruntime, onnx and numpy
 //! (`cargo xtask setup` installs them). Under CI=true a missing one fails.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command;
@@ -240,4 +240,51 @@ fn torch_openmp_pool_left_idle_is_not_busy_waiting() {
         assert!(t["pool"]["busy_waiting"] != true, "an idle pool named busy-waiting: {}", summary(t));
     }
     assert!(p["bottleneck"]["class"] == "sleeping", "{:#}", p["bottleneck"]);
+}
+
+/// Code generated at run time, named by its perf map (the real torch wheel:
+/// oneDNN JIT-compiles its convolution kernels into anonymous executable
+/// memory and, with ONEDNN_JIT_PROFILE=2, writes `/tmp/perf-PID.map`;
+/// tests/workloads/onednn_jit.py): the samples in that code carry the
+/// map's names (module `[jit: perf map]`), each a name the map holds, and
+/// few stay `[jit]`.
+#[test]
+fn jit_code_is_named_from_its_perf_map() {
+    let test = "jit_code_is_named_from_its_perf_map";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    if !Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()) {
+        skip(test, &format!("PyTorch (the torch wheel) for {} (cargo xtask setup)", python.display()));
+        return;
+    }
+    let dir = TempDir::new("pools-jit");
+    let src = workspace_root().join("tests/workloads/onednn_jit.py");
+    let (run, report) = record_launch(&dir.join("rec.itr"), &[python.as_os_str(), src.as_os_str(), "3".as_ref()]);
+    let pid: u32 = run.stderr.lines().find_map(|l| l.strip_prefix("pid ")).and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("no pid line\n{}", run.describe()));
+    let map_path = format!("/tmp/perf-{pid}.map");
+    let map = std::fs::read_to_string(&map_path).unwrap_or_else(|e| panic!("the workload wrote no {map_path}: {e}"));
+    let _ = std::fs::remove_file(&map_path);
+    let names: BTreeSet<&str> = map.lines().filter_map(|l| l.splitn(3, ' ').nth(2)).collect();
+    let (mut named, mut unnamed) = (0u64, 0u64);
+    let mut seen = BTreeSet::new();
+    for s in report.0["stacks"].as_array().unwrap().iter().filter(|s| s["kind"] == "cpu" && s["pid"] == pid) {
+        let n = s["samples"].as_u64().unwrap_or(0);
+        for f in s["frames"].as_array().unwrap() {
+            match f["module"].as_str() {
+                Some("[jit: perf map]") => {
+                    let name = f["function"].as_str().unwrap_or_default();
+                    assert!(names.contains(name), "{name:?} is not in {map_path}: {names:?}");
+                    seen.insert(name.to_owned());
+                    named += n;
+                }
+                Some("[jit]") => unnamed += n,
+                _ => {}
+            }
+        }
+    }
+    note(test, &format!("{named} samples in generated code named from the perf map ({seen:?}), {unnamed} unnamed; the map holds {} names", names.len()));
+    assert!(named >= 20, "{named} samples named from the perf map, {unnamed} unnamed");
+    assert!(unnamed * 10 <= named, "{unnamed} samples in generated code unnamed, {named} named");
 }

@@ -10,6 +10,7 @@ pub mod elf;
 pub mod kallsyms;
 pub mod usdt;
 pub mod probe;
+pub mod perfmap;
 pub mod procfs;
 pub mod sched;
 pub mod symbolize;

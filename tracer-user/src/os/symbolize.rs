@@ -39,7 +39,7 @@ pub const SPIN_WAIT: &str = "[spin-wait]";
 /// Bytes looked at on each side of the sampled instruction.
 pub const SPIN_WINDOW: u64 = 10;
 use crate::{
-    os::procfs::{self, MapsLine},
+    os::{perfmap, procfs::{self, MapsLine}},
     recording::{Frame, FrameKind},
 };
 
@@ -76,7 +76,30 @@ enum Slot {
     Cached((usize, u64)),
     /// Not in a symbolizable file: a single unknown frame.
     Unknown(Option<String>),
+    /// In code generated at run time (an anonymous executable mapping):
+    /// named by the process's perf map where it has one.
+    Jit(u64),
 }
+
+/// The module of frames named by a process's perf map (`/tmp/perf-PID.map`).
+pub const JIT_PERF_MAP_MODULE: &str = "[jit: perf map]";
+
+/// A process's perf map as last read.
+struct JitNames {
+    source: perfmap::Source,
+    /// `None` until first read.
+    map: Option<perfmap::PerfMap>,
+    read_at: Option<std::time::Instant>,
+}
+
+/// Processes whose root directory is held open for their perf map (one
+/// descriptor each); past this, a map is read only while its process
+/// lives.
+const MAX_JIT_ROOTS: usize = 256;
+
+/// A perf map that misses an address is read again at most this often
+/// (and only when it grew).
+const PERF_MAP_REREAD: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
@@ -92,6 +115,8 @@ pub struct Symbolizer {
     user_cache: HashMap<(usize, u64), Vec<Frame>>,
     /// Whether the code at an unresolved leaf address is a spin-wait loop.
     spin_cache: HashMap<(usize, u64), bool>,
+    /// Perf maps by process, read on the first address in generated code.
+    perf_maps: HashMap<u32, JitNames>,
     kernel_cache: HashMap<u64, Frame>,
     /// How many more files may be held open.
     fd_budget: u64,
@@ -121,6 +146,7 @@ impl Symbolizer {
     /// others stay open.
     pub fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
         self.processes.retain(|pid, _| !pids.contains(pid));
+        self.perf_maps.retain(|pid, _| !pids.contains(pid));
         self.compact(COMPACT_MIN);
     }
 
@@ -180,6 +206,7 @@ impl Symbolizer {
             processes: HashMap::new(),
             user_cache: HashMap::new(),
             spin_cache: HashMap::new(),
+            perf_maps: HashMap::new(),
             kernel_cache: HashMap::new(),
             fd_budget: fd_budget(),
             use_map_files: true,
@@ -211,6 +238,12 @@ impl Symbolizer {
             return false;
         }
         mappings.sort_by_key(|m| m.start);
+        // Code generated at run time: where its perf map is, taken now
+        // (the process may be gone when its stacks are named).
+        if mappings.iter().any(|m| m.module.as_deref() == Some(JIT_MODULE)) && !self.perf_maps.contains_key(&pid) {
+            let hold = self.perf_maps.len() < MAX_JIT_ROOTS;
+            self.perf_maps.insert(pid, JitNames { source: perfmap::Source::of(pid, hold), map: None, read_at: None });
+        }
         self.processes.insert(pid, mappings);
         true
     }
@@ -240,6 +273,7 @@ impl Symbolizer {
                     }
                     Slot::Cached(key)
                 }
+                Some(m) if m.module.as_deref() == Some(JIT_MODULE) => Slot::Jit(addr),
                 Some(m) => Slot::Unknown(m.module.clone()),
                 None => Slot::Unknown(None),
             };
@@ -279,9 +313,33 @@ impl Symbolizer {
                     }
                 }
                 Slot::Unknown(module) => frames.push(unknown(FrameKind::Native, module)),
+                Slot::Jit(addr) => frames.push(match self.jit_name(pid, addr) {
+                    Some(name) => Frame { function: name, file: None, line: None, kind: FrameKind::Native, module: Some(JIT_PERF_MAP_MODULE.to_owned()) },
+                    None => unknown(FrameKind::Native, Some(JIT_MODULE.to_owned())),
+                }),
             }
         }
         frames
+    }
+
+    /// The name process `pid`'s perf map gives `addr` (generated code). The
+    /// map is read on the first such address, and again (at most every
+    /// [`PERF_MAP_REREAD`], when it grew) on a miss: a JIT appends to it.
+    fn jit_name(&mut self, pid: u32, addr: u64) -> Option<String> {
+        let names = self.perf_maps.get_mut(&pid)?;
+        if let Some(name) = names.map.as_ref().and_then(|m| m.lookup(addr)) {
+            return Some(name.to_owned());
+        }
+        let now = std::time::Instant::now();
+        if names.read_at.is_some_and(|t| now.duration_since(t) < PERF_MAP_REREAD) {
+            return None;
+        }
+        names.read_at = Some(now);
+        let had = names.map.as_ref().map(|m| m.bytes);
+        if names.source.size().is_some_and(|n| Some(n) != had) {
+            names.map = names.source.load();
+        }
+        names.map.as_ref().and_then(|m| m.lookup(addr)).map(str::to_owned)
     }
 
     /// Whether the code around file offset `key.1` of object `key.0` holds
