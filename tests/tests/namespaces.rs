@@ -222,6 +222,11 @@ fn notes(rep: &Report) -> Vec<String> {
     rep.0["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).map(str::to_string).collect()
 }
 
+/// The recording's details (`details`: the CPython seen in each process...).
+fn details(rep: &Report) -> Vec<String> {
+    rep.0["details"].as_array().map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+}
+
 fn pct(a: u64, b: u64) -> f64 {
     a as f64 * 100.0 / b.max(1) as f64
 }
@@ -260,8 +265,8 @@ fn script_target(rep: &Report, script: &str) -> Result<u32, String> {
 fn check_attribution(rep: &Report, pid: u32, py: &PythonExe, files_dir: &Path) -> Result<String, String> {
     let version = version_of(&py.exe);
     let want = format!("pid {pid}: CPython {version}, Python stacks attributed");
-    let n = notes(rep);
-    ensure!(n.contains(&want), "notes lack {want:?}: {n:?}");
+    let n = details(rep);
+    ensure!(n.contains(&want), "details lack {want:?}: {n:?}");
     let m = markers_of(&ns_work());
     let file = files_dir.join("ns_work.py").to_string_lossy().into_owned();
     let at = |s: &Value, func: &str, marker: &str| {
@@ -606,7 +611,7 @@ fn cuda_sites_launched_in_namespaces() {
         let rep = r.json();
         let pid = script_target(&rep, "cuda_patterns.py")?;
         let want = format!("pid {pid}: CPython {}, Python stacks attributed", version_of(&py.exe));
-        ensure!(notes(&rep).contains(&want), "notes lack {want:?}: {:?}", notes(&rep));
+        ensure!(details(&rep).contains(&want), "details lack {want:?}: {:?}", details(&rep));
         // A few of the patterns mode's sites (tests/tests/cuda.rs checks
         // them all), and its 837 calls.
         let expected = [

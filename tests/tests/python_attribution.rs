@@ -223,9 +223,15 @@ fn notes(rep: &Report) -> Vec<String> {
         .collect()
 }
 
+/// The recording's details (`details`: how the tracer worked, e.g. the
+/// CPython seen in each process).
+fn details(rep: &Report) -> Vec<String> {
+    rep.0["details"].as_array().map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+}
+
 fn check_attributed_note(rep: &Report, pid: u32, py: &Python) -> Result<(), String> {
     let want = attributed_note(pid, py);
-    let n = notes(rep);
+    let n = details(rep);
     let with_py = rep
         .stacks()
         .iter()
@@ -233,7 +239,7 @@ fn check_attributed_note(rep: &Report, pid: u32, py: &Python) -> Result<(), Stri
         .count();
     ensure!(
         n.contains(&want),
-        "notes lack {want:?}: notes {n:?}; {with_py} of {} stacks of pid {pid} have Python frames; targets {}",
+        "details lack {want:?}: details {n:?}; {with_py} of {} stacks of pid {pid} have Python frames; targets {}",
         rep.stacks().iter().filter(|s| s["pid"] == pid).count(),
         Value::Array(rep.targets().clone())
     );

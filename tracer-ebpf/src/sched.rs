@@ -171,13 +171,21 @@ fn add_off_cpu_stacks(key: &OffCpuKey, ns: u64) {
     }
 }
 
-/// Counts `ns` of a GIL wait to the holder it waited for; a wait whose
-/// holder is unknown (no thread state mapped, or the waiter itself as the
-/// last holder) is left to the off-CPU stacks alone: no map work for it.
+/// Counts `ns` of a GIL wait to the holder it waited for. A wait that
+/// began with the waiter itself as the GIL's last holder (it had just
+/// dropped the GIL on a switch request, and the thread that asked had not
+/// taken it yet: a wait as long as that thread's run-queue delay, under
+/// load a sixth of the waits) or with no holder known is given the last
+/// holder now, when it is charged: the thread that held the GIL meanwhile
+/// (a release leaves `last_holder` as it was). Still unknown, it is left
+/// to the off-CPU stacks alone: no map work for it.
 #[inline(always)]
-fn add_gil_holder(t: &ThreadState, ns: u64) {
+fn add_gil_holder(t: &mut ThreadState, ns: u64) {
     if t.gil.tid == 0 || t.gil.tid == t.tid {
-        return;
+        t.gil = gil_holder(t.pid);
+        if t.gil.tid == 0 || t.gil.tid == t.tid {
+            return;
+        }
     }
     let key = GilHolderKey { pid: t.pid, tid: t.tid, holder: t.gil };
     let wait = (t.state == STATE_OFF_CPU) as u64;
