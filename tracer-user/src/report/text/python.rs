@@ -39,11 +39,15 @@ fn label(function: &str, file: &str, total: u64, lines: BTreeMap<u32, u64>) -> S
     }
 }
 
+/// One ranking: its title, its stacks' kind, their total weight, and the
+/// functions (label, weight), heaviest first.
+type Ranking = (&'static str, StackKind, u64, Vec<(String, u64)>);
+
 /// Top Python functions (self time at the Python leaf) by on-CPU samples,
 /// GIL wait and off-CPU time per reason, of the processes `view` shows
 /// (the largest rankings of waits first where it shows only some).
 pub fn render(out: &mut String, rec: &Recording, view: &View) {
-    let rankings: [(&str, StackKind, Option<OffCpuReason>); 7] = [
+    let rankings: [(&'static str, StackKind, Option<OffCpuReason>); 7] = [
         ("on-CPU", StackKind::Cpu, None),
         ("GIL wait", StackKind::Gil, Some(OffCpuReason::Gil)),
         ("off-CPU io", StackKind::OffCpu, Some(OffCpuReason::Io)),
@@ -52,7 +56,7 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
         ("off-CPU sleep", StackKind::OffCpu, Some(OffCpuReason::Sleep)),
         ("off-CPU other", StackKind::OffCpu, Some(OffCpuReason::Other)),
     ];
-    let mut sections: Vec<(&str, StackKind, u64, Vec<(String, u64)>)> = Vec::new();
+    let mut sections: Vec<Ranking> = Vec::new();
     for (title, kind, reason) in rankings {
         // (function, file) -> (weight, weight per line)
         let mut by_fn: BTreeMap<(String, String), (u64, BTreeMap<u32, u64>)> = BTreeMap::new();
