@@ -292,3 +292,44 @@ fn attach_takes_the_existing_workers() {
         check_main(test, &p, &workers, main_pid, None);
     }
 }
+
+/// A loop fed by a process pool (tests/workloads/pool_pipeline.py, the
+/// standard library only): `multiprocessing.Pool.imap` and
+/// `ProcessPoolExecutor.map` over 2 forked workers whose `work` costs ~5 ms
+/// of Python. The main's headline is `input_pipeline` at the `next()` line,
+/// fed by "processes" (the workers the workload saw), bound by their
+/// `work` line, with the pool's advice; its pipeline time agrees with the
+/// loop's own clock.
+#[test]
+fn a_loop_fed_by_a_process_pool_is_input_pipeline() {
+    let test = "a_loop_fed_by_a_process_pool_is_input_pipeline";
+    if !require(test, &[Need::Root, Need::Binary]) {
+        return;
+    }
+    let Some(python) = python3_executable(test) else { return };
+    let src = workspace_root().join("tests/workloads/pool_pipeline.py");
+    let m = markers_of(&src);
+    for mode in ["pool", "futures"] {
+        let dir = TempDir::new("verdict-pool");
+        let out = dir.join("rec.itr");
+        let (run, report) = record_launch(&out, &[python.as_os_str(), src.as_os_str(), mode.as_ref(), "3".as_ref()]);
+        let p = Piped { run, report, out, _dir: dir };
+        let (main_pid, workers, waited) = (p.main_pid(), p.worker_pids(), p.number("waited_s"));
+        assert_eq!(workers.len(), 2, "{}", p.run.stderr);
+        let main = p.process(main_pid);
+        let b = &main["bottleneck"];
+        note(test, &format!("{mode}: main {} {:.1}% at {}; producers {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], b["producers"]));
+        assert_eq!(b["class"], "input_pipeline", "{mode}: {main:#}");
+        assert_eq!((b["site"]["site"]["function"].as_str(), b["site"]["site"]["line"].as_u64()), (Some("main"), Some(m["next"])), "{mode}: {b:#}");
+        let pr = &b["producers"];
+        assert_eq!(pr["kind"], "processes", "{mode}: {pr:#}");
+        assert_eq!(&pids(&pr["pids"]), &workers, "{mode}: the producers are the pool's workers: {pr:#}");
+        assert_eq!((pr["site"]["site"]["function"].as_str(), pr["site"]["site"]["line"].as_u64()), (Some("work"), Some(m["work"])), "{mode}: {pr:#}");
+        let advice = b["advice"].as_str().unwrap_or_default();
+        assert!(advice.contains("worker processes") && !advice.contains("num_workers"), "{mode}: {advice}");
+        let thread = main["threads"].as_array().and_then(|t| t.iter().find(|t| t["tid"] == main_pid)).unwrap_or_else(|| panic!("no main thread: {main:#}"));
+        let piped = thread["classes"].as_array().unwrap().iter().find(|c| c["class"] == "input_pipeline").and_then(|c| c["time_ns"].as_u64()).unwrap_or(0) as f64 / 1e9;
+        note(test, &format!("{mode}: main thread input_pipeline {piped:.3} s, the loop measured {waited:.3} s in next()"));
+        assert!(piped >= 0.6 * waited && piped <= 1.1 * waited + 0.2, "{mode}: input_pipeline {piped:.3} s vs {waited:.3} s measured");
+    }
+}

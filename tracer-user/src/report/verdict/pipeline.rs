@@ -44,6 +44,10 @@ pub const CONSUMER_FRAMES: &[(&str, &[&str])] = &[
     ("/multiprocessing/connection.py", &["recv", "recv_bytes", "recv_bytes_into", "_recv", "_recv_bytes", "poll", "_poll", "wait"]),
     ("/queue.py", &["get"]),
     ("/torch/utils/data/dataloader.py", &["__next__", "_next_data", "_get_data", "_try_get_data"]),
+    // `Pool.map`/`imap`/`apply_async(...).get()`: results of the pool's processes.
+    ("/multiprocessing/pool.py", &["get", "wait", "next", "__next__"]),
+    // `Executor.map`, `Future.result`, `as_completed`, `wait`: a process or thread pool's results.
+    ("/concurrent/futures/_base.py", &["result", "_result_or_cancel", "as_completed", "wait", "result_iterator"]),
 ];
 
 /// A DataLoader worker's loop: its process is named a DataLoader worker.
@@ -126,16 +130,44 @@ impl Producers {
         }
     }
 
-    /// Advice for the cause: what the producers are bound by.
+    /// Advice for the cause: what the producers are bound by, in the words
+    /// of what they are (DataLoader workers, a pool's processes, threads).
     pub fn advice(&self) -> String {
-        let head = if self.kind == "dataloader_workers" { "the loop waits for its DataLoader workers" } else { "the loop waits for its producers" };
-        let workers = if self.kind == "dataloader_workers" { "num_workers" } else { "the number of producers" };
+        let (head, workers, ahead, tail) = match self.kind.as_str() {
+            "dataloader_workers" => (
+                "the loop waits for its DataLoader workers",
+                "num_workers",
+                "let them run ahead (prefetch_factor, persistent_workers=True)",
+                "; with a GPU, pin_memory=True and non_blocking copies overlap the transfer",
+            ),
+            "processes" => (
+                "the loop waits for its worker processes",
+                "the pool's processes (Pool(processes=N), max_workers=N)",
+                "give each task more work (chunksize=) so less time goes to passing items",
+                "",
+            ),
+            _ => (
+                "the loop waits for its producer threads",
+                "the producer threads",
+                "let them run ahead (a bigger queue)",
+                if matches!(self.bound_by, Class::PythonCompute | Class::Gil) {
+                    "; threads share one GIL: Python work scales with processes, not threads"
+                } else {
+                    ""
+                },
+            ),
+        };
+        let cheaper = if self.kind == "dataloader_workers" {
+            "make each item cheaper (move decoding and augmentation to native or vectorised code, precompute offline)"
+        } else {
+            "make each item cheaper (native or vectorised code, results precomputed offline)"
+        };
         let cure = match self.bound_by {
             Class::PythonCompute | Class::NativeCompute | Class::NativePool | Class::Gil => {
                 if self.starved_share >= STARVED_MIN_SHARE {
-                    format!("they compute but wait for a CPU too: raise {workers} only as far as there are free cores, make each item cheaper (move decoding and augmentation to native or vectorised code, precompute offline), or give the job more CPUs")
+                    format!("they compute but wait for a CPU too: raise {workers} only as far as there are free cores, {cheaper}, or give the job more CPUs")
                 } else {
-                    format!("they compute: raise {workers} (there are CPUs to spare), make each item cheaper (vectorise or precompute decoding and augmentation), and let them run ahead (prefetch_factor, persistent_workers=True)")
+                    format!("they compute: raise {workers} (there are CPUs to spare), {cheaper}, and {ahead}")
                 }
             }
             Class::CpuStarvation => format!("they wait for a CPU: there are more busy processes than cores; lower {workers} or other load, or give the job more CPUs"),
@@ -143,7 +175,7 @@ impl Producers {
             Class::MemoryStall => "they wait on memory (page-ins, reclaim): keep the dataset's working set in memory or give the job more memory".to_owned(),
             _ => "look at the producers' own bottleneck".to_owned(),
         };
-        format!("{head}, which are {}: {cure}; with a GPU, pin_memory=True and non_blocking copies overlap the transfer", self.bound())
+        format!("{head}, which are {}: {cure}{tail}", self.bound())
     }
 }
 

@@ -323,6 +323,39 @@ fn dataloader() -> Recording {
     r
 }
 
+/// `multiprocessing.Pool.imap`: the main thread waits in pool.py's
+/// `IMapIterator.next` for two busy child processes (not DataLoader
+/// workers): an input pipeline fed by "worker processes", with advice in
+/// the pool's words (processes, chunksize), not the DataLoader's.
+#[test]
+fn a_loop_waiting_for_a_process_pool_is_input_pipeline() {
+    let mut r = dataloader();
+    let imap = vec![
+        py("Condition.wait", "/usr/lib/python3.11/threading.py", 331),
+        py("IMapIterator.next", "/usr/lib/python3.11/multiprocessing/pool.py", 856),
+        py("main", "/srv/pipeline.py", 60),
+    ];
+    let work = vec![py("work", "/srv/pipeline.py", 33), py("worker", "/usr/lib/python3.11/multiprocessing/pool.py", 125)];
+    // The queue feeder threads' stacks stay (helpers); the rest is the pool's.
+    r.stacks.retain(|s| s.tid == 11 || s.tid == 22);
+    r.stacks.extend([
+        stack(StackKind::OffCpu, Some(OffCpuReason::Lock), 10, 0, 1700 * MS, imap),
+        stack(StackKind::Cpu, None, 10, 20, 0, vec![py("step", "/srv/pipeline.py", 40)]),
+        at(20, stack(StackKind::Cpu, None, 20, 140, 0, work.clone())),
+        at(21, stack(StackKind::Cpu, None, 21, 150, 0, work)),
+    ]);
+    r.threads[0].off_cpu = OffCpuTimes { lock_ns: 1800 * MS, ..Default::default() };
+    let v = verdict(&r);
+    let p = v.processes.iter().find(|p| p.pid == 10).unwrap();
+    let b = p.bottleneck.as_ref().unwrap();
+    assert_eq!(b.class, Class::InputPipeline, "{:?}", p.classes);
+    let pr = b.producers.as_ref().unwrap();
+    assert_eq!((pr.kind.as_str(), pr.pids.as_slice()), ("processes", &[20, 21][..]));
+    assert_eq!(pr.site.as_ref().unwrap().site.function, "work");
+    assert!(b.advice.contains("worker processes") && b.advice.contains("Pool(processes=N)"), "{}", b.advice);
+    assert!(!b.advice.contains("num_workers") && !b.advice.contains("pin_memory") && !b.advice.contains("augmentation"), "{}", b.advice);
+}
+
 /// A DataLoader worker's fd-passing listener thread (`socket.accept` in
 /// multiprocessing's resource sharer) waits for the GIL a third of its
 /// life behind the worker's `__getitem__`: still a helper, and the
