@@ -30,7 +30,7 @@ use blazesym::{
     MaybeDefault,
 };
 
-pub use crate::recording::{JIT_MODULE, UNKNOWN};
+pub use crate::recording::{JIT_MODULE, JIT_PERF_MAP_MODULE, UNKNOWN};
 
 /// The function of an unresolved leaf whose code is a spin-wait loop
 /// (`pause` within [`SPIN_WINDOW`] bytes): the verdict's pool rule counts
@@ -81,8 +81,6 @@ enum Slot {
     Jit(u64),
 }
 
-/// The module of frames named by a process's perf map (`/tmp/perf-PID.map`).
-pub const JIT_PERF_MAP_MODULE: &str = "[jit: perf map]";
 
 /// A process's perf map as last read.
 struct JitNames {

@@ -36,6 +36,9 @@ use limits::{fmt_size, Guard, LimitHit};
 pub const UNKNOWN: &str = "[unknown]";
 /// The module of code in an anonymous executable mapping (JIT-generated).
 pub const JIT_MODULE: &str = "[jit]";
+/// The module of frames in generated code named by their process's perf
+/// map (`/tmp/perf-PID.map`).
+pub const JIT_PERF_MAP_MODULE: &str = "[jit: perf map]";
 
 pub const MAGIC: &[u8; 8] = b"ITRACE\r\n";
 /// 2: findings hold numbers, no words (CUDA `message` and `advice`, asyncio

@@ -195,7 +195,7 @@ fn frame_text(f: &Frame) -> String {
     if f.kind == FrameKind::Kernel {
         s.push_str(" [k]");
     }
-    if f.module.as_deref() == Some(crate::os::symbolize::JIT_PERF_MAP_MODULE) {
+    if f.module.as_deref() == Some(crate::recording::JIT_PERF_MAP_MODULE) {
         s.push_str(" [jit: perf map]");
     }
     s
