@@ -296,7 +296,8 @@ fn attach_takes_the_existing_workers() {
 /// A loop fed by a process pool (tests/workloads/pool_pipeline.py, the
 /// standard library only): `multiprocessing.Pool.imap` and
 /// `ProcessPoolExecutor.map` over 2 forked workers whose `work` costs ~5 ms
-/// of Python. The main's headline is `input_pipeline` at the `next()` line,
+/// of Python, and the Pool with workers forked by a fork server (3.14's
+/// default start method: the workers are the server's children). The main's headline is `input_pipeline` at the `next()` line,
 /// fed by "processes" (the workers the workload saw), bound by their
 /// `work` line, with the pool's advice; its pipeline time agrees with the
 /// loop's own clock.
@@ -309,7 +310,7 @@ fn a_loop_fed_by_a_process_pool_is_input_pipeline() {
     let Some(python) = python3_executable(test) else { return };
     let src = workspace_root().join("tests/workloads/pool_pipeline.py");
     let m = markers_of(&src);
-    for mode in ["pool", "futures"] {
+    for mode in ["pool", "futures", "forkserver"] {
         let dir = TempDir::new("verdict-pool");
         let out = dir.join("rec.itr");
         let (run, report) = record_launch(&out, &[python.as_os_str(), src.as_os_str(), mode.as_ref(), "3".as_ref()]);

@@ -4,6 +4,8 @@ per item.
 
     python3 pool_pipeline.py pool SECONDS      # multiprocessing.Pool(2).imap
     python3 pool_pipeline.py futures SECONDS   # concurrent.futures.ProcessPoolExecutor(2).map
+    python3 pool_pipeline.py forkserver SECONDS  # Pool(2).imap, workers forked by a fork server
+                                               # (3.14's default start method)
 
 Prints on stderr at the end: `main_pid P`, `worker_pids P,Q` (the pool's
 processes), `items N` and `waited_s F` (the loop's time in `next()`, by
@@ -27,10 +29,10 @@ def work(i):
 
 def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
-    # fork: the workers are the main process's children (3.14's default,
-    # forkserver, makes them children of the fork server).
-    ctx = multiprocessing.get_context("fork")
-    if mode == "pool":
+    # fork: the workers are the main process's children; forkserver (3.14's
+    # default) makes them children of the fork server, itself a child.
+    ctx = multiprocessing.get_context("forkserver" if mode == "forkserver" else "fork")
+    if mode in ("pool", "forkserver"):
         pool = ctx.Pool(2)
         results = lambda: pool.imap(work, range(16))  # noqa: E731
     elif mode == "futures":
@@ -51,7 +53,7 @@ def main():
             waited += time.monotonic() - t0
             pids.add(pid)
             items += 1
-    if mode == "pool":
+    if mode != "futures":
         pool.close()
         pool.join()
     else:

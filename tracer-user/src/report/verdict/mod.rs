@@ -623,9 +623,37 @@ fn prepare(rec: &Recording) -> (StacksOf<'_>, BTreeMap<u32, Prepared<'_>>) {
     (stacks_of, out)
 }
 
-/// Parent pid of each traced process, where known.
+/// Parent pid of each traced process in its job, where known: its parent,
+/// or for a process forked by a `multiprocessing` fork server (the
+/// `forkserver` start method, 3.14's default on Linux) the process that
+/// started the fork server: a pool's workers are the loop's, not the
+/// server's.
 fn parents(rec: &Recording) -> HashMap<u32, u32> {
-    rec.targets.iter().filter_map(|t| Some((t.pid, t.ppid?))).collect()
+    let direct: HashMap<u32, u32> = rec.targets.iter().filter_map(|t| Some((t.pid, t.ppid?))).collect();
+    // A server's children run its command line too: the server is the one
+    // whose parent does not.
+    let cmd: HashMap<u32, &[String]> = rec.targets.iter().map(|t| (t.pid, t.cmdline.as_slice())).collect();
+    let servers: std::collections::HashSet<u32> = rec
+        .targets
+        .iter()
+        .filter(|t| is_fork_server(&t.cmdline) && !t.ppid.and_then(|p| cmd.get(&p)).is_some_and(|c| is_fork_server(c)))
+        .map(|t| t.pid)
+        .collect();
+    // The server itself is no one's worker (it forks them, idle).
+    direct
+        .iter()
+        .filter(|(pid, _)| !servers.contains(pid))
+        .map(|(pid, ppid)| match (servers.contains(ppid), direct.get(ppid)) {
+            (true, Some(up)) => (*pid, *up),
+            _ => (*pid, *ppid),
+        })
+        .collect()
+}
+
+/// Whether a command line is a `multiprocessing` fork server's
+/// (`python -c 'from multiprocessing.forkserver import main; main(...)'`).
+fn is_fork_server(cmdline: &[String]) -> bool {
+    cmdline.iter().any(|a| a.contains("from multiprocessing.forkserver import main"))
 }
 
 /// [`ProcessTimes`] of every process with scheduler data, by pid: the
@@ -721,12 +749,14 @@ fn process_verdict(rec: &Recording, members: &[(u32, &Prepared)], min_wall: u64,
     }
 }
 
-/// Worker processes: traced processes of one traced parent with one
-/// command line, two or more, by (parent, command line), pid order.
+/// Worker processes: traced processes of one traced parent (in the job:
+/// [`parents`]) with one command line, two or more, by (parent, command
+/// line), pid order.
 fn worker_groups(rec: &Recording, traced: &BTreeSet<u32>) -> Vec<(u32, Vec<u32>)> {
+    let parent = parents(rec);
     let mut groups: BTreeMap<(u32, &[String]), BTreeSet<u32>> = BTreeMap::new();
     for t in rec.targets.iter().filter(|t| traced.contains(&t.pid)) {
-        if let Some(ppid) = t.ppid.filter(|p| traced.contains(p)) {
+        if let Some(ppid) = parent.get(&t.pid).copied().filter(|p| traced.contains(p)) {
             groups.entry((ppid, t.cmdline.as_slice())).or_default().insert(t.pid);
         }
     }

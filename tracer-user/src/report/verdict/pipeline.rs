@@ -30,6 +30,10 @@ use crate::recording::{Frame, FrameKind, OffCpuReason, StackRecord, ThreadTimes}
 
 /// Producers busy at least this share of their thread time feed a pipeline.
 pub const PRODUCER_MIN_BUSY_SHARE: f64 = 0.5;
+/// ... and on a CPU or in its run queue at least this share: a helper
+/// process blocked reading a pipe all its life (multiprocessing's resource
+/// tracker) is "in I/O", not producing.
+pub const PRODUCER_MIN_CPU_SHARE: f64 = 0.05;
 /// Producers whose run-queue delay is at least this share of their
 /// thread time are named CPU-starved.
 pub const STARVED_MIN_SHARE: f64 = 0.15;
@@ -203,6 +207,7 @@ struct Tally {
     acc: Acc,
     wall: u64,
     busy: u64,
+    cpu: u64,
     starved: u64,
 }
 
@@ -211,11 +216,14 @@ impl Tally {
         self.acc.merge(a);
         self.wall = self.wall.saturating_add(t.wall_ns);
         self.busy = self.busy.saturating_add(busy_ns(t));
+        self.cpu = self.cpu.saturating_add(t.on_cpu_ns.saturating_add(t.runqueue_ns));
         self.starved = self.starved.saturating_add(t.runqueue_ns);
     }
 
     fn busy_enough(&self, waited: u64) -> bool {
-        ratio(self.busy, self.wall) >= PRODUCER_MIN_BUSY_SHARE && self.wall.saturating_mul(PRODUCER_MIN_WALL_PER_WAIT) >= waited
+        ratio(self.busy, self.wall) >= PRODUCER_MIN_BUSY_SHARE
+            && ratio(self.cpu, self.wall) >= PRODUCER_MIN_CPU_SHARE
+            && self.wall.saturating_mul(PRODUCER_MIN_WALL_PER_WAIT) >= waited
     }
 }
 

@@ -469,3 +469,20 @@ fn an_idle_native_helper_never_heads_the_verdict() {
     assert_eq!(p.helpers.as_ref().map(|h| h.threads), Some(1));
     assert!(p.classes.iter().all(|c| c.class != Class::WaitingOnThreads), "{:?}", p.classes);
 }
+
+/// A pool whose workers a `multiprocessing` fork server forked: in the
+/// job, they are the loop's children (the server, no one's worker).
+#[test]
+fn fork_server_workers_belong_to_the_loop() {
+    let mut r = rec();
+    let server = |pid, ppid| {
+        let mut t = target(pid, ppid, "python3");
+        t.cmdline = ["python3", "-B", "-c", "from multiprocessing.forkserver import main; main(11, 12, ['__main__'])"].map(String::from).to_vec();
+        t
+    };
+    r.targets = vec![target(10, 1, "python3 loop.py"), server(30, 10), server(31, 30), server(32, 30), target(40, 10, "python3 -c other")];
+    let p = parents(&r);
+    assert_eq!((p.get(&31), p.get(&32), p.get(&40), p.get(&30)), (Some(&10), Some(&10), Some(&10), None), "{p:?}");
+    let traced: BTreeSet<u32> = [10, 30, 31, 32, 40].into_iter().collect();
+    assert_eq!(worker_groups(&r, &traced), vec![(10, vec![31, 32])]);
+}
