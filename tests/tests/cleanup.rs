@@ -165,7 +165,8 @@ fn cuda_probes_released(test: &str, perf_events: bool) {
     };
 
     let out = dir.join("rec.itr");
-    let mut cmd = infertrace(["record", "--duration", "3s", "-p"]);
+    // `--verbose`: the notes of each library's probes are counted below.
+    let mut cmd = infertrace(["record", "--verbose", "--duration", "3s", "-p"]);
     cmd.arg(target.id().to_string()).arg("-o").arg(&out);
     if perf_events {
         cmd.env("INFERTRACE_TEST_NO_UPROBE_MULTI", "1");
