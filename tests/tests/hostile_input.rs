@@ -323,11 +323,13 @@ fn hostile_names_do_not_reach_the_terminal() {
     guard.disarm();
     r.assert_ok();
 
-    // The text report, live and offline (as bytes, from -o).
+    // The text report, live (compact) and offline (as bytes, from -o;
+    // `--verbose`: every row and detail).
     let text_out = dir.join("report.txt");
     run_infertrace([
         OsStr::new("report"),
         out.as_os_str(),
+        "--verbose".as_ref(),
         "-o".as_ref(),
         text_out.as_os_str(),
     ])
