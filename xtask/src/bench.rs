@@ -12,6 +12,9 @@
 //! - `cpu loop` (cpu_loop.py): pure-Python arithmetic, no syscalls: what
 //!   99 Hz sampling and scheduler tracing cost a busy interpreter
 //!   (goal: infertrace <= 1.05x).
+//! - `gil hand-off` (bench_gil.py): a pure-Python loop beside a spinning
+//!   thread at a 50 us switch interval: ~20,000 GIL waits a second, each
+//!   with its holder read in the kernel.
 //! - `fib` (bench_fib.py): recursive fib(15) per iteration, a deep
 //!   ever-changing Python stack: the cost of Python attribution (goal:
 //!   infertrace <= 1.05x), against `--no-python` and against
@@ -286,6 +289,23 @@ const BENCHES: &[Bench] = &[
                 Some("bpftrace"),
                 10_000_000,
             ),
+        ],
+    ),
+    // GIL hand-offs (issue 26): ~20,000 a second between two pure-Python
+    // threads; each is a GIL wait with its holder read in the kernel.
+    workload(
+        "gil hand-off",
+        "bench_gil.py",
+        &[
+            mode(Kind::Untraced, "untraced", None, 4_000_000),
+            infertrace_default(4_000_000, Some(1.15)),
+            mode(
+                Kind::Infertrace(&["--no-offcpu-stacks"]),
+                "infertrace --no-offcpu-stacks -p",
+                None,
+                4_000_000,
+            ),
+            mode(Kind::Infertrace(&["--no-python"]), "infertrace --no-python -p", None, 4_000_000),
         ],
     ),
     // Resident memory (issue 25): an allocator taking and returning

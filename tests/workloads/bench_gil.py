@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""GIL hand-off benchmark used by `cargo xtask bench` (issue 26).
+
+A pure-Python loop (the cpu_loop.py step) run while a second thread spins
+pure Python too, with the switch interval at 50 us: the GIL changes hands
+~20,000 times a second, and each time one thread leaves the CPU to wait
+for it. What a tracer costs a GIL-bound program: the scheduler probes at
+each hand-off, the GIL wait's off-CPU stack and its holder (the GIL's
+`last_holder` and the holder's entry, read in the kernel).
+
+Usage: bench_gil.py ITERATIONS [--wait]   (protocol: benchlib.py)
+"""
+import sys
+import threading
+
+import benchlib
+
+sys.setswitchinterval(50e-6)
+
+
+def rival():
+    x = 1
+    while True:
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+
+
+def spin(iterations: int) -> int:
+    x = 1
+    acc = 0
+    for _ in range(iterations):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        acc += x >> 16
+    return acc
+
+
+if __name__ == "__main__":
+    threading.Thread(target=rival, daemon=True, name="rival").start()
+    sys.exit(benchlib.main(__doc__, spin, lambda n: min(n // 10, 100_000)))
