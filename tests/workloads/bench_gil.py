@@ -2,9 +2,8 @@
 """GIL hand-off benchmark used by `cargo xtask bench` (issue 26).
 
 A pure-Python loop (the cpu_loop.py step) run while a second thread spins
-pure Python too, with the switch interval at 50 us: the GIL changes hands
-~20,000 times a second, and each time one thread leaves the CPU to wait
-for it. What a tracer costs a GIL-bound program: the scheduler probes at
+pure Python too, with the switch interval at 5 us: a thread leaves the CPU
+to wait for the GIL ~8,000 times a second (on a 2-CPU VM). What a tracer costs a GIL-bound program: the scheduler probes at
 each hand-off, the GIL wait's off-CPU stack and its holder (the GIL's
 `last_holder` and the holder's entry, read in the kernel).
 
@@ -15,7 +14,7 @@ import threading
 
 import benchlib
 
-sys.setswitchinterval(50e-6)
+sys.setswitchinterval(5e-6)
 
 
 def rival():

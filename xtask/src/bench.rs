@@ -13,7 +13,7 @@
 //!   99 Hz sampling and scheduler tracing cost a busy interpreter
 //!   (goal: infertrace <= 1.05x).
 //! - `gil hand-off` (bench_gil.py): a pure-Python loop beside a spinning
-//!   thread at a 50 us switch interval: ~20,000 GIL waits a second, each
+//!   thread at a 5 us switch interval: ~8,000 GIL waits a second, each
 //!   with its holder read in the kernel.
 //! - `fib` (bench_fib.py): recursive fib(15) per iteration, a deep
 //!   ever-changing Python stack: the cost of Python attribution (goal:
@@ -291,7 +291,7 @@ const BENCHES: &[Bench] = &[
             ),
         ],
     ),
-    // GIL hand-offs (issue 26): ~20,000 a second between two pure-Python
+    // GIL hand-offs (issue 26): ~8,000 waits a second between two pure-Python
     // threads; each is a GIL wait with its holder read in the kernel.
     workload(
         "gil hand-off",
