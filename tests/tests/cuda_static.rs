@@ -33,11 +33,16 @@ fn cupy_static_runtimes_are_probed_and_counted_at_their_lines() {
     }
     let Some(python) = python_with_cupy(test) else { return };
     let source = workspace_root().join("tests/workloads/cupy_static.py");
+    // The recording goes to a temporary directory (by default it would be
+    // written in the test's working directory, the source tree).
+    let dir = TempDir::new("cuda-static");
     let run = run_infertrace([
         OsString::from("record"),
         "-q".into(),
         "--format".into(),
         "json".into(),
+        "-o".into(),
+        dir.join("rec.itr").into_os_string(),
         "--".into(),
         python.into_os_string(),
         source.clone().into_os_string(),
