@@ -167,26 +167,39 @@ fn pids(v: &Value) -> BTreeSet<u64> {
 }
 
 /// Checks the main process's verdict: `input_pipeline` at the `next(it)`
+/// The main process's headline, checked as `input_pipeline` at `main`'s
+/// `next_line` (`what` names the case in messages); its producers.
+#[track_caller]
+fn check_head<'a>(test: &str, what: &str, main: &'a Value, next_line: u64) -> &'a Value {
+    let b = &main["bottleneck"];
+    note(test, &format!("{what}: main {} {:.1}% at {}; producers {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], b["producers"]));
+    assert_eq!(b["class"], "input_pipeline", "{what}: {main:#}");
+    assert_eq!((b["site"]["site"]["function"].as_str(), b["site"]["site"]["line"].as_u64()), (Some("main"), Some(next_line)), "{what}: {b:#}");
+    &b["producers"]
+}
+
+/// The main thread's own time in the pipeline, against the `waited`
+/// seconds the loop measured in `next()` by its own clock.
+#[track_caller]
+fn check_piped_time(test: &str, what: &str, main: &Value, main_pid: u64, waited: f64) {
+    let thread = main["threads"].as_array().and_then(|t| t.iter().find(|t| t["tid"] == main_pid)).unwrap_or_else(|| panic!("no main thread: {main:#}"));
+    let piped = thread["classes"].as_array().unwrap().iter().find(|c| c["class"] == "input_pipeline").and_then(|c| c["time_ns"].as_u64()).unwrap_or(0) as f64 / 1e9;
+    note(test, &format!("{what}: main thread input_pipeline {piped:.3} s, the loop measured {waited:.3} s in next()"));
+    assert!(piped >= 0.6 * waited && piped <= 1.1 * waited + 0.2, "{what}: input_pipeline {piped:.3} s vs {waited:.3} s measured");
+}
+
 /// line, naming `workers` and the `__getitem__` line, with the main
 /// thread's pipeline time within bounds of what the loop measured.
 fn check_main(test: &str, p: &Piped, workers: &BTreeSet<u64>, main_pid: u64, waited: Option<f64>) {
     let m = markers_of(&source());
     let main = p.process(main_pid);
-    let b = &main["bottleneck"];
-    note(test, &format!("main: {} {:.1}% at {}; producers {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], b["producers"]));
-    assert_eq!(b["class"], "input_pipeline", "{main:#}");
-    assert_eq!((b["site"]["site"]["function"].as_str(), b["site"]["site"]["line"].as_u64()), (Some("main"), Some(m["next"])), "{b:#}");
-    let pr = &b["producers"];
+    let pr = check_head(test, "dataloader", main, m["next"]);
     assert_eq!(pr["kind"], "dataloader_workers", "{pr:#}");
     assert_eq!(&pids(&pr["pids"]), workers, "the producers are the workers the DataLoader started: {pr:#}");
     assert!(matches!(pr["bound_by"].as_str(), Some("python_compute" | "cpu_starvation")), "{pr:#}");
     assert_eq!((pr["site"]["site"]["function"].as_str(), pr["site"]["site"]["line"].as_u64()), (Some("SlowDS.__getitem__"), Some(m["getitem"])), "{pr:#}");
-    // The main thread's own time in the pipeline, against the loop's clock.
-    let thread = main["threads"].as_array().and_then(|t| t.iter().find(|t| t["tid"] == main_pid)).unwrap_or_else(|| panic!("no main thread: {main:#}"));
-    let piped = thread["classes"].as_array().unwrap().iter().find(|c| c["class"] == "input_pipeline").and_then(|c| c["time_ns"].as_u64()).unwrap_or(0) as f64 / 1e9;
     if let Some(waited) = waited {
-        note(test, &format!("main thread: input_pipeline {piped:.3} s, the loop measured {waited:.3} s in next()"));
-        assert!(piped >= 0.6 * waited && piped <= 1.1 * waited + 0.2, "input_pipeline {piped:.3} s vs {waited:.3} s measured");
+        check_piped_time(test, "dataloader", main, main_pid, waited);
     }
     // The workers: one row.
     let groups = p.verdict()["groups"].as_array().unwrap_or_else(|| panic!("no verdict.groups: {:#}", p.verdict()));
@@ -318,19 +331,12 @@ fn a_loop_fed_by_a_process_pool_is_input_pipeline() {
         let (main_pid, workers, waited) = (p.main_pid(), p.worker_pids(), p.number("waited_s"));
         assert_eq!(workers.len(), 2, "{}", p.run.stderr);
         let main = p.process(main_pid);
-        let b = &main["bottleneck"];
-        note(test, &format!("{mode}: main {} {:.1}% at {}; producers {}", b["class"], b["share"].as_f64().unwrap_or(0.0) * 100.0, b["site"]["site"], b["producers"]));
-        assert_eq!(b["class"], "input_pipeline", "{mode}: {main:#}");
-        assert_eq!((b["site"]["site"]["function"].as_str(), b["site"]["site"]["line"].as_u64()), (Some("main"), Some(m["next"])), "{mode}: {b:#}");
-        let pr = &b["producers"];
+        let pr = check_head(test, mode, main, m["next"]);
         assert_eq!(pr["kind"], "processes", "{mode}: {pr:#}");
         assert_eq!(&pids(&pr["pids"]), &workers, "{mode}: the producers are the pool's workers: {pr:#}");
         assert_eq!((pr["site"]["site"]["function"].as_str(), pr["site"]["site"]["line"].as_u64()), (Some("work"), Some(m["work"])), "{mode}: {pr:#}");
-        let advice = b["advice"].as_str().unwrap_or_default();
+        let advice = main["bottleneck"]["advice"].as_str().unwrap_or_default();
         assert!(advice.contains("worker processes") && !advice.contains("num_workers"), "{mode}: {advice}");
-        let thread = main["threads"].as_array().and_then(|t| t.iter().find(|t| t["tid"] == main_pid)).unwrap_or_else(|| panic!("no main thread: {main:#}"));
-        let piped = thread["classes"].as_array().unwrap().iter().find(|c| c["class"] == "input_pipeline").and_then(|c| c["time_ns"].as_u64()).unwrap_or(0) as f64 / 1e9;
-        note(test, &format!("{mode}: main thread input_pipeline {piped:.3} s, the loop measured {waited:.3} s in next()"));
-        assert!(piped >= 0.6 * waited && piped <= 1.1 * waited + 0.2, "{mode}: input_pipeline {piped:.3} s vs {waited:.3} s measured");
+        check_piped_time(test, mode, main, main_pid, waited);
     }
 }

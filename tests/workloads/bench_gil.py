@@ -13,6 +13,7 @@ import sys
 import threading
 
 import benchlib
+from cpu_loop import spin  # the same step as the cpu loop
 
 sys.setswitchinterval(5e-6)
 
@@ -21,15 +22,6 @@ def rival():
     x = 1
     while True:
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
-
-
-def spin(iterations: int) -> int:
-    x = 1
-    acc = 0
-    for _ in range(iterations):
-        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
-        acc += x >> 16
-    return acc
 
 
 if __name__ == "__main__":
