@@ -30,7 +30,7 @@ pub struct PerfMap {
     /// (start, end, name), sorted by start.
     symbols: Vec<(u64, u64, String)>,
     /// The file's size when read: a map that grew is read again.
-    pub bytes: u64,
+    bytes: u64,
 }
 
 impl PerfMap {
@@ -57,14 +57,6 @@ impl PerfMap {
         let i = self.symbols.partition_point(|s| s.0 <= addr);
         let (start, end, name) = self.symbols.get(i.checked_sub(1)?)?;
         (*start <= addr && addr < *end).then_some(name.as_str())
-    }
-
-    pub fn len(&self) -> usize {
-        self.symbols.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.symbols.is_empty()
     }
 }
 
@@ -134,17 +126,16 @@ impl Source {
         }
     }
 
-    /// Reads the map (`None`: there is none, or it is unreadable, or
-    /// refused: too big, not a regular file).
-    pub fn load(&self) -> Option<PerfMap> {
+    /// Reads the map unless it still has the size of `known` (`None`: it
+    /// is unchanged, or there is none, or it is unreadable, or refused: too
+    /// big, not a regular file).
+    pub fn load_changed(&self, known: Option<&PerfMap>) -> Option<PerfMap> {
         let file = procfs::open_in_root(&self.root(), &self.path).ok()?;
+        if known.is_some_and(|m| file.metadata().is_ok_and(|md| md.len() == m.bytes)) {
+            return None;
+        }
         let text = procfs::read_capped(&file, &self.shown, "perf map", MAX_BYTES).ok()?;
         Some(PerfMap::parse(&text))
-    }
-
-    /// The map's size now (to tell whether it grew).
-    pub fn size(&self) -> Option<u64> {
-        procfs::open_in_root(&self.root(), &self.path).ok()?.metadata().ok().map(|m| m.len())
     }
 }
 
@@ -156,7 +147,7 @@ mod tests {
     fn parses_cpython_and_hex_prefixed_lines() {
         let text = b"7f4e734b67b1 b py::spin_perf:/tmp/pm.py\n0x1000 0x20 jitted code with spaces\nbad line\n2000 0 empty\nzz 10 x\n3000 10 \n";
         let m = PerfMap::parse(text);
-        assert_eq!(m.len(), 2, "{m:?}");
+        assert_eq!(m.symbols.len(), 2, "{m:?}");
         assert_eq!(m.lookup(0x7f4e734b67b1), Some("py::spin_perf:/tmp/pm.py"));
         assert_eq!(m.lookup(0x7f4e734b67bb), Some("py::spin_perf:/tmp/pm.py"));
         assert_eq!(m.lookup(0x7f4e734b67bc), None);
@@ -167,7 +158,7 @@ mod tests {
     #[test]
     fn later_lines_win_and_hostile_lines_are_bounded() {
         let m = PerfMap::parse(b"1000 10 old\n1000 10 new\nffffffffffffffff 10 wraps\n");
-        assert_eq!((m.lookup(0x1000), m.len()), (Some("new"), 1));
+        assert_eq!((m.lookup(0x1000), m.symbols.len()), (Some("new"), 1));
         let long = format!("1000 10 {}\n", "é".repeat(1000));
         let m = PerfMap::parse(long.as_bytes());
         let name = m.lookup(0x1000).unwrap_or_default();

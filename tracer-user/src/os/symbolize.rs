@@ -333,9 +333,8 @@ impl Symbolizer {
             return None;
         }
         names.read_at = Some(now);
-        let had = names.map.as_ref().map(|m| m.bytes);
-        if names.source.size().is_some_and(|n| Some(n) != had) {
-            names.map = names.source.load();
+        if let Some(map) = names.source.load_changed(names.map.as_ref()) {
+            names.map = Some(map);
         }
         names.map.as_ref().and_then(|m| m.lookup(addr)).map(str::to_owned)
     }

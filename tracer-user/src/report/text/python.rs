@@ -82,18 +82,9 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
         sections.push((title, kind, total, ranked));
     }
     // On-CPU first, then the waits (the largest where only some are shown).
-    let waits = sections.iter().filter(|s| s.1 != StackKind::Cpu).count();
-    if waits > view.limits.wait_rankings {
-        let mut sizes: Vec<u64> = sections.iter().filter(|s| s.1 != StackKind::Cpu).map(|s| s.2).collect();
-        sizes.sort_unstable_by(|a, b| b.cmp(a));
-        let floor = sizes.get(view.limits.wait_rankings.saturating_sub(1)).copied().unwrap_or(0);
-        let mut kept = 0;
-        sections.retain(|s| {
-            let keep = s.1 == StackKind::Cpu || (s.2 >= floor && kept < view.limits.wait_rankings);
-            kept += usize::from(keep && s.1 != StackKind::Cpu);
-            keep
-        });
-    }
+    let mut waits = sections.split_off(usize::from(sections.first().is_some_and(|s| s.1 == StackKind::Cpu)));
+    super::view::keep_largest(&mut waits, view.limits.wait_rankings, |s| s.2);
+    sections.extend(waits);
     for (title, kind, total, ranked) in sections {
         let _ = writeln!(out, "\n== top Python functions by {title}");
         let more = ranked.len().saturating_sub(view.limits.functions);

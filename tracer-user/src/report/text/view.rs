@@ -211,6 +211,22 @@ impl View {
     }
 }
 
+/// Keeps the `n` items with the largest `size` (ties: the earlier), in
+/// their order.
+pub fn keep_largest<T>(items: &mut Vec<T>, n: usize, size: impl Fn(&T) -> u64) {
+    if items.len() <= n {
+        return;
+    }
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(size(&items[i])), i));
+    let keep: BTreeSet<usize> = order.into_iter().take(n).collect();
+    let mut i = 0;
+    items.retain(|_| {
+        i += 1;
+        keep.contains(&(i - 1))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +244,15 @@ mod tests {
             runqueue_ns: 0,
             aggregated_threads: 0,
         }
+    }
+
+    #[test]
+    fn keeps_the_largest_in_order() {
+        let mut v = vec![("a", 5), ("b", 9), ("c", 1), ("d", 9), ("e", 7)];
+        keep_largest(&mut v, 3, |x| x.1);
+        assert_eq!(v, [("b", 9), ("d", 9), ("e", 7)]);
+        keep_largest(&mut v, 5, |x| x.1);
+        assert_eq!(v.len(), 3);
     }
 
     #[test]

@@ -122,14 +122,12 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
     for (pid, threads) in &by_pid {
         let comm = rec.targets.iter().find(|t| t.pid == *pid).map(|t| t.comm.as_str()).unwrap_or("?");
         flagged += usize::from(line(out, &format!("pid {pid} ({}) all", printable(comm)), &sum(threads)));
-        // Compact: not the threads the verdict left out (parked, helpers).
+        // Compact: not the threads the verdict left out (parked, helpers);
+        // the busiest (on CPU, run queue, GIL), in recorded order.
         let mut shown: Vec<&ThreadTimes> = threads.iter().copied().filter(|t| !view.is_quiet(t.pid, t.tid)).collect();
-        if shown.len() > view.limits.threads {
-            // The busiest (on CPU, run queue, GIL) first, then in recorded order.
-            shown.sort_by_key(|t| std::cmp::Reverse((t.on_cpu_ns.saturating_add(t.runqueue_ns).saturating_add(t.off_cpu.gil_ns), t.wall_ns)));
-            shown.truncate(view.limits.threads);
-            shown.sort_by_key(|t| threads.iter().position(|x| std::ptr::eq(*x, *t)));
-        }
+        super::view::keep_largest(&mut shown, view.limits.threads, |t| {
+            t.on_cpu_ns.saturating_add(t.runqueue_ns).saturating_add(t.off_cpu.gil_ns)
+        });
         for t in &shown {
             let label = if t.aggregated_threads > 0 {
                 format!("  exited threads ({})", t.aggregated_threads)
@@ -170,12 +168,7 @@ pub fn render(out: &mut String, rec: &Recording, view: &View) {
     .map(|(k, r)| (k, r, saturating_sum(merged(rec, view, k, r).iter().map(|s| s.1))))
     .filter(|w| w.2 > 0)
     .collect();
-    if waits.len() > view.limits.wait_sections {
-        let mut by_size = waits.clone();
-        by_size.sort_by_key(|w| std::cmp::Reverse(w.2));
-        let keep: Vec<_> = by_size.into_iter().take(view.limits.wait_sections).map(|w| (w.0, w.1)).collect();
-        waits.retain(|w| keep.contains(&(w.0, w.1)));
-    }
+    super::view::keep_largest(&mut waits, view.limits.wait_sections, |w| w.2);
     for (kind, reason, _) in waits {
         stacks_section(out, rec, view, kind, reason);
     }
