@@ -29,6 +29,10 @@ pub enum Format {
     Pprof,
     /// Perfetto protobuf trace of the timeline (ui.perfetto.dev; needs `record --timeline`; binary, use -o FILE).
     Perfetto,
+    /// One self-contained page (use -o FILE.html; opens offline in any browser): the verdict with its lines,
+    /// per-thread bars, flame graphs (cpu, off-cpu, wall, memory), the series as charts, with --timeline a
+    /// zoomable thread strip, the tables and the tracer's cost (docs/html.md).
+    Html,
 }
 
 #[derive(Args)]
@@ -78,6 +82,8 @@ pub fn render(rec: &Recording, format: Format, profile: Profile, verbose: bool) 
     Ok(match format {
         Format::Text => report::text::render_with(rec, verbose).into_bytes(),
         Format::Json => report::json::render(rec).into_bytes(),
+        // Pages made here show the source lines around findings (never the agent's).
+        Format::Html => report::html::render(rec, report::html::Options { source: true }).into_bytes(),
         Format::Folded => report::folded::render(rec, profile).into_bytes(),
         Format::Speedscope => report::speedscope::render(rec, profile).into_bytes(),
         Format::Perfetto => report::perfetto::render(rec).map_err(|e| {

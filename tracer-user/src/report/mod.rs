@@ -14,6 +14,7 @@ pub mod fmt;
 pub mod folded;
 #[cfg(test)]
 mod fuzz;
+pub mod html;
 pub mod json;
 pub mod perfetto;
 pub mod pprof;

@@ -71,7 +71,7 @@ fn class_list(classes: &[ClassShare]) -> String {
 
 /// `pid 4242 python3 app.py` or, for a group of worker processes,
 /// `pids 4250, 4251 (2 worker processes of pid 4242) python3 app.py`.
-fn who(p: &ProcessVerdict) -> String {
+pub(crate) fn who(p: &ProcessVerdict) -> String {
     let cmd = if p.cmdline.is_empty() { p.comm.clone() } else { p.cmdline.join(" ") };
     if p.pids.len() < 2 {
         return format!("pid {} {}", p.pid, printable(&cmd));
@@ -96,7 +96,7 @@ fn waits_for(b: &Bottleneck) -> String {
     }
 }
 
-fn render_process(p: &ProcessVerdict, out: &mut String) {
+pub(crate) fn render_process(p: &ProcessVerdict, out: &mut String) {
     let Some(b) = &p.bottleneck else {
         let _ = writeln!(out, "{}: no thread time recorded", who(p));
         return;
@@ -233,6 +233,20 @@ pub fn render_text_above(v: &Verdict, out: &mut String, min_share: f64) {
     for n in &v.notes {
         let _ = writeln!(out, "verdict note: {}", printable(n));
     }
+}
+
+/// The processes the verdict shows at `min_share` (worker groups after
+/// their parent), and how many smaller ones it leaves out.
+pub(crate) fn shown(v: &Verdict, min_share: f64) -> (Vec<&ProcessVerdict>, usize) {
+    let mut out = Vec::new();
+    let mut small = 0;
+    for r in rows(v, min_share) {
+        match r {
+            Row::Shown(p) => out.push(p),
+            Row::Small(n) => small += n,
+        }
+    }
+    (out, small)
 }
 
 enum Row<'a> {

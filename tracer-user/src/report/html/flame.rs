@@ -1,0 +1,180 @@
+//! The flame graphs' data: the folded stacks of [`crate::report::folded`]
+//! (the same data as `--format folded|svg`) merged into a tree. Nodes
+//! narrower than [`MIN_NODE_SHARE`] of the total are left out of the tree
+//! (their weight stays in their parent's total, so the root's value is the
+//! whole profile); how many were left out is said on the page.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::{
+    recording::Recording,
+    report::folded::{fold, Profile},
+};
+
+/// Nodes under this share of the profile are not drawn (1/2000: under a
+/// pixel at any screen width the page is read at).
+const MIN_NODE_SHARE: f64 = 0.0005;
+
+/// One flame graph.
+#[derive(Serialize)]
+pub struct Flame {
+    /// `cpu`, `off-cpu`, `wall`, `memory` (as `--profile`).
+    pub profile: &'static str,
+    pub title: &'static str,
+    /// Unit of the values: samples, us, bytes.
+    pub unit: &'static str,
+    /// The sum of every stack's weight: the recording's total for the profile.
+    pub total: u64,
+    /// Frame names, indexed by the tree's nodes.
+    pub names: Vec<String>,
+    /// `[name index, value, [children...]]`, the root first (name "all").
+    pub tree: Node,
+    /// Nodes left out for being narrower than 1/2000 of the total.
+    pub pruned: u64,
+}
+
+/// `[name, value, children]` (serialised as an array: compact).
+#[derive(Serialize)]
+pub struct Node(pub u32, pub u64, pub Vec<Node>);
+
+#[derive(Default)]
+struct Build {
+    value: u64,
+    children: Vec<(String, Build)>,
+}
+
+impl Build {
+    fn child(&mut self, name: &str) -> &mut Build {
+        let i = match self.children.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                self.children.push((name.to_owned(), Build::default()));
+                self.children.len() - 1
+            }
+        };
+        &mut self.children[i].1
+    }
+}
+
+struct Names {
+    list: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Names {
+    fn of(&mut self, name: &str) -> u32 {
+        if let Some(i) = self.index.get(name) {
+            return *i;
+        }
+        let i = u32::try_from(self.list.len()).unwrap_or(u32::MAX);
+        self.list.push(name.to_owned());
+        self.index.insert(name.to_owned(), i);
+        i
+    }
+}
+
+/// The flame graph of `rec` for `profile`, or None when it has no stacks.
+pub fn of(rec: &Recording, profile: Profile) -> Option<Flame> {
+    let mut root = Build::default();
+    for (stack, weight) in fold(rec, profile) {
+        root.value = root.value.saturating_add(weight);
+        let mut node = &mut root;
+        for frame in stack.split(';') {
+            node = node.child(frame);
+            node.value = node.value.saturating_add(weight);
+        }
+    }
+    if root.value == 0 {
+        return None;
+    }
+    let min = (root.value as f64 * MIN_NODE_SHARE).ceil() as u64;
+    let mut names = Names { list: Vec::new(), index: HashMap::new() };
+    let mut pruned = 0;
+    let all = names.of("all");
+    let tree = Node(all, root.value, finish(root.children, min, &mut names, &mut pruned));
+    Some(Flame {
+        profile: match profile {
+            Profile::Cpu => "cpu",
+            Profile::OffCpu => "off-cpu",
+            Profile::Wall => "wall",
+            Profile::Memory => "memory",
+        },
+        title: profile.title(),
+        unit: profile.unit(),
+        total: root.value,
+        names: names.list,
+        tree,
+        pruned,
+    })
+}
+
+fn finish(children: Vec<(String, Build)>, min: u64, names: &mut Names, pruned: &mut u64) -> Vec<Node> {
+    let mut out: Vec<Node> = Vec::new();
+    let mut kept: Vec<(String, Build)> = Vec::new();
+    for (name, b) in children {
+        if b.value < min {
+            *pruned += 1 + count(&b);
+        } else {
+            kept.push((name, b));
+        }
+    }
+    // Heaviest first, then by name: a stable picture of the same data.
+    kept.sort_by(|a, b| b.1.value.cmp(&a.1.value).then_with(|| a.0.cmp(&b.0)));
+    for (name, b) in kept {
+        let i = names.of(&name);
+        out.push(Node(i, b.value, finish(b.children, min, names, pruned)));
+    }
+    out
+}
+
+fn count(b: &Build) -> u64 {
+    b.children.iter().map(|(_, c)| 1 + count(c)).sum()
+}
+
+/// The flame graphs the recording has data for: CPU, off-CPU, wall, and
+/// resident memory growth.
+pub fn all(rec: &Recording) -> Vec<Flame> {
+    [Profile::Cpu, Profile::OffCpu, Profile::Wall, Profile::Memory].into_iter().filter_map(|p| of(rec, p)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::{Frame, FrameKind, StackKind, StackRecord, ThreadTimes};
+
+    fn frame(f: &str) -> Frame {
+        Frame { function: f.into(), file: None, line: None, kind: FrameKind::Python, module: None }
+    }
+
+    #[test]
+    fn the_root_is_the_whole_profile_and_thin_nodes_are_counted() {
+        let mut rec = crate::recording::tests::sample();
+        rec.stacks.clear();
+        rec.threads.push(ThreadTimes { pid: 1, tid: 1, comm: "p".into(), ..Default::default() });
+        let stack = |frames: &[&str], samples| StackRecord {
+            kind: StackKind::Cpu,
+            reason: None,
+            pid: 1,
+            tid: 1,
+            samples,
+            weight_ns: 0,
+            syscall: None,
+            // Leaf first, as the recording keeps them.
+            frames: frames.iter().map(|f| frame(f)).collect(),
+        };
+        rec.stacks.push(stack(&["hot", "main"], 9000));
+        rec.stacks.push(stack(&["cold", "main"], 999));
+        rec.stacks.push(stack(&["thin", "main"], 1));
+        let f = of(&rec, Profile::Cpu).unwrap();
+        assert_eq!(f.total, 10_000);
+        assert_eq!(f.tree.1, 10_000);
+        assert_eq!(f.pruned, 1, "the 1-sample node is under 1/2000");
+        let p = &f.tree.2[0];
+        assert_eq!(p.1, 10_000, "process frame");
+        let main = &p.2[0];
+        assert_eq!(main.2.iter().map(|n| f.names[n.0 as usize].as_str()).collect::<Vec<_>>(), vec!["hot", "cold"]);
+        assert!(of(&rec, Profile::OffCpu).is_none());
+    }
+}
