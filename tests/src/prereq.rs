@@ -20,6 +20,8 @@ pub enum Need {
     Setpriv,
     /// util-linux's `unshare` (new PID and mount namespaces).
     Unshare,
+    /// Debian's `chromium` (headless: the HTML report opened in a real browser).
+    Chromium,
 }
 
 /// Every executable named `prog` on PATH, in PATH order (as found, not
@@ -65,6 +67,7 @@ fn missing(need: Need) -> Option<String> {
         Need::Bpftool => (!in_path("bpftool")).then(|| "bpftool".to_string()),
         Need::Setpriv => (!in_path("setpriv")).then(|| "setpriv".to_string()),
         Need::Unshare => (!in_path("unshare")).then(|| "unshare (util-linux)".to_string()),
+        Need::Chromium => (!in_path("chromium")).then(|| "chromium (Debian; `cargo xtask setup` installs it)".to_string()),
     }
 }
 

@@ -300,6 +300,9 @@ fn agent_redacts_command_line_arguments_unless_show_args() {
         wait_windows(&agent.addr, 1, Duration::from_secs(30));
         let (status, latest) = get(&agent.addr, "/report/latest");
         assert_eq!(status, 200, "{latest}");
+        let (status, page) = get(&agent.addr, "/report/latest.html");
+        assert_eq!(status, 200, "{page}");
+        assert!(page.starts_with("<!DOCTYPE html>"), "/report/latest.html is not a page: {page}");
         let _ = workload_counts(&lines);
         let _ = wl.wait();
         let windows = window_files(&out);
@@ -308,11 +311,12 @@ fn agent_redacts_command_line_arguments_unless_show_args() {
         window.assert_ok();
         let entry = t["targets"].as_array().unwrap().iter().find(|e| e["pid"] == pid).unwrap().to_string();
         // The script stays, in every view.
-        for (what, text) in [("/targets", &entry), ("/report/latest", &latest), ("the window", &window.stdout)] {
+        for (what, text) in [("/targets", &entry), ("/report/latest", &latest), ("/report/latest.html", &page), ("the window", &window.stdout)] {
             assert!(text.contains("agent_getppid.py"), "{what} lost the script path: {text}");
             assert_eq!(text.contains(&secret), show, "{what} (--show-args {show}): {text}");
             if !show {
-                assert!(text.contains("arguments redacted>"), "{what} has no redaction marker: {text}");
+                // `<2 arguments redacted>`; HTML-escaped in the page.
+                assert!(text.contains("arguments redacted"), "{what} has no redaction marker: {text}");
             }
         }
     }

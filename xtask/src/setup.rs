@@ -37,6 +37,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "prometheus",
     "podman",
     "runc",
+    // `report --format html` is opened in headless Chromium (tests/tests/html.rs).
+    "chromium",
 ];
 
 /// Where the LLVM prefix for bpf-linker lives (it must outlive the build:

@@ -21,7 +21,7 @@ written into --out-dir (default /var/lib/infertrace) as infertrace-agent-<time>-
 new temporary file renamed within the directory; a name already taken is left alone and the next one used); the \
 oldest beyond --keep / --max-size are removed. `infertrace report FILE` renders one.\n\
 HTTP on --listen (default 127.0.0.1:9475): /metrics (OpenMetrics text, for Prometheus), /healthz, /targets (JSON: \
-host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report). \
+host PID, PID in its namespace, container id, why it is traced), /report/latest (the last window's JSON report), /report/latest.html (its page). \
 Command lines there and in the windows keep the program and the Python script or module; other arguments are \
 redacted (--show-args keeps them). Metrics are updated at each window's end. The endpoints run on threads of their own: a stalled collection loop never \
 silences them, and /healthz answers 503 (with the age) when the loop has not turned for 15 s. Each connection has 5 s \
@@ -71,7 +71,7 @@ pub struct AgentArgs {
     /// Keep at most this much of windows on disk (e.g. 500MiB; the newest is always kept).
     #[arg(long, value_name = "SIZE", value_parser = limits::parse_size)]
     max_size: Option<u64>,
-    /// Address of the HTTP endpoints (/metrics /healthz /targets /report/latest).
+    /// Address of the HTTP endpoints (/metrics /healthz /targets /report/latest /report/latest.html).
     #[arg(long, value_name = "ADDR:PORT", default_value = agent::http::DEFAULT_LISTEN)]
     listen: String,
     /// Require `Authorization: Bearer TOKEN` on every endpoint but /healthz; TOKEN is this file's content

@@ -1,6 +1,7 @@
 //! The agent's HTTP endpoints, on `--listen` (loopback by default):
 //! `/metrics` (OpenMetrics text, `prometheus-client`), `/healthz`,
-//! `/targets` (JSON), `/report/latest` (the last window's JSON report).
+//! `/targets` (JSON), `/report/latest` (the last window's JSON report),
+//! `/report/latest.html` (its page).
 //! A deliberately small HTTP/1.1 server: GET and HEAD only, one request per
 //! connection, request head capped at 8 KiB (CRLF or bare-LF lines).
 //!
@@ -77,6 +78,10 @@ pub struct Shared {
     /// The last window's JSON report, gzip-compressed
     /// (`report::json::render_gzip`); shared by the requests that serve it.
     pub latest_report: Option<Arc<Vec<u8>>>,
+    /// The last window's page (`report::html::render_gzip`, no source
+    /// lines: the agent never reads files a recording names), for
+    /// `/report/latest.html`.
+    pub latest_html: Option<Arc<Vec<u8>>>,
     pub windows_written: u64,
 }
 
@@ -287,14 +292,13 @@ fn accepts_gzip(head: &str) -> bool {
 
 /// The compressed report as the client takes it: as is with
 /// `Content-Encoding: gzip`, else inflated for this request.
-fn report_response(gz: Arc<Vec<u8>>, gzip_ok: bool) -> Response {
-    const JSON: &str = "application/json";
+fn report_response(gz: Arc<Vec<u8>>, gzip_ok: bool, ctype: &'static str) -> Response {
     if gzip_ok {
-        return Response { status: 200, ctype: JSON, body: Body::Shared(gz), extra: "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" };
+        return Response { status: 200, ctype, body: Body::Shared(gz), extra: "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\nX-Content-Type-Options: nosniff\r\n" };
     }
     let mut out = Vec::new();
     match std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut out) {
-        Ok(_) => Response { status: 200, ctype: JSON, body: Body::Shared(Arc::new(out)), extra: "Vary: Accept-Encoding\r\n" },
+        Ok(_) => Response { status: 200, ctype, body: Body::Shared(Arc::new(out)), extra: "Vary: Accept-Encoding\r\nX-Content-Type-Options: nosniff\r\n" },
         Err(e) => text(500, format!("the stored report could not be inflated: {e}\n")),
     }
 }
@@ -391,11 +395,20 @@ async fn route(path: &str, gzip_ok: bool, ctx: &Ctx) -> Response {
             let latest = s.latest_report.clone();
             drop(s);
             match latest {
-                Some(gz) => report_response(gz, gzip_ok),
+                Some(gz) => report_response(gz, gzip_ok, "application/json"),
                 None => text(404, "no window has closed yet\n"),
             }
         }
-        _ => text(404, "not found; try /metrics, /healthz, /targets, /report/latest\n"),
+        "/report/latest.html" => {
+            let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
+            let latest = s.latest_html.clone();
+            drop(s);
+            match latest {
+                Some(gz) => report_response(gz, gzip_ok, "text/html; charset=utf-8"),
+                None => text(404, "no window has closed yet\n"),
+            }
+        }
+        _ => text(404, "not found; try /metrics, /healthz, /targets, /report/latest, /report/latest.html\n"),
     }
 }
 

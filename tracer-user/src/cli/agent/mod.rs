@@ -4,7 +4,7 @@
 //! collectors as `record` (`crate::engine::session` drives them), cuts one
 //! recording per `--window` into `--out-dir` (`windows`: each the
 //! difference of two cumulative snapshots, so windows add up exactly), and
-//! serves `/metrics`, `/healthz`, `/targets` and `/report/latest`
+//! serves `/metrics`, `/healthz`, `/targets`, `/report/latest` and `/report/latest.html`
 //! (`http`, on threads of its own, `metrics`, `targets`; `auth` and `tls`
 //! for `--auth-token-file` and `--tls-cert`; `/metrics` is brought up to
 //! date every `PUBLISH_EVERY`, whatever the window). SIGTERM/SIGINT/SIGHUP
@@ -298,6 +298,13 @@ impl Agent {
                 None
             }
         };
+        let html = match report::html::render_gzip(&win) {
+            Ok(gz) => Some(Arc::new(gz)),
+            Err(e) => {
+                say(false, &format!("window {}: no page for /report/latest.html: {e}", self.seq));
+                None
+            }
+        };
         let covered = covered_targets(&win, self.info.keys().copied());
         let scrapes = {
             let mut s = match self.shared.lock() {
@@ -307,6 +314,9 @@ impl Agent {
             // Without a new one the previous window's report stays.
             if let Some(gz) = latest {
                 s.latest_report = Some(gz);
+            }
+            if let Some(gz) = html {
+                s.latest_html = Some(gz);
             }
             if written.is_ok() {
                 s.windows_written += 1;
@@ -419,6 +429,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
         metrics_scrapes: 0,
         targets_json: targets::render(&BTreeMap::new()),
         latest_report: None,
+        latest_html: None,
         windows_written: 0,
     }));
     let heartbeat = Heartbeat::new();
@@ -444,7 +455,7 @@ pub async fn run(opts: AgentOptions, argv: Vec<String>) -> Result<(), AgentError
     agent.refresh_alive();
     let first = agent.engine.counts()?;
     agent.publish(&first);
-    say(quiet, &format!("listening on {scheme}://{local} (/metrics /healthz /targets /report/latest); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
+    say(quiet, &format!("listening on {scheme}://{local} (/metrics /healthz /targets /report/latest /report/latest.html); windows of {:.0}s into {}", window.as_secs_f64(), dir.display()));
 
     let start = tokio::time::Instant::now();
     let mut window_tick = tokio::time::interval_at(start + window, window);

@@ -29,15 +29,17 @@ pub struct Flame {
     pub total: u64,
     /// Frame names, indexed by the tree's nodes.
     pub names: Vec<String>,
-    /// `[name index, value, [children...]]`, the root first (name "all").
-    pub tree: Node,
+    /// The tree in pre-order, `[name index, value, depth]` each (flat: no
+    /// nesting limit for a JSON reader), the root first (name "all", depth
+    /// 0), heavier children before lighter ones.
+    pub nodes: Vec<Node>,
     /// Nodes left out for being narrower than 1/2000 of the total.
     pub pruned: u64,
 }
 
-/// `[name, value, children]` (serialised as an array: compact).
+/// `[name, value, depth]` (serialised as an array: compact).
 #[derive(Serialize)]
-pub struct Node(pub u32, pub u64, pub Vec<Node>);
+pub struct Node(pub u32, pub u64, pub u32);
 
 #[derive(Default)]
 struct Build {
@@ -93,7 +95,8 @@ pub fn of(rec: &Recording, profile: Profile) -> Option<Flame> {
     let mut names = Names { list: Vec::new(), index: HashMap::new() };
     let mut pruned = 0;
     let all = names.of("all");
-    let tree = Node(all, root.value, finish(root.children, min, &mut names, &mut pruned));
+    let mut nodes = vec![Node(all, root.value, 0)];
+    finish(root.children, 1, min, &mut names, &mut pruned, &mut nodes);
     Some(Flame {
         profile: match profile {
             Profile::Cpu => "cpu",
@@ -105,13 +108,12 @@ pub fn of(rec: &Recording, profile: Profile) -> Option<Flame> {
         unit: profile.unit(),
         total: root.value,
         names: names.list,
-        tree,
+        nodes,
         pruned,
     })
 }
 
-fn finish(children: Vec<(String, Build)>, min: u64, names: &mut Names, pruned: &mut u64) -> Vec<Node> {
-    let mut out: Vec<Node> = Vec::new();
+fn finish(children: Vec<(String, Build)>, depth: u32, min: u64, names: &mut Names, pruned: &mut u64, out: &mut Vec<Node>) {
     let mut kept: Vec<(String, Build)> = Vec::new();
     for (name, b) in children {
         if b.value < min {
@@ -124,9 +126,9 @@ fn finish(children: Vec<(String, Build)>, min: u64, names: &mut Names, pruned: &
     kept.sort_by(|a, b| b.1.value.cmp(&a.1.value).then_with(|| a.0.cmp(&b.0)));
     for (name, b) in kept {
         let i = names.of(&name);
-        out.push(Node(i, b.value, finish(b.children, min, names, pruned)));
+        out.push(Node(i, b.value, depth));
+        finish(b.children, depth + 1, min, names, pruned, out);
     }
-    out
 }
 
 fn count(b: &Build) -> u64 {
@@ -169,12 +171,10 @@ mod tests {
         rec.stacks.push(stack(&["thin", "main"], 1));
         let f = of(&rec, Profile::Cpu).unwrap();
         assert_eq!(f.total, 10_000);
-        assert_eq!(f.tree.1, 10_000);
         assert_eq!(f.pruned, 1, "the 1-sample node is under 1/2000");
-        let p = &f.tree.2[0];
-        assert_eq!(p.1, 10_000, "process frame");
-        let main = &p.2[0];
-        assert_eq!(main.2.iter().map(|n| f.names[n.0 as usize].as_str()).collect::<Vec<_>>(), vec!["hot", "cold"]);
+        let shown: Vec<(&str, u64, u32)> = f.nodes.iter().map(|n| (f.names[n.0 as usize].as_str(), n.1, n.2)).collect();
+        let process = shown[1].0;
+        assert_eq!(shown, vec![("all", 10_000, 0), (process, 10_000, 1), ("main", 10_000, 2), ("hot", 9000, 3), ("cold", 999, 3)]);
         assert!(of(&rec, Profile::OffCpu).is_none());
     }
 }

@@ -116,6 +116,16 @@ pub fn render(rec: &Recording, opts: Options) -> String {
     page(&title, body, &embed::script_json(&data))
 }
 
+/// The page the agent serves (`/report/latest.html`): no source lines,
+/// gzip-compressed as it is kept.
+pub fn render_gzip(rec: &Recording) -> std::io::Result<Vec<u8>> {
+    use flate2::{write::GzEncoder, Compression};
+    use std::io::Write as _;
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(render(rec, Options { source: false }).as_bytes())?;
+    gz.finish()
+}
+
 /// The document around `body`: head, styles, CSP, data and script.
 fn page(title: &str, body: Markup, data_json: &str) -> String {
     let csp = format!(

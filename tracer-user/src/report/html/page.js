@@ -61,16 +61,18 @@
     var search = box.querySelector(".flame-search");
     var match = box.querySelector(".flame-match");
     var ROW = 17;
-    // Parent links and x offsets, once.
-    var nodes = [];
-    function index(n, x, depth, parent) {
-      var rec = { name: f.names[n[0]], v: n[1], x: x, depth: depth, parent: parent };
+    // Parent links and x offsets from the pre-order [name, value, depth] list.
+    var nodes = [], path = [];
+    f.nodes.forEach(function (n) {
+      var depth = n[2], parent = depth > 0 ? path[depth - 1] : null;
+      var rec = { name: f.names[n[0]], v: n[1], depth: depth, parent: parent, x: parent ? parent.next : 0 };
+      rec.next = rec.x;
+      if (parent) parent.next += n[1];
+      path[depth] = rec;
+      path.length = depth + 1;
       nodes.push(rec);
-      var cx = x;
-      n[2].forEach(function (c) { index(c, cx, depth + 1, rec); cx += c[1]; });
-      return rec;
-    }
-    var root = index(f.tree, 0, 0, null);
+    });
+    var root = nodes[0];
     var focus = root;
     var term = "";
     function kind(name) {
