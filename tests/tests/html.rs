@@ -120,7 +120,7 @@ fn strip_tags(s: &str) -> String {
 }
 
 /// The `<tr>` of thread `tid` of `pid` in the DOM.
-fn thread_row<'a>(dom: &'a str, pid: u64, tid: u64) -> Option<&'a str> {
+fn thread_row(dom: &str, pid: u64, tid: u64) -> Option<&str> {
     let key = format!("<tr class=\"thread\" data-pid=\"{pid}\" data-tid=\"{tid}\">");
     let at = dom.find(&key)?;
     let row = &dom[at..];

@@ -321,7 +321,8 @@ fn parts(t: &ThreadTimes) -> [(&'static str, &'static str, u64); 10] {
 }
 
 fn threads_section(threads: &[&ThreadTimes]) -> Markup {
-    let cols: [(&str, fn(&ThreadTimes) -> u64); 10] = [
+    type Column = (&'static str, fn(&ThreadTimes) -> u64);
+    let cols: [Column; 10] = [
         ("on-CPU", |t| t.on_cpu_ns),
         ("syscall", |t| t.syscall_ns),
         ("run-queue", |t| t.runqueue_ns),

@@ -41,6 +41,9 @@ pub struct Track {
     pub bucket_us: u64,
 }
 
+/// `(begin_us, end_us, state code)`.
+type Interval = (u64, u64, u64);
+
 fn code(state: ThreadState, reason: Option<OffCpuReason>) -> u64 {
     match (state, reason) {
         (ThreadState::OnCpu, _) => 0,
@@ -59,7 +62,7 @@ fn code(state: ThreadState, reason: Option<OffCpuReason>) -> u64 {
 pub fn of(rec: &Recording) -> Option<Strip> {
     let t = rec.timeline.as_ref()?;
     let window_us = rec.duration_ns / 1000;
-    let mut by_thread: BTreeMap<(u32, u32), Vec<(u64, u64, u64)>> = BTreeMap::new();
+    let mut by_thread: BTreeMap<(u32, u32), Vec<Interval>> = BTreeMap::new();
     for s in &t.states {
         // Times are relative to the window start already.
         let (b, e) = (s.begin_ns / 1000, s.end_ns / 1000);
@@ -84,13 +87,13 @@ pub fn of(rec: &Recording) -> Option<Strip> {
     Some(Strip { states: STATES, window_us, threads, threads_left_out: left_out })
 }
 
-fn exact(iv: &[(u64, u64, u64)]) -> Vec<u64> {
+fn exact(iv: &[Interval]) -> Vec<u64> {
     iv.iter().flat_map(|&(b, e, c)| [b, e - b, c]).collect()
 }
 
 /// `budget` buckets over the window, each in its dominant state; adjacent
 /// buckets in the same state merged.
-fn bucketed(iv: &[(u64, u64, u64)], window_us: u64, budget: usize) -> (Vec<u64>, u64) {
+fn bucketed(iv: &[Interval], window_us: u64, budget: usize) -> (Vec<u64>, u64) {
     let width = window_us.div_ceil(budget.max(1) as u64).max(1);
     let n = window_us.div_ceil(width) as usize;
     let mut time = vec![[0u64; STATES.len()]; n];
