@@ -187,7 +187,7 @@ mod tests {
         assert!(l.contains("(hint: a similar argument exists: '--format')"), "{l}");
         let l = line(&["infertrace", "report", "x.itr", "--format", "\x1b]0;PWNED\x07"]);
         assert!(!l.chars().any(char::is_control), "{l:?}");
-        assert!(l.ends_with("(hint: possible values: text, json, folded, svg, speedscope, pprof, perfetto)"), "{l}");
+        assert!(l.ends_with("(hint: possible values: text, json, folded, svg, speedscope, pprof, perfetto, html)"), "{l}");
     }
 
     #[test]
