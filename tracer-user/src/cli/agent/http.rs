@@ -390,21 +390,13 @@ async fn route(path: &str, gzip_ok: bool, ctx: &Ctx) -> Response {
             drop(s);
             Response { status: 200, ctype: "application/json", body, extra: "" }
         }
-        "/report/latest" => {
+        "/report/latest" | "/report/latest.html" => {
+            let html = path.ends_with(".html");
             let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
-            let latest = s.latest_report.clone();
+            let latest = if html { s.latest_html.clone() } else { s.latest_report.clone() };
             drop(s);
             match latest {
-                Some(gz) => report_response(gz, gzip_ok, "application/json"),
-                None => text(404, "no window has closed yet\n"),
-            }
-        }
-        "/report/latest.html" => {
-            let Some(s) = lock_within(&ctx.state, LOCK_WAIT).await else { return busy() };
-            let latest = s.latest_html.clone();
-            drop(s);
-            match latest {
-                Some(gz) => report_response(gz, gzip_ok, "text/html; charset=utf-8"),
+                Some(gz) => report_response(gz, gzip_ok, if html { "text/html; charset=utf-8" } else { "application/json" }),
                 None => text(404, "no window has closed yet\n"),
             }
         }
