@@ -179,6 +179,25 @@ fn samples_the_simulated_gpus_at_10_hz() {
     for s in ["37 / 37 / 37", "81 / 81 / 81", "1.0 GiB (1.0 GiB) / 16.0 GiB", "1.02 MB/s", "2.05 MB/s", "nvmlsim GPU 1 (fake)", "util% over the window"] {
         assert!(t.contains(s), "text report lacks {s:?}:\n{t}");
     }
+
+    // The HTML page charts the same samples: its data's points are the
+    // recording's (utilisation, memory used, PCIe where reported).
+    let page = run_infertrace([OsStr::new("report"), rec.as_os_str(), OsStr::new("--format"), OsStr::new("html")]);
+    page.assert_ok();
+    let data = &page.stdout[page.stdout.find("id=\"infertrace-data\"").expect("the page's data")..];
+    let data: Value = serde_json::from_str(&data[data.find('>').unwrap() + 1..data.find("</script>").unwrap()]).unwrap();
+    let series = |name: &str| -> Option<Vec<(f64, f64)>> {
+        let s = data["series"].as_array().unwrap().iter().find(|s| s["name"] == name)?;
+        Some(s["points"].as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect())
+    };
+    for gpu in [0, 1] {
+        let v = of_gpu(&all, gpu);
+        let at = |s: &Value| u(s, "ts_ns") as f64 / 1e9;
+        assert_eq!(series(&format!("GPU {gpu} utilisation")), Some(v.iter().map(|s| (at(s), f(s, "util_percent"))).collect()), "GPU {gpu} utilisation chart");
+        assert_eq!(series(&format!("GPU {gpu} memory used")), Some(v.iter().map(|s| (at(s), u(s, "mem_used_bytes") as f64)).collect()), "GPU {gpu} memory chart");
+        let rx: Vec<(f64, f64)> = v.iter().filter_map(|s| s["pcie_rx_bytes_per_s"].as_u64().map(|b| (at(s), b as f64))).collect();
+        assert_eq!(series(&format!("GPU {gpu} PCIe host to device")), (!rx.is_empty()).then_some(rx), "GPU {gpu} PCIe chart");
+    }
 }
 
 #[test]

@@ -165,5 +165,9 @@
     document.getElementById("strip-reset").addEventListener("click", function () { view = [0, Math.max(1, s.window_us)]; paint(); });
     paint();
   }
+  // Printing shows the collapsed sections too.
+  window.addEventListener("beforeprint", function () {
+    document.querySelectorAll("details").forEach(function (d) { d.open = true; });
+  });
   document.body.dataset.ready = "1";
 })();

@@ -143,3 +143,48 @@ pub fn chart(s: &Series, window_ns: u64) -> Markup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::{
+        cuda::Site,
+        timeline::{CudaCallEvent, Timeline},
+    };
+
+    #[test]
+    fn timeline_cuda_calls_and_copies_per_interval() {
+        let mut rec = crate::recording::tests::sample();
+        rec.duration_ns = 2_000_000_000;
+        let call = |api: &str, kind: Option<&str>, bytes, at: u64| CudaCallEvent {
+            pid: 1,
+            tid: 1,
+            api: api.into(),
+            kind: kind.map(Into::into),
+            bytes,
+            begin_ns: at,
+            end_ns: at + 1000,
+            rc: 0,
+            site: Site::unknown(),
+        };
+        let mut t = Timeline { window_start_mono_ns: 5_000_000_000, ..Default::default() };
+        // 10 ms intervals (2 s / 200): three calls in the first, one copy of 1 MB in the last.
+        t.cuda = vec![call("cudaLaunchKernel", None, 0, 0), call("cudaLaunchKernel", None, 0, 5_000_000), call("cudaMemcpy", Some("HtoD"), 0, 9_000_000), call("cudaMemcpy", Some("HtoD"), 1_000_000, 1_995_000_000)];
+        rec.timeline = Some(t);
+        let all = all(&rec);
+        let calls = all.iter().find(|s| s.name == "CUDA calls").unwrap();
+        assert_eq!(calls.points.len(), 200);
+        assert_eq!(calls.points[0], (0.0, 300.0), "3 calls in 10 ms");
+        assert_eq!(calls.points[199].1, 100.0);
+        let copies = all.iter().find(|s| s.name.starts_with("Copy bandwidth")).unwrap();
+        assert_eq!(copies.points[199].1, 100_000_000.0, "1 MB in 10 ms");
+        let total: f64 = calls.points.iter().map(|p| p.1 * 0.01).sum();
+        assert!((total - 4.0).abs() < 1e-9, "every call counted once: {total}");
+    }
+
+    #[test]
+    fn long_series_are_thinned_and_say_so() {
+        let s = series("x".into(), "bytes", (0..10_000).map(|i| (i as f64, 1.0)).collect());
+        assert_eq!((s.points.len(), s.thinned_every), (3334, 3));
+    }
+}
