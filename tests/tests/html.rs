@@ -142,6 +142,11 @@ fn text_thread_lines(text: &str) -> Vec<(u64, String, Vec<String>)> {
     out
 }
 
+/// Thread rows the page shows for `report` (at most 400).
+fn threads_in(report: &Value) -> usize {
+    report["threads"].as_array().map_or(0, |t| t.len().min(400))
+}
+
 fn assert_ran_clean(o: &Opened, what: &str) {
     assert!(o.console.is_empty(), "{what}: console messages (errors, CSP refusals): {:#?}", o.console);
     assert!(o.dom.contains("data-ready=\"1\""), "{what}: the page's script did not finish");
@@ -202,6 +207,12 @@ fn the_page_shows_the_verdict_findings_threads_flames_and_series_in_a_browser() 
         assert_eq!(&c[3], wall, "thread {tid}: wall time as in the text report");
         assert_eq!(&c[5..15], &shares[..], "thread {tid}: shares as in the text report");
     }
+
+    // The static parts are in the file as written, not made by the script
+    // (headless Chromium dumps no DOM with scripts off: the file is checked).
+    let raw = std::fs::read_to_string(&page).unwrap();
+    assert!(raw.contains(&share) && raw.matches("<tr class=\"thread\"").count() == threads_in(&report), "the verdict and threads need no script");
+    assert!(findings.iter().all(|f| raw.contains(&format!("cuda_patterns.py:{}", f["site"]["line"]))), "the findings need no script");
 
     // The flame graphs add up to the recording's totals.
     let data = page_data(dom);
