@@ -16,6 +16,9 @@ use crate::{
 /// Nodes under this share of the profile are not drawn (1/2000: under a
 /// pixel at any screen width the page is read at).
 const MIN_NODE_SHARE: f64 = 0.0005;
+/// At most this many nodes per flame graph (deep and wide profiles): the
+/// threshold doubles until the tree fits (the page says how many were left out).
+const MAX_NODES: usize = 20_000;
 
 /// One flame graph.
 #[derive(Serialize)]
@@ -91,7 +94,10 @@ pub fn of(rec: &Recording, profile: Profile) -> Option<Flame> {
     if root.value == 0 {
         return None;
     }
-    let min = (root.value as f64 * MIN_NODE_SHARE).ceil() as u64;
+    let mut min = (root.value as f64 * MIN_NODE_SHARE).ceil().max(1.0) as u64;
+    while kept(&root, min) > MAX_NODES {
+        min = min.saturating_mul(2);
+    }
     let mut names = Names { list: Vec::new(), index: HashMap::new() };
     let mut pruned = 0;
     let all = names.of("all");
@@ -129,6 +135,11 @@ fn finish(children: Vec<(String, Build)>, depth: u32, min: u64, names: &mut Name
         out.push(Node(i, b.value, depth));
         finish(b.children, depth + 1, min, names, pruned, out);
     }
+}
+
+/// Nodes of `b`'s tree at least `min` heavy (children of a lighter node are lighter still).
+fn kept(b: &Build, min: u64) -> usize {
+    b.children.iter().filter(|(_, c)| c.value >= min).map(|(_, c)| 1 + kept(c, min)).sum()
 }
 
 fn count(b: &Build) -> u64 {
@@ -176,5 +187,29 @@ mod tests {
         let process = shown[1].0;
         assert_eq!(shown, vec![("all", 10_000, 0), (process, 10_000, 1), ("main", 10_000, 2), ("hot", 9000, 3), ("cold", 999, 3)]);
         assert!(of(&rec, Profile::OffCpu).is_none());
+    }
+
+    #[test]
+    fn a_deep_wide_profile_is_capped() {
+        let mut rec = crate::recording::tests::sample();
+        rec.stacks.clear();
+        // 100 stacks of 300 distinct frames, 1% each: 30,000 nodes over the cap.
+        for s in 0..100 {
+            rec.stacks.push(StackRecord {
+                kind: StackKind::Cpu,
+                reason: None,
+                pid: 1,
+                tid: 1,
+                samples: 10 + s,
+                weight_ns: 0,
+                syscall: None,
+                frames: (0..300).map(|d| frame(&format!("s{s}d{d}"))).collect(),
+            });
+        }
+        let f = of(&rec, Profile::Cpu).unwrap();
+        assert!(f.nodes.len() <= MAX_NODES + 1, "{} nodes", f.nodes.len());
+        assert!(f.nodes.len() > MAX_NODES / 4, "the heaviest stacks stay: {} nodes", f.nodes.len());
+        assert_eq!(f.total, (10..110).sum::<u64>());
+        assert_eq!(f.nodes.len() as u64 + f.pruned, 1 + 1 + 100 * 300, "every node drawn or counted");
     }
 }
