@@ -331,3 +331,46 @@ fn max_overhead_samples_launches_within_the_budget() {
         100.0 * noise
     );
 }
+
+/// The calibration is kept per boot (`/run/infertrace/calibration.json`):
+/// a second run reuses it (its start-up has no calibration phase and the
+/// recording says `cached`), `INFERTRACE_RECALIBRATE=1` measures anew, and a
+/// link planted at the file's name is not followed.
+#[test]
+fn the_calibration_is_kept_for_the_boot() {
+    const TEST: &str = "the_calibration_is_kept_for_the_boot";
+    require!(TEST, Root, Binary);
+    let dir = TempDir::new("calibration-kept");
+    let run = |env: &[(&str, &str)]| -> (Value, String) {
+        let out = dir.join("rec.itr");
+        let mut cmd = infertrace(["record", "-q", "--format", "json", "-o"]);
+        cmd.arg(&out).args(["--", "true"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let r = run_cmd(&mut cmd, Duration::from_secs(60));
+        r.assert_ok();
+        let rep = r.json();
+        let startup = rep.0["details"].as_array().into_iter().flatten().filter_map(Value::as_str).find(|d| d.starts_with("start-up")).unwrap_or_else(|| panic!("no start-up detail: {}", rep.0["details"])).to_owned();
+        (rep.0["tracer_overhead"]["calibration"].clone(), startup)
+    };
+    let (fresh, startup) = run(&[("INFERTRACE_RECALIBRATE", "1")]);
+    assert_eq!(fresh["cached"], false, "{fresh}");
+    assert!(startup.contains("overhead calibration"), "a fresh calibration is a start-up phase: {startup}");
+    let (kept, startup) = run(&[]);
+    assert_eq!(kept["cached"], true, "the second run reuses it: {kept}");
+    for k in ["uprobe_ns", "uretprobe_ns", "syscall_tracepoints_ns"] {
+        assert_eq!(kept[k], fresh[k], "{k}: the kept value");
+    }
+    assert!(!startup.contains("overhead calibration"), "no calibration phase: {startup}");
+    eprintln!("{TEST}: {startup}");
+    // A link planted at the name: not followed, the calibration measured again.
+    let file = Path::new("/run/infertrace/calibration.json");
+    let decoy = dir.join("decoy.json");
+    std::fs::copy(file, &decoy).expect("the kept calibration");
+    std::fs::remove_file(file).unwrap();
+    std::os::unix::fs::symlink(&decoy, file).unwrap();
+    let (after_link, _) = run(&[]);
+    let _ = std::fs::remove_file(file);
+    assert_eq!(after_link["cached"], false, "a link at the file's name is not followed: {after_link}");
+}

@@ -35,6 +35,7 @@ pub mod record;
 pub mod run;
 pub mod session;
 pub mod stacks;
+mod startup;
 pub mod targets;
 pub mod release;
 pub mod programs;

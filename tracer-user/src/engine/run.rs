@@ -43,10 +43,13 @@ impl Engine {
     /// inside a tokio runtime. Probes are attached to descriptors this
     /// process owns: whatever ends it, the kernel detaches them.
     pub fn open(opts: RecordOptions, argv: Vec<String>, btf: KernelBtf, families: Families) -> Result<Engine, RecordError> {
+        let mut startup = super::startup::Startup::begin();
         let mut cx = session::open_context(opts, btf, argv, (families.tables)())?;
+        startup.phase("context");
         let mut collectors = (families.collectors)(&cx.opts);
         for c in collectors.iter_mut() {
             c.attach(&mut cx.view(c.uses()))?;
+            startup.phase(c.name());
         }
         let named = cx.opts.pids.clone();
         for &pid in &named {
@@ -59,6 +62,8 @@ impl Engine {
             cx.targets.emit(TargetEvent::Appeared { pid, origin: Origin::Launched });
         }
         dispatch(&mut cx, &mut collectors)?;
+        startup.phase("targets");
+        cx.sink.detail(startup.line());
         if let Some(l) = cx.targets.launched.as_mut() {
             l.release()?;
         }

@@ -38,6 +38,11 @@ pub struct Calibration {
     pub syscall_tracepoints_ns: f64,
     /// Milliseconds the calibration took.
     pub took_ms: f64,
+    /// Taken from the calibration kept for this boot, kernel and tracer
+    /// version (`/run/infertrace`), not measured in this run (schema 1.x
+    /// addition; `took_ms` is then the kept calibration's).
+    #[serde(default)]
+    pub cached: bool,
 }
 
 /// One probe family's programs.

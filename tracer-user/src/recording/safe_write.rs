@@ -437,6 +437,37 @@ impl Dir {
     /// Opens an existing special file (a device, a FIFO) `name` here for
     /// writing in place, not through a link, and checks it is still `expect`
     /// (`nonblock`: a FIFO without a reader answers ENXIO instead of blocking).
+    /// The content of the small regular file `name` written by root or the
+    /// tracer's user (not through a link, never blocking on a FIFO); None
+    /// when there is none. Refused: another kind of file, another owner,
+    /// over `max` bytes.
+    pub fn read_own_file(&self, name: &OsStr, max: u64) -> io::Result<Option<Vec<u8>>> {
+        use std::io::Read as _;
+        let c = cstr(name)?;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        let fd = unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::NotFound { Ok(None) } else { Err(e) };
+        }
+        // SAFETY: a descriptor just opened, owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let st = fstat(&file)?;
+        let refuse = |why: String| Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        if !st.is_file() {
+            return refuse(format!("it is a {}, not a regular file", st.kind_name()));
+        }
+        if st.uid != 0 && st.uid != euid() {
+            return refuse(format!("it is owned by uid {}, neither root nor this user", st.uid));
+        }
+        if st.size > max {
+            return refuse(format!("it is {} bytes, over {max}", st.size));
+        }
+        let mut out = Vec::new();
+        file.take(max).read_to_end(&mut out)?;
+        Ok(Some(out))
+    }
+
     pub fn open_special(&self, name: &OsStr, expect: &Stat, nonblock: bool) -> io::Result<File> {
         let c = cstr(name)?;
         let flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC | if nonblock { libc::O_NONBLOCK } else { 0 };

@@ -13,6 +13,7 @@
 //! uretprobe's return trap enters the kernel on x86_64 Linux 6.11+) out of
 //! the targets' syscall tables: that time is the tracer's.
 
+mod cache;
 pub mod calibrate;
 
 
@@ -115,7 +116,14 @@ impl Collector for OverheadStart {
             Err(e) => s.notes.push(format!("{e}: our programs' run time is not measured")),
         }
         let mut notes = Vec::new();
-        s.calibration = calibrate::calibrate(cx, &TABLE, &mut notes);
+        s.calibration = match cache::load() {
+            Some(kept) => kept,
+            None => {
+                let c = calibrate::calibrate(cx, &TABLE, &mut notes);
+                cache::store(&c);
+                c
+            }
+        };
         *cx.calibration = s.calibration.clone();
         s.notes.extend(notes);
         // The calibration is not part of the window: nothing is attached
@@ -424,7 +432,7 @@ mod tests {
             sampled: None,
         });
         rec.cuda = Some(cuda);
-        let cal = Calibration { uprobe_ns: 5000.0, uretprobe_ns: 1000.0, syscall_tracepoints_ns: 100.0, took_ms: 1.0 };
+        let cal = Calibration { uprobe_ns: 5000.0, uretprobe_ns: 1000.0, syscall_tracepoints_ns: 100.0, took_ms: 1.0, cached: false };
         let fams = vec![
             family("syscalls", &[("sys_enter", 2200, 110_000), ("sys_exit", 2200, 110_000)]),
             // 100 launch runs for 50 counted: the driver's probes fire too.

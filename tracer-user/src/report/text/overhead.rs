@@ -53,7 +53,7 @@ pub fn render(out: &mut String, o: &TracerOverhead, shown: usize) {
     let c = &o.calibration;
     let _ = writeln!(
         out,
-        "tracer overhead: infertrace itself {} CPU ({} user, {} system), {} peak memory; per hit: uprobe {}, uretprobe {}, syscall tracepoints {} (calibrated here)",
+        "tracer overhead: infertrace itself {} CPU ({} user, {} system), {} peak memory; per hit: uprobe {}, uretprobe {}, syscall tracepoints {} ({})",
         fmt_duration(o.tracer.cpu_user_ns.saturating_add(o.tracer.cpu_system_ns)),
         fmt_duration(o.tracer.cpu_user_ns),
         fmt_duration(o.tracer.cpu_system_ns),
@@ -61,6 +61,7 @@ pub fn render(out: &mut String, o: &TracerOverhead, shown: usize) {
         fmt_duration(c.uprobe_ns as u64),
         fmt_duration(c.uretprobe_ns as u64),
         fmt_duration(c.syscall_tracepoints_ns as u64),
+        if c.cached { "calibrated here on this boot, kept" } else { "calibrated here" },
     );
 }
 
