@@ -365,18 +365,7 @@ fn threads_section(threads: &[&ThreadTimes]) -> Markup {
 /// A thread's partition bar: each part's width from the running total, as
 /// the text report's bar (never past 100%).
 fn thread_bar(t: &ThreadTimes) -> Markup {
-    let mut total = 0u64;
-    let mut drawn = 0usize;
-    let mut segs = Vec::new();
-    for (css, label, ns) in parts(t) {
-        total = total.saturating_add(ns);
-        let upto = crate::report::fmt::bar_cells(total, t.wall_ns, 1000);
-        let w = upto.saturating_sub(drawn);
-        drawn = drawn.max(upto);
-        if w > 0 {
-            segs.push((css, label, w, ns));
-        }
-    }
+    let segs: Vec<_> = parts(t).into_iter().zip(text::walltime::part_cells(t, 1000)).filter(|(_, w)| *w > 0).map(|((css, label, ns), w)| (css, label, w, ns)).collect();
     html! {
         div.bar role="img" aria-label={ "wall-time partition of thread " (t.tid) } {
             @for (css, label, w, ns) in segs {

@@ -68,9 +68,9 @@ pub fn of(rec: &Recording) -> Option<Strip> {
         let (b, e) = (s.begin_ns / 1000, s.end_ns / 1000);
         by_thread.entry((s.pid, s.tid)).or_default().push((b, e.max(b), code(s.state, s.reason)));
     }
-    let wall = |pid: u32, tid: u32| rec.threads.iter().find(|x| x.pid == pid && x.tid == tid).map(|x| x.wall_ns).unwrap_or(0);
+    let times: std::collections::HashMap<(u32, u32), &crate::recording::ThreadTimes> = rec.threads.iter().map(|x| ((x.pid, x.tid), x)).collect();
     let mut keys: Vec<(u32, u32)> = by_thread.keys().copied().collect();
-    keys.sort_by_key(|&(p, t)| (std::cmp::Reverse(wall(p, t)), p, t));
+    keys.sort_by_key(|k| (std::cmp::Reverse(times.get(k).map_or(0, |x| x.wall_ns)), *k));
     let left_out = keys.len().saturating_sub(MAX_THREADS);
     keys.truncate(MAX_THREADS);
     let budget = MAX_INTERVALS / keys.len().max(1);
@@ -79,7 +79,7 @@ pub fn of(rec: &Recording) -> Option<Strip> {
         .map(|(pid, tid)| {
             let mut iv = by_thread.remove(&(pid, tid)).unwrap_or_default();
             iv.sort_unstable();
-            let name = rec.threads.iter().find(|x| x.pid == pid && x.tid == tid).map(|x| printable(&x.comm).into_owned()).unwrap_or_default();
+            let name = times.get(&(pid, tid)).map(|x| printable(&x.comm).into_owned()).unwrap_or_default();
             let (intervals, bucket_us) = if iv.len() <= budget { (exact(&iv), 0) } else { bucketed(&iv, window_us.max(1), budget) };
             Track { pid, tid, name, intervals, bucket_us }
         })

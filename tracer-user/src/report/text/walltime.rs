@@ -50,19 +50,28 @@ fn exceeds_wall(t: &ThreadTimes) -> bool {
     parts > wall && (parts - wall) as f64 > OVER_TOLERANCE * wall as f64
 }
 
-/// The parts of `t` as a bar of exactly [`BAR`] cells: each part's cells
-/// come from the running total, so rounding never adds up past the bar,
-/// and parts beyond the wall time are cut off.
+/// The cells of a bar `width` wide that each part of `t` fills, in
+/// [`parts`] order: each part's cells come from the running total, so
+/// rounding never adds up past the bar, and parts beyond the wall time are
+/// cut off (also the HTML page's bars).
+pub fn part_cells(t: &ThreadTimes, width: usize) -> [usize; 10] {
+    let (mut total, mut drawn) = (0u64, 0usize);
+    parts(t).map(|(_, ns)| {
+        total = total.saturating_add(ns);
+        let upto = bar_cells(total, t.wall_ns, width);
+        let cells = upto.saturating_sub(drawn);
+        drawn = drawn.max(upto);
+        cells
+    })
+}
+
+/// The parts of `t` as a bar of exactly [`BAR`] cells ([`part_cells`]).
 fn bar(t: &ThreadTimes) -> String {
     let mut s = String::with_capacity(BAR);
-    let (mut total, mut drawn) = (0u64, 0usize);
-    for (c, ns) in parts(t) {
-        total = total.saturating_add(ns);
-        let upto = bar_cells(total, t.wall_ns, BAR);
-        s.extend(std::iter::repeat_n(c, upto.saturating_sub(drawn)));
-        drawn = drawn.max(upto);
+    for ((c, _), n) in parts(t).iter().zip(part_cells(t, BAR)) {
+        s.extend(std::iter::repeat_n(*c, n));
     }
-    s.extend(std::iter::repeat_n(' ', BAR.saturating_sub(drawn)));
+    s.extend(std::iter::repeat_n(' ', BAR.saturating_sub(s.len())));
     s
 }
 
