@@ -574,9 +574,10 @@ fn exits_right_after_work(py: &Python, how: &str) -> Result<String, String> {
         .collect();
     ensure!(
         unresolved.is_empty(),
-        "{} stacks with unresolved Python frames, e.g.:\n      {}",
+        "{} stacks with unresolved Python frames, e.g.:\n      {}\n    notes: {:?}",
         unresolved.len(),
-        unresolved.iter().take(5).cloned().collect::<Vec<_>>().join("\n      ")
+        unresolved.iter().take(5).cloned().collect::<Vec<_>>().join("\n      "),
+        notes(&rep).into_iter().filter(|n| n.contains("code objects")).collect::<Vec<_>>()
     );
     let cpu = stacks_of(&rep, pid, "cpu");
     let count = |f: &dyn Fn(&Value) -> bool| -> u64 { cpu.iter().filter(|s| f(s)).map(|s| samples(s)).sum() };

@@ -124,19 +124,28 @@ pub struct PyCodeRaw {
 }
 
 /// Value of `PY_TSTATE_MISS`: a thread whose state the kernel looked for
-/// and did not find, and the list head it walked then. The list is walked
-/// again when its head changes (CPython puts new thread states first) or
-/// `PY_TSTATE_RETRY_NS` later (a state is bound to its thread after it is
-/// listed).
+/// and did not find, the list head it walked then, and how many walks
+/// missed. The first `PY_TSTATE_EAGER_WALKS` misses of a thread do not
+/// hold back the next walk: a new thread's first event (the first touch
+/// of its stack, a page fault) can come before CPython binds its state to
+/// it, and its first sleep, a moment later, must find it. After that the
+/// list is walked again when its head changes (CPython puts new thread
+/// states first) or `PY_TSTATE_RETRY_NS` later (a state is bound to its
+/// thread after it is listed), so that threads that never run Python cost
+/// one short walk per millisecond at most.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyTstateMiss {
     pub head: u64,
     pub ts_ns: u64,
+    pub misses: u32,
+    pub _pad: u32,
 }
 
 /// See `PyTstateMiss`.
 pub const PY_TSTATE_RETRY_NS: u64 = 1_000_000;
+/// See `PyTstateMiss`.
+pub const PY_TSTATE_EAGER_WALKS: u32 = 8;
 /// Thread states the kernel walks per interpreter when looking for a thread's.
 pub const PY_MAX_THREAD_WALK: u32 = 256;
 
@@ -190,7 +199,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<PyLayout>(), 64);
         assert_eq!(core::mem::size_of::<PyCodeKey>(), 16);
         assert_eq!(core::mem::size_of::<PyCodeRaw>(), 48 + CODE_BYTES + NAME_BYTES + FILENAME_BYTES + LINETABLE_BYTES);
-        assert_eq!(core::mem::size_of::<PyTstateMiss>(), 16);
+        assert_eq!(core::mem::size_of::<PyTstateMiss>(), 24);
         assert_eq!(core::mem::size_of::<PyFrameRec>(), 24);
         assert_eq!(core::mem::size_of::<PyStack>(), 16 + 24 * PY_MAX_DEPTH);
         assert_eq!(core::mem::size_of::<SlowKey>(), 24);

@@ -23,7 +23,7 @@ use tracer_common::{
     counters,
     python::{
         GilRange, PyCodeKey, PyCodeRaw, CODE_BYTES, PyFrameRec, PyLayout, PyStack, PyTstateMiss, ABSENT,
-        CODE_TAG_MASK, FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_RETRY_NS, STACK_LOOPED,
+        CODE_TAG_MASK, FRAME_OWNED_BY_CSTACK, PY_MAX_DEPTH, PY_MAX_THREAD_WALK, PY_TSTATE_EAGER_WALKS, PY_TSTATE_RETRY_NS, STACK_LOOPED,
         STACK_TRUNCATED,
     },
 };
@@ -228,10 +228,9 @@ pub fn capture(pid: u32, tid: u32, scratch_slot: u32) -> u64 {
 /// thread list (the last state whose `thread_id` is the thread's
 /// `pthread_t`: a state CPython has created for a thread not yet started
 /// still holds its creator's) and remembered in `PY_TSTATE`; 0 when it is
-/// not there (yet). A miss is remembered too, and the list walked again
-/// only when its head changed or `PY_TSTATE_RETRY_NS` later, so that a
-/// process's threads that never run Python cost one short walk per
-/// millisecond at most.
+/// not there (yet). A miss is remembered too: after a thread's first
+/// `PY_TSTATE_EAGER_WALKS` misses, the list is walked again only when its
+/// head changed or `PY_TSTATE_RETRY_NS` later (see `PyTstateMiss`).
 #[inline(never)]
 fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
     let fs_off = global(&PY_TASK_FSBASE_OFFSET);
@@ -243,8 +242,10 @@ fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
+    let mut misses: u32 = 0;
     if let Some(m) = unsafe { PY_TSTATE_MISS.get(&tid) } {
-        if m.head == head && now.wrapping_sub(m.ts_ns) < PY_TSTATE_RETRY_NS {
+        misses = m.misses;
+        if misses >= PY_TSTATE_EAGER_WALKS && m.head == head && now.wrapping_sub(m.ts_ns) < PY_TSTATE_RETRY_NS {
             return 0;
         }
     }
@@ -265,7 +266,8 @@ fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
     unsafe { aya_ebpf::helpers::generated::bpf_loop(PY_MAX_THREAD_WALK, callback, (&mut walk as *mut WalkCtx).cast(), 0) };
     let found = walk.found;
     if found == 0 {
-        let _ = PY_TSTATE_MISS.insert(&tid, &PyTstateMiss { head, ts_ns: now }, 0);
+        let miss = PyTstateMiss { head, ts_ns: now, misses: misses.saturating_add(1), _pad: 0 };
+        let _ = PY_TSTATE_MISS.insert(&tid, &miss, 0);
         return 0;
     }
     if PY_TSTATE.insert(&tid, &found, 0).is_err() {

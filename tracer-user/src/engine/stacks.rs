@@ -112,10 +112,13 @@ impl Stacks {
         py_stack: u64,
     ) -> Result<Vec<Frame>, ProbeError> {
         if self.loaded.is_none() {
+            // Stacks first, then the code copies: the kernel stores a stack
+            // before copying its code objects (see `PyFrames::resolve_new`).
+            let loaded = self.load(ebpf)?;
             if let Some(p) = self.python.as_mut() {
                 p.take_copies(ebpf)?;
             }
-            self.loaded = Some(self.load(ebpf)?);
+            self.loaded = Some(loaded);
         }
         let Some(loaded) = self.loaded.as_ref() else { return Ok(Vec::new()) };
         let ips = |id: i32| -> &[u64] {

@@ -154,6 +154,7 @@ impl Interpreter {
             bad_copies: Default::default(),
             partial_codes: Default::default(),
             unresolved: Default::default(),
+            unresolved_more: Default::default(),
             walk_deadline: Cell::new(None),
             walk_notes: RefCell::new(Vec::new()),
             tstates_cut: Cell::new(false),

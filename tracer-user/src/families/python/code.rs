@@ -152,21 +152,28 @@ impl Interpreter {
     }
 
     /// Takes the kernel's copy of code object `code` (`co_firstlineno`
-    /// `checksum`): it resolves the object's frames from now on, unless a
-    /// complete read of it is cached already. A copy that cut the file name
-    /// or the line table gives way to the live object while the process
-    /// can still be read.
-    pub fn add_captured(&mut self, code: u64, checksum: u32, raw: &PyCodeRaw) {
+    /// `checksum`): it resolves the object's frames from now on. The copy
+    /// was taken when a stack held the object, so it wins over an earlier
+    /// read of that address (a module's top-level code is freed once it
+    /// has run, and the next one, with the same first line, often takes
+    /// its place); a copy that cut the file name or the line table gives
+    /// way to a complete read. Returns whether a code object left
+    /// unresolved until now resolves from the copy (the stacks that hold
+    /// it are worth resolving again).
+    pub fn add_captured(&mut self, code: u64, checksum: u32, raw: &PyCodeRaw) -> bool {
         let key = (code, checksum);
-        if matches!(self.codes.get(&key), Some(Some(c)) if !c.partial) {
-            return;
-        }
         let copy = Captured::new(self.pid, raw);
         let decoded = if copy.has_code() { self.read_code(&copy, code).ok() } else { None };
         let Some(info) = decoded.filter(|c| c.firstlineno as u32 == checksum) else {
             self.bad_copies.insert(key);
-            return;
+            if let Some(cause) = self.unresolved.get_mut(&key) {
+                *cause = Unresolved::CopyUnreadable;
+            }
+            return false;
         };
+        if info.partial && matches!(self.codes.get(&key), Some(Some(c)) if !c.partial) {
+            return false;
+        }
         let info = if info.partial {
             match self.read_code(&self.mem, code) {
                 Ok(live) if live.firstlineno as u32 == checksum => live,
@@ -178,10 +185,14 @@ impl Interpreter {
         if self.codes.len() >= MAX_CACHED_CODES {
             self.codes.clear();
         }
+        let was_unresolved = self.unresolved.remove(&key).is_some() | matches!(self.codes.get(&key), Some(None));
         if info.partial {
             self.partial_codes.insert(key);
+        } else {
+            self.partial_codes.remove(&key);
         }
         self.codes.insert(key, Some(info));
+        was_unresolved
     }
 
     /// Why code object `key` could not be read live.
@@ -200,9 +211,13 @@ impl Interpreter {
     /// objects resolved from cut copies; empty when all resolved fully.
     pub fn resolution_problems(&self) -> Vec<(Topic, String)> {
         let mut out = Vec::new();
-        if !self.unresolved.is_empty() {
-            let total: u64 = self.unresolved.values().sum();
-            let causes: Vec<String> = self.unresolved.iter().map(|(c, n)| format!("{n} {}", c.describe())).collect();
+        let mut by_cause = self.unresolved_more.clone();
+        for cause in self.unresolved.values() {
+            *by_cause.entry(*cause).or_insert(0) += 1;
+        }
+        if !by_cause.is_empty() {
+            let total: u64 = by_cause.values().sum();
+            let causes: Vec<String> = by_cause.iter().map(|(c, n)| format!("{n} {}", c.describe())).collect();
             out.push((Topic::General, format!(
                 "{total} Python code objects could not be resolved (their frames show as [unknown]): {}",
                 causes.join(", ")
@@ -235,7 +250,11 @@ impl Interpreter {
                 Ok(c) if c.firstlineno as u32 == checksum => Some(c),
                 ref other => {
                     let cause = self.unresolved_cause(key, other);
-                    *self.unresolved.entry(cause).or_insert(0) += 1;
+                    if self.unresolved.len() < MAX_CACHED_CODES || self.unresolved.contains_key(&key) {
+                        self.unresolved.insert(key, cause);
+                    } else {
+                        *self.unresolved_more.entry(cause).or_insert(0) += 1;
+                    }
                     None
                 }
             };

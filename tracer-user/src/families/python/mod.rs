@@ -201,8 +201,12 @@ pub struct Interpreter {
     bad_copies: HashSet<(u64, u32)>,
     /// Code objects resolved from a kernel copy that cut a part.
     partial_codes: HashSet<(u64, u32)>,
-    /// Code objects left unresolved, by cause.
-    unresolved: BTreeMap<Unresolved, u64>,
+    /// Code objects left unresolved, with why; a copy that arrives later
+    /// takes its code object out (see `add_captured`). At most
+    /// `MAX_CACHED_CODES`; past that, counted in `unresolved_more`.
+    unresolved: HashMap<(u64, u32), Unresolved>,
+    /// Unresolved code objects past the bound of `unresolved`, by cause.
+    unresolved_more: BTreeMap<Unresolved, u64>,
     /// The deadline of the whole operation (a `dump`) every walk over the
     /// process's memory also stops at (`walk`).
     walk_deadline: Cell<Option<std::time::Instant>>,
@@ -442,6 +446,85 @@ mod live_tests {
             if i.offsets.tstate_native_thread_id.is_none() {
                 assert_eq!(i.pthread_tid.get(), Some(GLIBC_PTHREAD_TID), "{}", py.display());
             }
+        }
+    }
+
+    /// What the kernel copies of a code object (see `remember_frame` in
+    /// tracer-ebpf's python.rs), read here from the live process.
+    fn kernel_like_copy(i: &Interpreter, code: u64) -> tracer_common::python::PyCodeRaw {
+        use tracer_common::python::PyCodeRaw;
+        // SAFETY: PyCodeRaw is plain old data; all zeroes is a valid value.
+        let mut raw: PyCodeRaw = unsafe { std::mem::zeroed() };
+        let o = &i.offsets;
+        let part = |addr: u64, want: u64, buf: &mut [u8]| -> (u64, u32) {
+            let got = i.mem.bytes_lossy(addr, want.min(buf.len() as u64) as usize);
+            buf[..got.len()].copy_from_slice(&got);
+            (addr, got.len() as u32)
+        };
+        let str_size = |a: u64| 72 + i.mem.u64(a + 16).unwrap() * 4;
+        let name = i.mem.u64(code + o.code_qualname.unwrap_or(o.code_name)).unwrap();
+        let file = i.mem.u64(code + o.code_filename).unwrap();
+        let table = i.mem.u64(code + o.code_linetable).unwrap();
+        (raw.addrs[0], raw.lens[0]) = part(code, raw.code.len() as u64, &mut raw.code);
+        (raw.addrs[1], raw.lens[1]) = part(name, str_size(name), &mut raw.name);
+        (raw.addrs[2], raw.lens[2]) = part(file, str_size(file), &mut raw.filename);
+        (raw.addrs[3], raw.lens[3]) = part(table, 32 + i.mem.u64(table + 16).unwrap(), &mut raw.linetable);
+        raw
+    }
+
+    /// A kernel copy of a code object resolves its frames once the process
+    /// is gone, also after a first try left them `[unknown]` (the copy can
+    /// be taken after the stack was first resolved), and it wins over an
+    /// earlier read of the address (freed and reused since, as a module's
+    /// top-level code is once it has run).
+    #[test]
+    fn kernel_copies_resolve_late_and_win_over_earlier_reads() {
+        for py in pythons() {
+            let what = py.display().to_string();
+            let s = start(&py);
+            let mut i = Interpreter::attach(s.0.id()).unwrap().unwrap();
+            // The innermost Python frame of the first thread that has one.
+            let (code, instr) = i
+                .walk_tstates()
+                .unwrap()
+                .iter()
+                .find_map(|t| {
+                    let mut frame = i.top_frame(t.addr).ok()?;
+                    while frame != 0 {
+                        let f = i.read_frame(frame).ok()?;
+                        if !f.skip {
+                            return Some((f.code, f.instr));
+                        }
+                        frame = f.back;
+                    }
+                    None
+                })
+                .unwrap_or_else(|| panic!("{what}: no Python frame"));
+            let checksum = i.mem.u32(code + i.offsets.code_firstlineno).unwrap();
+            let raw = kernel_like_copy(&i, code);
+            let live = i.resolve_frame(code, instr, checksum);
+            assert_ne!(live.function, UNKNOWN_FUNCTION, "{what}");
+
+            // A copy that says otherwise than the earlier read wins.
+            let mut other = raw;
+            other.name[i.offsets.unicode_ascii_data as usize] = b'Z';
+            i.add_captured(code, checksum, &other);
+            let f = i.resolve_frame(code, instr, checksum);
+            assert!(
+                f.function.starts_with('Z') && f.function[1..] == live.function[1..] && f.file == live.file,
+                "{what}: {f:?} after a copy, {live:?} before"
+            );
+
+            // The process gone, a new reader: [unknown] until the copy comes.
+            let mut fresh = Interpreter::attach(s.0.id()).unwrap().unwrap();
+            drop(s);
+            let gone = fresh.resolve_frame(code, instr, checksum);
+            assert_eq!(gone.function, UNKNOWN_FUNCTION, "{what}");
+            assert_eq!(fresh.resolution_problems().len(), 1, "{what}");
+            assert!(fresh.add_captured(code, checksum, &raw), "{what}: the copy resolves an unresolved object");
+            let late = fresh.resolve_frame(code, instr, checksum);
+            assert_eq!((&late.function, &late.file, late.line), (&live.function, &live.file, live.line), "{what}");
+            assert!(fresh.resolution_problems().is_empty(), "{what}: {:?}", fresh.resolution_problems());
         }
     }
 

@@ -13,7 +13,7 @@ use tracer_common::python::{PyCodeKey, PyCodeRaw, PyStack, FRAME_OWNED_BY_CSTACK
 use crate::{
     engine::{stacks::PythonFrames, Topic},
     os::probe::{self, ProbeError},
-    families::python::Interpreter,
+    families::python::{Interpreter, UNKNOWN_FUNCTION},
     recording::Frame,
 };
 
@@ -23,6 +23,10 @@ pub struct PyFrames {
     /// Stacks resolved while their process was alive, by id, with their
     /// process (forgotten with it).
     resolved: HashMap<u64, (u32, Vec<Frame>)>,
+    /// Of those, the ones with an `[unknown]` frame: resolved again when a
+    /// kernel copy of a code object arrives for their process (it can come
+    /// after the stack was first resolved) and at the end.
+    incomplete: HashSet<u64>,
     /// What is kept of the interpreters of processes that exited, once
     /// their stacks are resolved ([`retire`](Self::retire)).
     retired: HashMap<u32, Retired>,
@@ -44,6 +48,8 @@ impl PyFrames {
         self.retired.retain(|pid, _| !pids.contains(pid));
         self.looped.retain(|pid, _| !pids.contains(pid));
         self.resolved.retain(|_, (pid, _)| !pids.contains(pid));
+        let resolved = &self.resolved;
+        self.incomplete.retain(|id| resolved.contains_key(id));
     }
 
     /// Drops the interpreter of `pid`, which is gone, keeping its version
@@ -73,17 +79,21 @@ impl PyFrames {
     /// Moves the kernel's copies of code objects (`PY_CODES`) to their
     /// interpreters: they resolve frames after the process is gone. The
     /// entries are removed from the kernel map once taken, so that it does
-    /// not fill up in a long recording.
-    pub fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    /// not fill up in a long recording. Returns the processes with a code
+    /// object that was unresolved until this copy.
+    pub fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<HashSet<u32>, ProbeError> {
         let mut map: BpfHashMap<_, PyCodeKey, PyCodeRaw> = probe::hash_map(ebpf, tracer_common::maps::PY_CODES)?;
         let keys: Vec<PyCodeKey> = map.keys().filter_map(Result::ok).collect();
+        let mut renewed = HashSet::new();
         for key in keys {
             if let (Ok(raw), Some(interp)) = (map.get(&key, 0), self.interpreters.get_mut(&key.pid)) {
-                interp.add_captured(key.code, key.checksum, &raw);
+                if interp.add_captured(key.code, key.checksum, &raw) {
+                    renewed.insert(key.pid);
+                }
             }
             let _ = map.remove(&key);
         }
-        Ok(())
+        Ok(renewed)
     }
 
     /// Per process, what could not be resolved fully (see
@@ -107,20 +117,48 @@ impl PyFrames {
     /// Resolves the stacks captured since the last call, from the kernel's
     /// copies of their code objects or, for code objects not copied, from
     /// the memory of the (live) processes.
+    ///
+    /// The kernel stores a new stack, then copies its code objects: the
+    /// stack ids are listed before the copies are taken, so that every
+    /// listed stack whose program has finished has its copies here. (A
+    /// module's top-level code object is freed right after it runs: read
+    /// live a moment later, its frames would be `[unknown]`.) Stacks still
+    /// incomplete are resolved again when a copy for their process comes.
     pub fn resolve_new(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
         if self.interpreters.is_empty() {
             return Ok(());
         }
-        self.take_copies(ebpf)?;
+        let fresh: Vec<u64> = {
+            let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, tracer_common::maps::PY_STACKS)?;
+            map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect()
+        };
+        let renewed = self.take_copies(ebpf)?;
+        let again: Vec<u64> = self
+            .incomplete
+            .iter()
+            .filter(|id| self.resolved.get(id).is_some_and(|(pid, _)| renewed.contains(pid)))
+            .copied()
+            .collect();
         let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, tracer_common::maps::PY_STACKS)?;
-        let fresh: Vec<u64> = map.keys().filter_map(Result::ok).filter(|k| !self.resolved.contains_key(k)).collect();
-        for id in fresh {
+        for id in fresh.into_iter().chain(again) {
             if let Ok(stack) = map.get(&id, 0) {
-                let frames = self.resolve(&stack);
-                self.resolved.insert(id, (stack.pid, frames));
+                self.resolve_into_cache(id, &stack);
             }
         }
         Ok(())
+    }
+
+    /// Resolves stack `id` and caches its frames, noting whether any is
+    /// `[unknown]`.
+    fn resolve_into_cache(&mut self, id: u64, stack: &PyStack) -> Vec<Frame> {
+        let frames = self.resolve(stack);
+        if frames.iter().any(|f| f.function == UNKNOWN_FUNCTION) {
+            self.incomplete.insert(id);
+        } else {
+            self.incomplete.remove(&id);
+        }
+        self.resolved.insert(id, (stack.pid, frames.clone()));
+        frames
     }
 
     fn resolve(&mut self, stack: &PyStack) -> Vec<Frame> {
@@ -154,21 +192,24 @@ impl PyFrames {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
-    /// Leaf-first Python frames of stack `id`.
+    /// Leaf-first Python frames of stack `id`; one resolved with an
+    /// `[unknown]` frame is resolved again (a copy may have come since).
     pub fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
         if let Some((_, f)) = self.resolved.get(&id) {
-            return f.clone();
+            if !self.incomplete.contains(&id) {
+                return f.clone();
+            }
         }
-        let Some(stack) = stacks.get(&id) else { return Vec::new() };
-        let frames = self.resolve(stack);
-        self.resolved.insert(id, (stack.pid, frames.clone()));
-        frames
+        match stacks.get(&id) {
+            Some(stack) => self.resolve_into_cache(id, stack),
+            None => self.resolved.get(&id).map(|(_, f)| f.clone()).unwrap_or_default(),
+        }
     }
 }
 
 impl PythonFrames for PyFrames {
     fn take_copies(&mut self, ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-        PyFrames::take_copies(self, ebpf)
+        PyFrames::take_copies(self, ebpf).map(drop)
     }
 
     fn load_stacks(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
