@@ -133,19 +133,43 @@ pub struct PyCodeRaw {
 /// states first) or `PY_TSTATE_RETRY_NS` later (a state is bound to its
 /// thread after it is listed), so that threads that never run Python cost
 /// one short walk per millisecond at most.
+///
+/// 16 bytes on purpose: the programs that walk stacks are at the BPF stack
+/// limit (512 bytes over their call chain), so the miss count shares a
+/// word with the time (its low 4 bits; nanoseconds lose nothing there).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyTstateMiss {
     pub head: u64,
-    pub ts_ns: u64,
-    pub misses: u32,
-    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` of the last miss, its low 4 bits replaced by
+    /// the misses so far (at most 15).
+    pub stamp: u64,
+}
+
+impl PyTstateMiss {
+    const COUNT_BITS: u64 = 0xf;
+
+    #[inline(always)]
+    pub fn new(head: u64, ts_ns: u64, misses: u64) -> Self {
+        let misses = if misses > Self::COUNT_BITS { Self::COUNT_BITS } else { misses };
+        PyTstateMiss { head, stamp: (ts_ns & !Self::COUNT_BITS) | misses }
+    }
+
+    #[inline(always)]
+    pub fn ts_ns(&self) -> u64 {
+        self.stamp & !Self::COUNT_BITS
+    }
+
+    #[inline(always)]
+    pub fn misses(&self) -> u64 {
+        self.stamp & Self::COUNT_BITS
+    }
 }
 
 /// See `PyTstateMiss`.
 pub const PY_TSTATE_RETRY_NS: u64 = 1_000_000;
 /// See `PyTstateMiss`.
-pub const PY_TSTATE_EAGER_WALKS: u32 = 8;
+pub const PY_TSTATE_EAGER_WALKS: u64 = 8;
 /// Thread states the kernel walks per interpreter when looking for a thread's.
 pub const PY_MAX_THREAD_WALK: u32 = 256;
 
@@ -199,7 +223,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<PyLayout>(), 64);
         assert_eq!(core::mem::size_of::<PyCodeKey>(), 16);
         assert_eq!(core::mem::size_of::<PyCodeRaw>(), 48 + CODE_BYTES + NAME_BYTES + FILENAME_BYTES + LINETABLE_BYTES);
-        assert_eq!(core::mem::size_of::<PyTstateMiss>(), 24);
+        assert_eq!(core::mem::size_of::<PyTstateMiss>(), 16);
         assert_eq!(core::mem::size_of::<PyFrameRec>(), 24);
         assert_eq!(core::mem::size_of::<PyStack>(), 16 + 24 * PY_MAX_DEPTH);
         assert_eq!(core::mem::size_of::<SlowKey>(), 24);

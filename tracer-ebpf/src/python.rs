@@ -242,10 +242,10 @@ fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let mut misses: u32 = 0;
+    let mut misses: u64 = 0;
     if let Some(m) = unsafe { PY_TSTATE_MISS.get(&tid) } {
-        misses = m.misses;
-        if misses >= PY_TSTATE_EAGER_WALKS && m.head == head && now.wrapping_sub(m.ts_ns) < PY_TSTATE_RETRY_NS {
+        misses = m.misses();
+        if misses >= PY_TSTATE_EAGER_WALKS && m.head == head && now.wrapping_sub(m.ts_ns()) < PY_TSTATE_RETRY_NS {
             return 0;
         }
     }
@@ -258,16 +258,15 @@ fn find_tstate(tid: u32, layout: &PyLayout) -> u64 {
         fsbase,
         ts: head,
         found: 0,
-        id_off: layout.tstate_thread_id as u64,
-        next_off: layout.tstate_next as u64,
+        id_off: layout.tstate_thread_id,
+        next_off: layout.tstate_next,
     };
     let callback = walk_step as *const () as *mut core::ffi::c_void;
     // SAFETY: the helper calls `walk_step(i, &mut walk)` until it returns 1.
     unsafe { aya_ebpf::helpers::generated::bpf_loop(PY_MAX_THREAD_WALK, callback, (&mut walk as *mut WalkCtx).cast(), 0) };
     let found = walk.found;
     if found == 0 {
-        let miss = PyTstateMiss { head, ts_ns: now, misses: misses.saturating_add(1), _pad: 0 };
-        let _ = PY_TSTATE_MISS.insert(&tid, &miss, 0);
+        let _ = PY_TSTATE_MISS.insert(&tid, &PyTstateMiss::new(head, now, misses + 1), 0);
         return 0;
     }
     if PY_TSTATE.insert(&tid, &found, 0).is_err() {
@@ -286,8 +285,8 @@ struct WalkCtx {
     ts: u64,
     /// The last one whose `thread_id` is `fsbase`.
     found: u64,
-    id_off: u64,
-    next_off: u64,
+    id_off: u32,
+    next_off: u32,
 }
 
 /// `bpf_loop` callback: one thread state of `find_tstate`'s walk (a loop
@@ -298,10 +297,10 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if w.ts == 0 {
         return 1;
     }
-    if read_u64(w.ts + w.id_off) == w.fsbase {
+    if read_u64(w.ts + w.id_off as u64) == w.fsbase {
         w.found = w.ts;
     }
-    w.ts = read_u64(w.ts + w.next_off);
+    w.ts = read_u64(w.ts + w.next_off as u64);
     0
 }
 
