@@ -3,6 +3,7 @@
 //! typed accessors, multi-uprobe links, clocks, native symbolization.
 //! Knows no probe family.
 
+pub mod boot_cache;
 pub mod bpf_stats;
 pub mod btf_offsets;
 pub mod clock;

@@ -113,15 +113,26 @@ fn fault_entry_functions() -> [&'static str; 2] {
 /// Same for memory.high throttling on the way back to user mode (renamed in 6.x).
 const THROTTLE_FUNCTIONS: [&str; 2] = ["__mem_cgroup_handle_over_high", "mem_cgroup_handle_over_high"];
 
-/// The kernel text ranges of `MEM_FAULT_*` and `MEM_THROTTLE_*`, read once.
+/// The kernel text ranges of `MEM_FAULT_*` and `MEM_THROTTLE_*`, read once,
+/// and kept for the boot (`os::boot_cache`: reading /proc/kallsyms is a
+/// good part of the start-up's system time).
 fn memory_wait_ranges() -> &'static [(u64, u64); 3] {
     static RANGES: std::sync::OnceLock<[(u64, u64); 3]> = std::sync::OnceLock::new();
+    const KEPT: &str = "memory-wait-ranges";
     RANGES.get_or_init(|| {
         let [f1, f2] = fault_entry_functions();
+        if let Some(r) = crate::os::boot_cache::load::<[(u64, u64); 3]>(KEPT) {
+            return r;
+        }
         let found = crate::os::kallsyms::ranges(&[f1, f2, THROTTLE_FUNCTIONS[0], THROTTLE_FUNCTIONS[1]]);
         let get = |n: &str| found.get(n).copied().unwrap_or((0, 0));
         let throttle = found.get(THROTTLE_FUNCTIONS[0]).or_else(|| found.get(THROTTLE_FUNCTIONS[1])).copied().unwrap_or((0, 0));
-        [get(f1), get(f2), throttle]
+        let r = [get(f1), get(f2), throttle];
+        // Addresses hidden from us (kptr_restrict) are not kept.
+        if r.iter().all(|(start, end)| start < end) {
+            crate::os::boot_cache::store(KEPT, &r);
+        }
+        r
     })
 }
 
