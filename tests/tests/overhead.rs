@@ -352,6 +352,19 @@ fn the_calibration_is_kept_for_the_boot() {
         r.assert_ok();
         let rep = r.json();
         let startup = rep.0["details"].as_array().into_iter().flatten().filter_map(Value::as_str).find(|d| d.starts_with("start-up")).unwrap_or_else(|| panic!("no start-up detail: {}", rep.0["details"])).to_owned();
+        // The same start-up in JSON: the phases in order, adding up.
+        let s = &rep.0["tracer_overhead"]["startup"];
+        let phases: Vec<(&str, u64)> = s["phases"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tracer_overhead.startup.phases: {s}"))
+            .iter()
+            .map(|p| (p["phase"].as_str().unwrap_or(""), p["wall_ns"].as_u64().unwrap_or(0)))
+            .collect();
+        assert_eq!(phases.first().map(|p| p.0), Some("context"), "{s}");
+        assert_eq!(phases.last().map(|p| p.0), Some("targets"), "{s}");
+        let sum: u64 = phases.iter().map(|p| p.1).sum();
+        assert!(s["wall_ns"].as_u64().is_some_and(|w| w >= sum && w > 0), "{s}");
+        assert!(phases.iter().filter(|p| p.1 >= 1_000_000).all(|p| startup.contains(&format!(" {} ", p.0))), "{s} against {startup}");
         (rep.0["tracer_overhead"]["calibration"].clone(), startup)
     };
     let (fresh, startup) = run(&[("INFERTRACE_RECALIBRATE", "1")]);

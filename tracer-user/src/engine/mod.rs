@@ -118,6 +118,8 @@ pub struct Context {
     /// What one probe hit costs here, measured at startup by the overhead
     /// family (zeros until then, or where it could not be measured).
     pub(in crate::engine) calibration: crate::recording::overhead::Calibration,
+    /// The engine's start-up, once open (`tracer_overhead.startup`).
+    pub(in crate::engine) startup: Option<crate::recording::overhead::StartupCost>,
     /// Set during a counts-only snapshot ([`run::Engine::counts`]): see
     /// [`Cx::counts_only`].
     pub(in crate::engine) counts_only: bool,
@@ -135,6 +137,7 @@ impl Context {
             sink: Sink::default(),
             ebpf_log: None,
             calibration: Default::default(),
+            startup: None,
             counts_only: false,
         }
     }

@@ -64,6 +64,7 @@ impl Engine {
         dispatch(&mut cx, &mut collectors)?;
         startup.phase("targets");
         cx.sink.detail(startup.line());
+        cx.startup = Some(startup.cost());
         if let Some(l) = cx.targets.launched.as_mut() {
             l.release()?;
         }

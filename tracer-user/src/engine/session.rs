@@ -200,6 +200,9 @@ pub(crate) fn snapshot(cx: &mut Context, collectors: &mut [Box<dyn Collector>]) 
         cx.sink.state_note("target_files_refused", text);
     }
     rec.targets = cx.targets.to_targets();
+    if let (Some(o), Some(s)) = (rec.tracer_overhead.as_mut(), cx.startup.as_ref()) {
+        o.startup = Some(s.clone());
+    }
     cx.sink.fill(&mut rec);
     rec.attribute_folded_stacks();
     rec.sort_stacks();

@@ -7,7 +7,7 @@
 
 use std::{fmt::Write as _, time::Instant};
 
-use crate::os::bpf_stats::own_usage;
+use crate::recording::overhead::{StartupCost, StartupPhase};
 
 /// The phases measured so far.
 pub struct Startup {
@@ -17,9 +17,14 @@ pub struct Startup {
     phases: Vec<(&'static str, u64, u64)>,
 }
 
+/// The process's CPU time (user + system, every thread), ns.
 fn cpu_ns() -> u64 {
-    let (user, system, _) = own_usage();
-    user.saturating_add(system)
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the struct it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec.max(0) as u64)
 }
 
 impl Startup {
@@ -36,26 +41,39 @@ impl Startup {
         self.mark = now;
     }
 
+    /// The phases so far, for the recording (`tracer_overhead.startup`).
+    pub fn cost(&self) -> StartupCost {
+        StartupCost {
+            wall_ns: u64::try_from(self.mark.0.duration_since(self.began).as_nanos()).unwrap_or(u64::MAX),
+            cpu_ns: self.mark.1.saturating_sub(self.cpu_began),
+            phases: self
+                .phases
+                .iter()
+                .map(|(name, wall_ns, cpu_ns)| StartupPhase { phase: (*name).to_string(), wall_ns: *wall_ns, cpu_ns: *cpu_ns })
+                .collect(),
+        }
+    }
+
     /// `start-up: 212 ms wall, 150 ms CPU (context 40/35 ms, syscalls 4/4 ms, ...)`:
     /// each phase's wall/CPU, phases under 1 ms of both left out.
     pub fn line(&self) -> String {
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let wall = u64::try_from(self.mark.0.duration_since(self.began).as_nanos()).unwrap_or(u64::MAX);
-        let mut s = format!(
-            "start-up (engine open): {:.0} ms wall, {:.0} ms CPU; per phase wall/CPU:",
-            ms(wall),
-            ms(self.mark.1.saturating_sub(self.cpu_began))
-        );
-        let mut first = true;
-        for (name, w, c) in &self.phases {
-            if *w < 1_000_000 && *c < 1_000_000 {
-                continue;
-            }
-            let _ = write!(s, "{} {name} {:.0}/{:.0} ms", if first { "" } else { "," }, ms(*w), ms(*c));
-            first = false;
-        }
-        s
+        line(&self.cost())
     }
+}
+
+/// The detail line of a start-up (see [`Startup::line`]).
+pub fn line(c: &StartupCost) -> String {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let mut s = format!("start-up (engine open): {:.0} ms wall, {:.0} ms CPU; per phase wall/CPU:", ms(c.wall_ns), ms(c.cpu_ns));
+    let mut first = true;
+    for p in &c.phases {
+        if p.wall_ns < 1_000_000 && p.cpu_ns < 1_000_000 {
+            continue;
+        }
+        let _ = write!(s, "{} {} {:.0}/{:.0} ms", if first { "" } else { "," }, p.phase, ms(p.wall_ns), ms(p.cpu_ns));
+        first = false;
+    }
+    s
 }
 
 #[cfg(test)]
@@ -72,5 +90,8 @@ mod tests {
         let line = s.line();
         assert!(line.starts_with("start-up (engine open): "), "{line}");
         assert!(line.contains(" spin ") && !line.contains("nothing"), "{line}");
+        let c = s.cost();
+        assert_eq!(c.phases.iter().map(|p| p.phase.as_str()).collect::<Vec<_>>(), ["nothing", "spin"]);
+        assert!(c.phases[1].wall_ns >= 5_000_000 && c.wall_ns >= c.phases.iter().map(|p| p.wall_ns).sum::<u64>());
     }
 }

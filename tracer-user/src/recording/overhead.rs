@@ -22,6 +22,10 @@ pub struct TracerOverhead {
     pub targets: Vec<TargetOverhead>,
     /// The tracer process itself.
     pub tracer: TracerSelf,
+    /// The tracer's start-up (opening the engine), phase by phase (schema
+    /// 1.x addition; absent from recordings made before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<StartupCost>,
     /// What the estimate leaves out or could not measure.
     #[serde(default)]
     pub notes: Vec<String>,
@@ -86,6 +90,27 @@ pub struct TargetOverhead {
     pub uretprobe_syscalls: u64,
     #[serde(default)]
     pub uretprobe_syscall_ns: u64,
+}
+
+/// Wall and CPU time of the tracer's start-up, from its first step to the
+/// moment the targets are traced (the window's first events).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct StartupCost {
+    pub wall_ns: u64,
+    /// The tracer's CPU time (user + system) over those phases.
+    pub cpu_ns: u64,
+    /// In order: `context` (the kernel object loaded with its maps), one
+    /// per family (its programs loaded, verified and attached; the
+    /// overhead family's is the calibration), `targets` (the named targets
+    /// attached: descendants, per-target probes).
+    pub phases: Vec<StartupPhase>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct StartupPhase {
+    pub phase: String,
+    pub wall_ns: u64,
+    pub cpu_ns: u64,
 }
 
 /// The tracer process (user space; the programs run in the targets' time).

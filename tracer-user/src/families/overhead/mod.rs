@@ -381,7 +381,7 @@ pub fn assemble(
     if !memory.is_empty() {
         notes.push("memory: each kmem/rss_stat event of a target counts its program's measured run time; the tracepoint's own dispatch is not calibrated (a lower bound), and other processes' events cost them a target lookup each".into());
     }
-    TracerOverhead { version: OVERHEAD_VERSION, calibration, families, targets: out_targets, tracer, notes }
+    TracerOverhead { version: OVERHEAD_VERSION, calibration, families, targets: out_targets, tracer, startup: None, notes }
 }
 
 #[cfg(test)]
