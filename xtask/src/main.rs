@@ -1,6 +1,7 @@
 //! Developer tasks for infertrace: `cargo xtask <command>`.
 mod bench;
 mod bench_floors;
+mod bench_self;
 mod podman;
 mod pyroot;
 mod readers;
@@ -59,6 +60,11 @@ commands:
              --stop        only the time from SIGINT to exit (~1 min)
              --only NAME   only the workloads whose name contains NAME
                            (e.g. cuda, \"syscall loop\"), no stop line
+             --self        instead, the tracer's own cost (~2 min): start-up
+                           (wall, CPU, by phase), CPU, steady CPU, peak and
+                           steady memory, stop and report times, for
+                           record -p (idle, busy, CUDA stand-in, 50
+                           targets), launch mode, top and the agent
            floors (same run): bpftrace with empty actions (raw_syscalls
            enter+exit; uprobe and uprobe+uretprobe on the stand-in's copy
            and launch functions) and infertrace on an idle pid (the
@@ -121,20 +127,27 @@ fn dispatch(args: Vec<OsString>) -> Result<()> {
         }
         "test" => tasks::test(parse_test_args(rest)?),
         "bench" => {
-            let (mut build, mut stop_only, mut only) = (true, false, None);
+            let (mut build, mut stop_only, mut only, mut own) = (true, false, None, false);
             let mut iter = rest.iter();
             while let Some(a) = iter.next() {
                 match a.to_str() {
                     Some("--no-build") => build = false,
                     Some("--stop") => stop_only = true,
+                    Some("--self") => own = true,
                     Some("--only") => {
                         only = iter.next().and_then(|v| v.to_str()).map(str::to_string);
                         if only.is_none() {
                             bail!("--only needs a workload name (hint: --only cuda)");
                         }
                     }
-                    _ => bail!("`bench` takes only --no-build, --stop and --only NAME; see `cargo xtask help`"),
+                    _ => bail!("`bench` takes only --no-build, --self, --stop and --only NAME; see `cargo xtask help`"),
                 }
+            }
+            if own {
+                if stop_only || only.is_some() {
+                    bail!("`bench --self` takes only --no-build");
+                }
+                return bench_self::bench_self(build);
             }
             bench::bench(build, stop_only, only.as_deref())
         }
