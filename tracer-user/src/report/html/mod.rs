@@ -37,8 +37,8 @@ use crate::{
 const CSS: &str = include_str!("page.css");
 const JS: &str = include_str!("page.js");
 /// Processes with at least this share of the first's thread time are shown
-/// open (as in the compact text report); the rest down to 1% collapsed.
-const MAIN_SHARE: f64 = 0.05;
+/// open (the compact text report's rule); the rest down to 1% collapsed.
+const MAIN_SHARE: f64 = crate::report::text::view::MIN_SHARE_OF_FIRST;
 /// Thread rows in the table; the rest are counted.
 const MAX_THREAD_ROWS: usize = 400;
 

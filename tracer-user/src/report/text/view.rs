@@ -16,7 +16,7 @@ use crate::{
 pub const MAX_PROCESSES: usize = 3;
 /// A process below this share of the busiest one's thread time is left
 /// out of the compact view's per-process sections.
-const MIN_SHARE_OF_FIRST: f64 = 0.05;
+pub(crate) const MIN_SHARE_OF_FIRST: f64 = 0.05;
 
 /// Rows and stacks per section: compact, verbose (`usize::MAX`: all).
 #[derive(Clone, Copy, Debug, PartialEq)]
