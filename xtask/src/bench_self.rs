@@ -256,7 +256,7 @@ fn top_busy(ctx: &Ctx) -> Result<Row> {
         let pid: u32 = pane.trim().parse().map_err(|_| anyhow!("no pane pid from tmux: {pane:?}"))?;
         let (steady_pct, rss) = steady(pid, Duration::from_secs(2), Duration::from_secs(4))?;
         let cpu = proc_cpu(pid).ok_or_else(|| anyhow!("top (pid {pid}) is gone"))?;
-        let peak = status_kb(pid, "VmHWM:").map(|kb| kb as f64 / 1024.0);
+        let peak = util::status_kb(pid, "VmHWM:").map(|kb| kb as f64 / 1024.0);
         let sent = Instant::now();
         util::run(Command::new("tmux").args(["send-keys", "-t", &session, "q"]))?;
         while Path::new(&format!("/proc/{pid}")).exists() && sent.elapsed() < Duration::from_secs(30) {
@@ -312,7 +312,7 @@ fn steady(pid: u32, warm: Duration, span: Duration) -> Result<(f64, (f64, f64))>
     thread::sleep(warm);
     let read = || -> Result<(Instant, f64, f64)> {
         let (u, s) = proc_cpu(pid).ok_or_else(|| anyhow!("pid {pid} exited"))?;
-        let kb = status_kb(pid, "VmRSS:").ok_or_else(|| anyhow!("pid {pid} exited"))?;
+        let kb = util::status_kb(pid, "VmRSS:").ok_or_else(|| anyhow!("pid {pid} exited"))?;
         Ok((Instant::now(), u + s, kb as f64 / 1024.0))
     };
     let a = read()?;
@@ -413,10 +413,6 @@ fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
     Some((f.get(11)?.parse::<f64>().ok()? / hz, f.get(12)?.parse::<f64>().ok()? / hz))
 }
 
-fn status_kb(pid: u32, field: &str) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
-}
 
 fn cpus() -> usize {
     thread::available_parallelism().map(|n| n.get()).unwrap_or(1)

@@ -27,13 +27,6 @@ pub struct SoakArgs {
     pub build: bool,
 }
 
-/// `VmRSS` or `VmHWM` of `pid` in kB (None once it is gone).
-fn status_kb(pid: u32, field: &str) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn mb(kb: u64) -> String {
     format!("{:.0} MB", kb as f64 / 1024.0)
 }
@@ -124,7 +117,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
             }
             thread::sleep(Duration::from_millis(200));
         }
-        let Some(kb) = status_kb(tracer_pid, "VmRSS:") else { break };
+        let Some(kb) = util::status_kb(tracer_pid, "VmRSS:") else { break };
         rss.push(kb);
         let label = match minute {
             0 => "0 (+5s)".to_string(),
@@ -136,7 +129,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     // The peak, final snapshot included: read until it exits.
     let mut peak = None;
     while matches!(tracer.try_wait(), Ok(None)) {
-        peak = status_kb(tracer_pid, "VmHWM:").or(peak);
+        peak = util::status_kb(tracer_pid, "VmHWM:").or(peak);
         thread::sleep(Duration::from_millis(50));
     }
     let status = tracer.wait().context("waiting for infertrace")?;
@@ -170,7 +163,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     let mut report = Command::new(&bin).arg("report").arg(&recording).stdout(out).spawn().context("starting infertrace report")?;
     let mut report_peak = 0;
     while matches!(report.try_wait(), Ok(None)) {
-        report_peak = report_peak.max(status_kb(report.id(), "VmHWM:").unwrap_or(0));
+        report_peak = report_peak.max(util::status_kb(report.id(), "VmHWM:").unwrap_or(0));
         thread::sleep(Duration::from_millis(20));
     }
     let st = report.wait().context("waiting for infertrace report")?;

@@ -29,10 +29,6 @@ pub struct AgentSoakArgs {
     pub window: String,
 }
 
-fn status_kb(pid: u32, field: &str) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
-}
 
 fn fds(pid: u32) -> Option<usize> {
     fs::read_dir(format!("/proc/{pid}/fd")).ok().map(|d| d.count())
@@ -110,7 +106,7 @@ pub fn soak(args: AgentSoakArgs) -> Result<()> {
             }
             thread::sleep(Duration::from_millis(500));
         }
-        let (Some(kb), Some(n)) = (status_kb(apid, "VmRSS:"), fds(apid)) else { break };
+        let (Some(kb), Some(n)) = (util::status_kb(apid, "VmRSS:"), fds(apid)) else { break };
         // Windows written so far (up to the agent's --keep): a loop that
         // fell behind cuts fewer, and its memory says less.
         println!("{minute:>6}  {:>7} MB  {n:>5}  {:>7}", kb / 1024, windows());

@@ -186,3 +186,9 @@ pub fn python3() -> Result<PathBuf> {
     }
     Ok(exe)
 }
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in KiB.
+pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
+}
