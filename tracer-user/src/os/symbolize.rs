@@ -58,6 +58,7 @@ struct Object {
 }
 
 /// One executable mapping of a process.
+#[derive(Clone)]
 struct Mapping {
     start: u64,
     end: u64,
@@ -69,6 +70,10 @@ struct Mapping {
     /// Index into `Symbolizer::objects`; `None` when the file could not be opened.
     object: Option<usize>,
 }
+
+/// Most mappings unmapped since a snapshot that a process's snapshot keeps
+/// (see [`Symbolizer::reobserve_process`]).
+const MAX_STALE_MAPPINGS: usize = 4096;
 
 /// Where one input address goes.
 enum Slot {
@@ -218,6 +223,22 @@ impl Symbolizer {
     /// live process always maps some code), so a late re-snapshot cannot
     /// erase what its stacks need.
     pub fn observe_process(&mut self, pid: u32) -> bool {
+        self.observe(pid, false)
+    }
+
+    /// [`observe_process`](Self::observe_process) again for a process
+    /// whose image has not changed since (no exec): the mappings unmapped
+    /// since the last snapshot and not replaced by another are kept (at
+    /// most [`MAX_STALE_MAPPINGS`]), because stacks captured before hold
+    /// their addresses. A JIT frees its code when the process shuts down
+    /// (oneDNN's kernels at interpreter exit): a snapshot taken then, the
+    /// last before the exit, would leave every earlier sample in that code
+    /// unnamed.
+    pub fn reobserve_process(&mut self, pid: u32) -> bool {
+        self.observe(pid, true)
+    }
+
+    fn observe(&mut self, pid: u32, keep_unmapped: bool) -> bool {
         let Ok(maps) = procfs::maps(pid) else {
             return false;
         };
@@ -234,6 +255,17 @@ impl Symbolizer {
         }
         if mappings.is_empty() {
             return false;
+        }
+        if keep_unmapped {
+            if let Some(old) = self.processes.get(&pid) {
+                let gone: Vec<Mapping> = old
+                    .iter()
+                    .filter(|o| !mappings.iter().any(|m| m.start < o.end && o.start < m.end))
+                    .take(MAX_STALE_MAPPINGS)
+                    .cloned()
+                    .collect();
+                mappings.extend(gone);
+            }
         }
         mappings.sort_by_key(|m| m.start);
         // Code generated at run time: where its perf map is, taken now
@@ -545,6 +577,29 @@ mod tests {
     fn symbolizer_is_send() {
         fn assert_send<T: Send>() {}
         assert_send::<Symbolizer>();
+    }
+
+    /// Code unmapped after a snapshot (a JIT freeing its kernels at exit)
+    /// keeps its mapping through a re-snapshot of the same image, and not
+    /// through a fresh one (after an exec).
+    #[test]
+    fn unmapped_code_stays_named_through_a_reobservation() {
+        let pid = std::process::id();
+        let len = 4096;
+        // SAFETY: a fresh anonymous mapping of our own, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let addr = p as u64 + 16;
+        let mut s = Symbolizer::new();
+        assert!(s.observe_process(pid));
+        let module = |s: &mut Symbolizer| s.user_frames(pid, &[addr])[0].module.clone();
+        assert_eq!(module(&mut s).as_deref(), Some(JIT_MODULE));
+        // SAFETY: the mapping made above, not used after.
+        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+        assert!(s.reobserve_process(pid));
+        assert_eq!(module(&mut s).as_deref(), Some(JIT_MODULE), "kept through a re-snapshot");
+        assert!(s.observe_process(pid));
+        assert_eq!(module(&mut s), None, "a fresh snapshot has only what is mapped now");
     }
 
     #[test]

@@ -375,7 +375,7 @@ impl CudaCollector {
                 note_attach_errors(cx, pid, "CUDA driver", errors);
             }
             // Kernel names and native sites are symbolized in this process.
-            cx.stacks.symbolizer.observe_process(pid);
+            cx.stacks.symbolizer.reobserve_process(pid);
             if let Some(st) = self.procs.get_mut(&pid) {
                 st.uses_cuda = true;
             }

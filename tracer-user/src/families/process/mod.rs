@@ -211,14 +211,14 @@ impl Collector for ProcessCollector {
             if due > now {
                 return true;
             }
-            symbolizer.observe_process(pid);
+            symbolizer.reobserve_process(pid);
             false
         });
         if self.last_observe_all.is_none_or(|t| t.elapsed() >= REOBSERVE_ALL) {
             self.last_observe_all = Some(now);
             // Libraries loaded since (dlopen): keep the snapshots current.
             for st in cx.targets.states.values().filter(|s| s.alive) {
-                symbolizer.observe_process(st.target.pid);
+                symbolizer.reobserve_process(st.target.pid);
             }
         }
         cx.targets.reap_launched();
