@@ -30,9 +30,12 @@ use crate::recording::{Frame, FrameKind, OffCpuReason, StackRecord, ThreadTimes}
 
 /// Producers busy at least this share of their thread time feed a pipeline.
 pub const PRODUCER_MIN_BUSY_SHARE: f64 = 0.5;
-/// ... and on a CPU or in its run queue at least this share: a helper
-/// process blocked reading a pipe all its life (multiprocessing's resource
-/// tracker) is "in I/O", not producing.
+/// ... and on a CPU at least this share, or CPU-starved (in the run queue
+/// at least [`STARVED_MIN_SHARE`]): a helper process blocked reading a
+/// pipe all its life (multiprocessing's resource tracker) is "in I/O", not
+/// producing. Run-queue delay alone does not count: it is the machine's
+/// load, and on a busy machine the tracker's start-up (its imports, ~0.1 s
+/// of CPU and as long again waiting for one) passed 5% of a 3 s life.
 pub const PRODUCER_MIN_CPU_SHARE: f64 = 0.05;
 /// Producers whose run-queue delay is at least this share of their
 /// thread time are named CPU-starved.
@@ -207,7 +210,7 @@ struct Tally {
     acc: Acc,
     wall: u64,
     busy: u64,
-    cpu: u64,
+    on_cpu: u64,
     starved: u64,
 }
 
@@ -216,13 +219,13 @@ impl Tally {
         self.acc.merge(a);
         self.wall = self.wall.saturating_add(t.wall_ns);
         self.busy = self.busy.saturating_add(busy_ns(t));
-        self.cpu = self.cpu.saturating_add(t.on_cpu_ns.saturating_add(t.runqueue_ns));
+        self.on_cpu = self.on_cpu.saturating_add(t.on_cpu_ns);
         self.starved = self.starved.saturating_add(t.runqueue_ns);
     }
 
     fn busy_enough(&self, waited: u64) -> bool {
         ratio(self.busy, self.wall) >= PRODUCER_MIN_BUSY_SHARE
-            && ratio(self.cpu, self.wall) >= PRODUCER_MIN_CPU_SHARE
+            && (ratio(self.on_cpu, self.wall) >= PRODUCER_MIN_CPU_SHARE || ratio(self.starved, self.wall) >= STARVED_MIN_SHARE)
             && self.wall.saturating_mul(PRODUCER_MIN_WALL_PER_WAIT) >= waited
     }
 }

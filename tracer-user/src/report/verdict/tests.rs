@@ -356,6 +356,29 @@ fn a_loop_waiting_for_a_process_pool_is_input_pipeline() {
     assert!(!b.advice.contains("num_workers") && !b.advice.contains("pin_memory") && !b.advice.contains("augmentation"), "{}", b.advice);
 }
 
+/// multiprocessing's resource tracker, a child of the consumer with a
+/// command line of its own, blocked reading its pipe ("I/O") after a
+/// start-up that waited for a CPU on a busy machine (on a CPU 3%, in the
+/// run queue 4%: 7% together) is not a producer; a worker on a CPU 4% of
+/// its life and starved the rest is.
+#[test]
+fn a_blocked_helper_is_no_producer_however_long_it_waited_for_a_cpu() {
+    let mut r = dataloader();
+    r.targets.push(target(30, 10, "python3 -c from multiprocessing.resource_tracker import main;main(5)"));
+    r.threads.push(on(30, thread(30, 60 * MS, OffCpuTimes { io_ns: 1800 * MS, ..Default::default() }, 80 * MS)));
+    let v = verdict(&r);
+    let pr = v.processes.iter().find(|p| p.pid == 10).and_then(|p| p.bottleneck.as_ref()?.producers.clone()).expect("producers");
+    assert_eq!(pr.pids, [20, 21], "{pr:?}");
+    // Starved workers still produce: little CPU, most of their life waiting for one.
+    for t in r.threads.iter_mut().filter(|t| t.pid == 20 || t.pid == 21) {
+        (t.on_cpu_ns, t.runqueue_ns) = (80 * MS, 1800 * MS);
+        t.wall_ns = t.on_cpu_ns + t.runqueue_ns + t.off_cpu.total();
+    }
+    let v = verdict(&r);
+    let pr = v.processes.iter().find(|p| p.pid == 10).and_then(|p| p.bottleneck.as_ref()?.producers.clone()).expect("starved producers");
+    assert_eq!(pr.pids, [20, 21], "{pr:?}");
+}
+
 /// A DataLoader worker's fd-passing listener thread (`socket.accept` in
 /// multiprocessing's resource sharer) waits for the GIL a third of its
 /// life behind the worker's `__getitem__`: still a helper, and the
