@@ -89,25 +89,14 @@ impl Pending {
     }
 }
 
-/// What [`PythonCollector::refresh`] last wrote for a process.
-struct Published {
-    states: Vec<(u32, u64)>,
-    unchanged: u32,
-}
-
-/// Refreshes that find the same threads before they are written again
-/// anyway (about once a second).
-const REWRITE_EVERY: u32 = 40;
-
 /// The Python processes being traced.
 pub struct PythonCollector {
     /// Processes already examined (Python or not).
     examined: HashMap<u32, ()>,
     /// Processes to examine again: CPython may still be starting.
     pending: HashMap<u32, Pending>,
-    /// Per pid, the (tid, tstate) pairs last written to the kernel maps
-    /// and the refreshes since they were last written.
-    published: HashMap<u32, Published>,
+    /// tid -> tstate currently in the kernel map, per pid.
+    published: HashMap<u32, Vec<u32>>,
     last_refresh: Instant,
     last_resolve: Instant,
     /// Processes gone (no thread left) since the last snapshot began.
@@ -245,18 +234,10 @@ impl PythonCollector {
             cx.sink.note(note);
         }
         let Ok(states) = states else { return Ok(()) };
-        // The same threads as last time: nothing to write (two map updates
-        // per thread every 25 ms were most of a busy agent's steady CPU),
-        // but for a rewrite now and then (the reverse map is an LRU).
-        if let Some(p) = self.published.get_mut(&pid) {
-            if p.states == states && p.unchanged < REWRITE_EVERY {
-                p.unchanged += 1;
-                return Ok(());
-            }
-        }
         let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE)?;
-        let old = self.published.remove(&pid).map(|p| p.states).unwrap_or_default();
-        for (tid, _) in old.iter().filter(|(t, _)| !states.iter().any(|(n, _)| n == t)) {
+        let old = self.published.remove(&pid).unwrap_or_default();
+        let new: Vec<u32> = states.iter().map(|(tid, _)| *tid).collect();
+        for tid in old.iter().filter(|t| !new.contains(t)) {
             let _ = map.remove(tid);
         }
         for (tid, tstate) in &states {
@@ -264,10 +245,10 @@ impl PythonCollector {
         }
         // The reverse, for the GIL's holder (a thread state) in GIL waits.
         let mut rev: BpfHashMap<_, u64, u32> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE_TID)?;
-        for (tid, tstate) in &states {
+        for (tid, tstate) in states {
             let _ = rev.insert(tstate, tid, 0);
         }
-        self.published.insert(pid, Published { states, unchanged: 0 });
+        self.published.insert(pid, new);
         Ok(())
     }
 
@@ -283,9 +264,9 @@ impl PythonCollector {
                 self.gone.push(pid);
             }
         }
-        if let Some(p) = self.published.remove(&pid) {
+        if let Some(tids) = self.published.remove(&pid) {
             let mut map: BpfHashMap<_, u32, u64> = probe::hash_map(&mut cx.kernel.ebpf, tracer_common::maps::PY_TSTATE)?;
-            for (tid, _) in p.states {
+            for tid in tids {
                 let _ = map.remove(&tid);
             }
         }
