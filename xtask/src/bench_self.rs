@@ -34,7 +34,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde_json::Value;
 
-use crate::{tasks, util};
+use crate::util;
 
 /// The window of each `record -p` row.
 const WINDOW: Duration = Duration::from_secs(4);
@@ -81,16 +81,7 @@ struct Startup {
 }
 
 pub fn bench_self(build: bool) -> Result<()> {
-    if build {
-        tasks::build()?;
-    }
-    if !util::is_root() {
-        bail!("the tracer needs root: run `cargo xtask bench --self` as root");
-    }
-    let bin = util::infertrace_bin();
-    if !bin.is_file() {
-        bail!("{} does not exist (run `cargo xtask build`)", bin.display());
-    }
+    let bin = util::tracer_for("`cargo xtask bench --self`", build)?;
     let dir = util::target_dir().join("bench").join("self");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -198,12 +189,17 @@ fn record_targets(ctx: &Ctx, slug: &str, which: &[Target]) -> Result<Row> {
         bail!("record exited with {status}; log {}", ctx.dir.join(format!("{slug}.log")).display());
     }
     drop(targets);
-    let (report, json) = report(ctx, &out)?;
+    Ok(Row { stop_ms: Some(stop_ms), ..recorded(ctx, &out, &usage)? })
+}
+
+/// What a finished `record` run shows: its start-up (from the recording),
+/// its CPU and peak memory, and `report` on what it wrote.
+fn recorded(ctx: &Ctx, out: &Path, usage: &Usage) -> Result<Row> {
+    let (report, json) = report(ctx, out)?;
     Ok(Row {
         startup: startup_of(&json),
         cpu: Some((usage.user_s, usage.system_s)),
         peak_mib: Some(usage.maxrss_mib),
-        stop_ms: Some(stop_ms),
         report: Some(report),
         ..Row::default()
     })
@@ -228,15 +224,7 @@ fn launch_demo(ctx: &Ctx) -> Result<Row> {
     if !status.success() {
         bail!("record -- demo.py exited with {status}; log {}", ctx.dir.join("launch.log").display());
     }
-    let (report, json) = report(ctx, &out)?;
-    Ok(Row {
-        startup: startup_of(&json),
-        cpu: Some((usage.user_s, usage.system_s)),
-        peak_mib: Some(usage.maxrss_mib),
-        report: Some(report),
-        note: format!("command {traced:.2} s traced, {untraced:.2} s untraced"),
-        ..Row::default()
-    })
+    Ok(Row { note: format!("command {traced:.2} s traced, {untraced:.2} s untraced"), ..recorded(ctx, &out, &usage)? })
 }
 
 /// `top -p` in a detached tmux session: CPU and memory read from /proc

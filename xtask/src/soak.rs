@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{tasks, util};
+use crate::util;
 
 /// The workload's pace: the rate at which issue 15 saw memory grow.
 const THREADS_PER_S: u32 = 850;
@@ -58,16 +58,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     if args.minutes == 0 {
         bail!("--minutes must be at least 1");
     }
-    if args.build {
-        tasks::build()?;
-    }
-    if !util::is_root() {
-        bail!("the soak traces a workload: run it as root");
-    }
-    let bin = util::infertrace_bin();
-    if !bin.is_file() {
-        bail!("{} does not exist (run `cargo xtask build`)", bin.display());
-    }
+    let bin = util::tracer_for("the soak", args.build)?;
     let dir = util::target_dir().join("soak");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let churn = build_churn(&dir)?;

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{tasks, util};
+use crate::util;
 
 /// New Python processes per second, each with its own environment.
 const CHURN_PER_S: u32 = 5;
@@ -45,16 +45,7 @@ pub fn soak(args: AgentSoakArgs) -> Result<()> {
     if args.minutes < 3 {
         bail!("--minutes must be at least 3 with --agent (the growth is measured from minute 2)");
     }
-    if args.build {
-        tasks::build()?;
-    }
-    if !util::is_root() {
-        bail!("the agent soak traces processes: run it as root");
-    }
-    let bin = util::infertrace_bin();
-    if !bin.is_file() {
-        bail!("{} does not exist (run `cargo xtask build`)", bin.display());
-    }
+    let bin = util::tracer_for("the agent soak", args.build)?;
     let python = util::python3()?;
     let load = util::workspace_root().join("tests/workloads/agent_soak_load.py");
     let dir = util::target_dir().join("soak-agent");

@@ -192,3 +192,20 @@ pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
 }
+
+/// The infertrace binary to trace with, built first when `build`; refused
+/// unless we are root (`what` names the task in the message) or the
+/// binary is missing.
+pub fn tracer_for(what: &str, build: bool) -> Result<PathBuf> {
+    if build {
+        crate::tasks::build()?;
+    }
+    if !is_root() {
+        bail!("{what} traces processes: run it as root");
+    }
+    let bin = infertrace_bin();
+    if !bin.is_file() {
+        bail!("{} does not exist (run `cargo xtask build`)", bin.display());
+    }
+    Ok(bin)
+}

@@ -31,7 +31,7 @@ struct Kept<T> {
 }
 
 /// What identifies the machine's state a kept value holds for.
-pub type Key = (String, String);
+type Key = (String, String);
 
 fn key() -> Option<Key> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
@@ -64,13 +64,13 @@ fn file_name(name: &str) -> String {
     format!("{name}.json")
 }
 
-pub(crate) fn load_from<T: DeserializeOwned>(d: &Dir, name: &str, (boot, release): &Key) -> Option<T> {
+fn load_from<T: DeserializeOwned>(d: &Dir, name: &str, (boot, release): &Key) -> Option<T> {
     let bytes = d.read_own_file(OsStr::new(&file_name(name)), MAX_BYTES).ok()??;
     let kept: Kept<T> = serde_json::from_slice(&bytes).ok()?;
     (kept.boot_id == *boot && kept.kernel_release == *release && kept.tool_version == env!("CARGO_PKG_VERSION")).then_some(kept.value)
 }
 
-pub(crate) fn store_in<T: Serialize>(d: &Dir, name: &str, (boot_id, kernel_release): Key, value: &T) {
+fn store_in<T: Serialize>(d: &Dir, name: &str, (boot_id, kernel_release): Key, value: &T) {
     let kept = Kept { boot_id, kernel_release, tool_version: env!("CARGO_PKG_VERSION").to_owned(), value };
     let Ok(json) = serde_json::to_vec(&kept) else { return };
     let name = file_name(name);

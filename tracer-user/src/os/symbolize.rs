@@ -256,18 +256,22 @@ impl Symbolizer {
         if mappings.is_empty() {
             return false;
         }
+        // Live mappings are disjoint: sorted by start, their ends ascend too.
+        mappings.sort_by_key(|m| m.start);
         if keep_unmapped {
             if let Some(old) = self.processes.get(&pid) {
-                let gone: Vec<Mapping> = old
-                    .iter()
-                    .filter(|o| !mappings.iter().any(|m| m.start < o.end && o.start < m.end))
-                    .take(MAX_STALE_MAPPINGS)
-                    .cloned()
-                    .collect();
-                mappings.extend(gone);
+                let live = &mappings;
+                let overlaps_live = |o: &Mapping| {
+                    let i = live.partition_point(|m| m.start < o.end);
+                    i > 0 && live[i - 1].end > o.start
+                };
+                let gone: Vec<Mapping> = old.iter().filter(|o| !overlaps_live(o)).take(MAX_STALE_MAPPINGS).cloned().collect();
+                if !gone.is_empty() {
+                    mappings.extend(gone);
+                    mappings.sort_by_key(|m| m.start);
+                }
             }
         }
-        mappings.sort_by_key(|m| m.start);
         // Code generated at run time: where its perf map is, taken now
         // (the process may be gone when its stacks are named).
         if mappings.iter().any(|m| m.module.as_deref() == Some(JIT_MODULE)) && !self.perf_maps.contains_key(&pid) {
