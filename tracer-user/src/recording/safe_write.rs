@@ -280,12 +280,19 @@ impl Dir {
     }
 
     /// Whether `path` still names this directory (not removed, not replaced).
+    /// An `lstat` of the path, no descriptor: the answer holds when the
+    /// process is out of descriptors (the window is then still written
+    /// through the one held here), and a link planted at the path is not
+    /// this directory's inode.
     pub fn still_at_path(&self) -> bool {
         let Ok(now) = fstat(&self.fd) else { return false };
         if now.nlink == 0 {
             return false;
         }
-        Dir::open(&self.path).is_ok_and(|d| d.stat.dev == self.stat.dev && d.stat.ino == self.stat.ino)
+        fs::symlink_metadata(&self.path).is_ok_and(|m| {
+            let s = Stat::of(&m);
+            s.dev == self.stat.dev && s.ino == self.stat.ino
+        })
     }
 
     /// The entry `name`, not following a link (None: no such entry).

@@ -19,7 +19,10 @@
 //! and a new one evicts the oldest (refusing new ones instead would let 64
 //! idle clients lock Prometheus out; a real request completes in
 //! milliseconds); running out of descriptors on accept (EMFILE/ENFILE)
-//! evicts the oldest and backs off [`ACCEPT_BACKOFF`] instead of spinning.
+//! evicts the oldest and backs off [`ACCEPT_BACKOFF`] instead of spinning,
+//! and a connection that would leave fewer than [`FD_HEADROOM`] descriptors
+//! free takes the oldest's place (or is closed, with the same back-off), so
+//! collection and the windows keep the descriptors they need.
 //! Each is counted in `/healthz`'s body.
 //!
 //! `/healthz` says whether collection progresses: 200 while the loop's last
@@ -32,6 +35,7 @@
 use std::{
     collections::BTreeMap,
     io,
+    os::fd::{AsRawFd, RawFd},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, MutexGuard, TryLockError,
@@ -53,6 +57,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9475";
 pub const DEADLINE: Duration = Duration::from_secs(5);
 /// Connections open at once; one more evicts the oldest.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Descriptors kept free for collection and the windows: a connection that
+/// would leave fewer evicts the oldest (or is closed), as at EMFILE.
+pub const FD_HEADROOM: u64 = 16;
 /// The pause after accept failed for want of descriptors.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long a request waits for the published state before a 503.
@@ -185,6 +192,14 @@ async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
         match listener.accept().await {
             Ok((stream, _)) => {
                 inc(&ctx.counters.accepted);
+                if few_descriptors_left(stream.as_raw_fd()) && !evict_oldest(&ctx) {
+                    // Keep the last descriptors for collection and the
+                    // windows: this one takes the oldest's place, or is
+                    // closed when there is no connection to evict.
+                    drop(stream);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
                 let mut open = lock(&ctx.open);
                 while open.len() >= MAX_CONNECTIONS {
                     if let Some((_, oldest)) = open.pop_first() {
@@ -208,11 +223,7 @@ async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
                 let fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
                 if fds {
                     // Free one descriptor of ours, and let the others go.
-                    inc(&ctx.counters.fd_exhausted);
-                    if let Some((_, oldest)) = lock(&ctx.open).pop_first() {
-                        oldest.abort();
-                        inc(&ctx.counters.evicted);
-                    }
+                    evict_oldest(&ctx);
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 } else {
                     // ECONNABORTED and the like: per connection, but never a spin.
@@ -222,6 +233,30 @@ async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
             }
         }
     }
+}
+
+/// Counts a want of descriptors and frees one: the oldest connection is
+/// evicted (false: there was none).
+fn evict_oldest(ctx: &Ctx) -> bool {
+    inc(&ctx.counters.fd_exhausted);
+    let Some((_, oldest)) = lock(&ctx.open).pop_first() else { return false };
+    oldest.abort();
+    inc(&ctx.counters.evicted);
+    true
+}
+
+/// Whether a descriptor numbered `fd` leaves fewer than [`FD_HEADROOM`] free
+/// under the soft `RLIMIT_NOFILE` (read each time: `prlimit` can change it
+/// from outside). Descriptors are allocated lowest first, so every number
+/// below `fd` is in use: this never claims room that is not there (it can
+/// miss a shortage when higher numbers are taken too; EMFILE covers that).
+fn few_descriptors_left(fd: RawFd) -> bool {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return false;
+    }
+    u64::try_from(fd).unwrap_or(0).saturating_add(FD_HEADROOM) >= lim.rlim_cur
 }
 
 async fn connection(stream: TcpStream, ctx: &Ctx) -> io::Result<()> {
