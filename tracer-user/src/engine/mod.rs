@@ -159,7 +159,10 @@ pub trait Collector {
         Ok(())
     }
 
-    /// How often [`poll`](Self::poll) runs (at least every 25 ms tick).
+    /// How often [`poll`](Self::poll) runs. Asked again before every wait
+    /// of the loop, so it may change with the collector's state (a short
+    /// period only while there is something to catch): the loop wakes at
+    /// the earliest period any collector asks for now.
     fn poll_every(&self) -> Duration {
         Duration::from_millis(100)
     }

@@ -31,9 +31,21 @@ pub struct Engine {
     pub(in crate::engine) cx: Context,
     collectors: Vec<Box<dyn Collector>>,
     wakers: Wakers,
-    due: Vec<Instant>,
-    tick: tokio::time::Interval,
-    tick_every: Duration,
+    /// When each collector's poll last ran (None: not yet).
+    last_poll: Vec<Option<Instant>>,
+}
+
+/// A poll this close to its due time (a fraction of its period) runs with
+/// the one that woke the loop: periods of 20 and 25 ms share one wake-up,
+/// not two out of phase.
+const COALESCE: u32 = 4;
+/// The wait when no collector polls (none attached).
+const IDLE_POLL: Duration = Duration::from_millis(100);
+
+/// Whether a poll last run at `last`, every `every`, runs at `now`: when
+/// due, or within a [`COALESCE`]th of its period of being due.
+fn poll_is_due(now: Instant, last: Option<Instant>, every: Duration) -> bool {
+    last.is_none_or(|last| now + every / COALESCE >= last + every)
 }
 
 impl Engine {
@@ -69,14 +81,25 @@ impl Engine {
             l.release()?;
         }
         let wakers = Wakers::new(&collectors, &mut cx);
-        let tick_every = collectors.iter().map(|c| c.poll_every()).min().unwrap_or(Duration::from_millis(100));
-        let due = vec![Instant::now(); collectors.len()];
-        Ok(Engine { cx, collectors, wakers, due, tick: tokio::time::interval(tick_every), tick_every })
+        // Every poll is due at once: the first turn runs them all.
+        let last_poll = vec![None; collectors.len()];
+        Ok(Engine { cx, collectors, wakers, last_poll })
     }
 
-    /// Waits for a collector's wake-up or the next tick and runs what is
-    /// due. Cancel-safe: a `select!` may drop it for another arm.
+    /// When the next poll is due: each collector's period is asked again
+    /// here (it may change: Python polls every 4 ms while an interpreter
+    /// starts, every 25 ms otherwise), so the loop wakes only as often as
+    /// the collectors need, not at the shortest period any could ask for.
+    fn next_poll(&self) -> Instant {
+        let now = Instant::now();
+        let due = self.collectors.iter().zip(&self.last_poll).map(|(c, at)| at.map_or(now, |at| at + c.poll_every()));
+        due.min().unwrap_or(now + IDLE_POLL)
+    }
+
+    /// Waits for a collector's wake-up or the next due poll and runs what
+    /// is due. Cancel-safe: a `select!` may drop it for another arm.
     pub async fn step(&mut self) -> Result<Stepped, RecordError> {
+        let next = tokio::time::Instant::from_std(self.next_poll());
         tokio::select! {
             woken = self.wakers.ready() => {
                 for i in woken {
@@ -86,7 +109,7 @@ impl Engine {
                 self.dispatch()?;
                 Ok(Stepped::Woken)
             }
-            _ = self.tick.tick() => {
+            _ = tokio::time::sleep_until(next) => {
                 self.poll_due()?;
                 Ok(Stepped::Ticked)
             }
@@ -100,13 +123,13 @@ impl Engine {
     }
 
     /// Runs every collector's poll that is due, then delivers the events. A
-    /// poll due within half a tick is run now: the ticks are `tick` apart, and
-    /// a poll that waited for the next one would run at twice its period.
+    /// poll within a [`COALESCE`]th of its period of being due runs now, so
+    /// the collectors' polls fall into step and share wake-ups.
     fn poll_due(&mut self) -> Result<(), RecordError> {
         let now = Instant::now();
-        for (c, at) in self.collectors.iter_mut().zip(self.due.iter_mut()) {
-            if now + self.tick_every / 2 >= *at {
-                *at = now + c.poll_every();
+        for (c, at) in self.collectors.iter_mut().zip(self.last_poll.iter_mut()) {
+            if poll_is_due(now, *at, c.poll_every()) {
+                *at = Some(now);
                 c.poll(&mut self.cx.view(c.uses()))?;
             }
         }
@@ -319,4 +342,48 @@ pub fn register(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<tokio::io::u
         unsafe { tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
             .map_err(std::io::Error::from)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop as `step` runs it, on a simulated clock: (wake-ups, runs of
+    /// each poll) over `span` for polls of these periods.
+    fn simulate(periods: &[Duration], span: Duration) -> (usize, Vec<usize>) {
+        let t0 = Instant::now();
+        let mut last = vec![None; periods.len()];
+        let mut runs = vec![0; periods.len()];
+        let (mut now, mut wakes) = (t0, 0);
+        while now < t0 + span {
+            wakes += 1;
+            for (i, every) in periods.iter().enumerate() {
+                if poll_is_due(now, last[i], *every) {
+                    last[i] = Some(now);
+                    runs[i] += 1;
+                }
+            }
+            now = periods.iter().zip(&last).filter_map(|(e, l)| Some((*l)? + *e)).min().expect("periods");
+        }
+        (wakes, runs)
+    }
+
+    #[test]
+    fn polls_of_near_periods_share_wake_ups_and_keep_their_rates() {
+        let ms = Duration::from_millis;
+        // Python and asyncio (25 ms), the process follower (100 ms), the
+        // counters (1 s), a timeline drain (20 ms).
+        let (wakes, runs) = simulate(&[ms(25), ms(25), ms(100), ms(1000), ms(20)], Duration::from_secs(1));
+        assert!(wakes <= 51, "{wakes} wake-ups in 1 s for polls every 20 ms at the shortest");
+        // No poll runs more often than its period allows (early by a quarter
+        // at most), nor falls behind it.
+        for (every, n) in [25u64, 25, 100, 1000, 20].iter().zip(&runs) {
+            let most = 1000 * 4 / (3 * every) + 1;
+            let least = 1000 / (2 * every);
+            assert!((least as usize..=most as usize).contains(n), "a {every} ms poll ran {n} times in 1 s");
+        }
+        // Alone, a poll wakes the loop at its own period only.
+        let (wakes, runs) = simulate(&[ms(25)], Duration::from_secs(1));
+        assert_eq!((wakes, runs[0]), (40, 40));
+    }
 }

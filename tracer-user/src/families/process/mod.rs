@@ -55,6 +55,10 @@ pub static TABLE: FamilyTable = FamilyTable {
 const REOBSERVE_AFTER: Duration = Duration::from_millis(200);
 /// How often every live target's mappings are snapshot again (dlopen).
 const REOBSERVE_ALL: Duration = Duration::from_secs(1);
+/// How often the target set is checked against the kernel's and /proc (a
+/// backstop for lost fork and exit records: a /proc read per target and a
+/// walk of a 16k-bucket map, too much for every 100 ms poll).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The process follower: the target set in the kernel, lifecycle events
 /// from it, the mappings snapshot for symbolization, the drop counters.
@@ -65,6 +69,9 @@ pub struct ProcessCollector {
     /// Processes whose mappings to snapshot again, and when.
     reobserve: Vec<(u32, Instant)>,
     last_observe_all: Option<Instant>,
+    last_sweep: Option<Instant>,
+    /// Targets whose exit record arrived since the last poll.
+    exiting: Vec<u32>,
 }
 
 fn comm_string(raw: &[u8; 16]) -> String {
@@ -96,17 +103,32 @@ impl ProcessCollector {
         for pid in kernel_targets(&mut cx.kernel.ebpf)? {
             cx.targets.entry(pid, Origin::Followed);
         }
-        let mut dead = Vec::new();
-        for st in cx.targets.states.values_mut().filter(|s| s.alive) {
-            if !procfs::is_alive(st.target.pid) {
+        let alive: Vec<u32> = cx.targets.states.values().filter(|s| s.alive).map(|s| s.target.pid).collect();
+        Self::mark_dead(cx, &alive)
+    }
+
+    /// Of `pids`, those /proc no longer shows alive are marked dead and
+    /// removed from the kernel set.
+    fn mark_dead(cx: &mut Cx<'_>, pids: &[u32]) -> Result<(), ProbeError> {
+        for &pid in pids {
+            let Some(st) = cx.targets.states.get_mut(&pid).filter(|s| s.alive) else { continue };
+            if !procfs::is_alive(pid) {
                 st.alive = false;
-                dead.push(st.target.pid);
+                remove_target(&mut cx.kernel.ebpf, pid)?;
             }
         }
-        for pid in dead {
-            remove_target(&mut cx.kernel.ebpf, pid)?;
-        }
         Ok(())
+    }
+
+    /// Hands the drained events on; exits are checked at the next poll
+    /// (the exit tracepoint fires before the process is a zombie).
+    fn deliver(&mut self, cx: &mut Cx<'_>) {
+        for ev in self.drain() {
+            if let TargetEvent::Exited { pid } = ev {
+                self.exiting.push(pid);
+            }
+            cx.targets.emit(ev);
+        }
     }
 }
 
@@ -195,16 +217,12 @@ impl Collector for ProcessCollector {
     }
 
     fn wake(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
-        for ev in self.drain() {
-            cx.targets.emit(ev);
-        }
+        self.deliver(cx);
         Ok(())
     }
 
     fn poll(&mut self, cx: &mut Cx<'_>) -> Result<(), ProbeError> {
-        for ev in self.drain() {
-            cx.targets.emit(ev);
-        }
+        self.deliver(cx);
         let now = Instant::now();
         let symbolizer = &mut cx.stacks.symbolizer;
         self.reobserve.retain(|&(pid, due)| {
@@ -222,7 +240,16 @@ impl Collector for ProcessCollector {
             }
         }
         cx.targets.reap_launched();
-        Self::sweep(cx)
+        if self.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            self.last_sweep = Some(now);
+            self.exiting.clear();
+            return Self::sweep(cx);
+        }
+        // Those that reported an exit: a record of a process that exited
+        // ends at the next poll, not at the next sweep. Still alive (a
+        // leader gone before its threads): the sweep watches it.
+        let exiting = std::mem::take(&mut self.exiting);
+        Self::mark_dead(cx, &exiting)
     }
 
     /// The launched command's exit status is reaped by `poll` (the session

@@ -82,9 +82,13 @@ struct Pending {
 }
 
 impl Pending {
+    /// In its first `EAGER_FOR`, when it may be starting CPython.
+    fn eager(&self, now: Instant) -> bool {
+        self.python_like && now.duration_since(self.since) < EAGER_FOR
+    }
+
     fn due(&self, now: Instant) -> bool {
-        let eager = self.python_like && now.duration_since(self.since) < EAGER_FOR;
-        let every = if eager { EAGER_RETRY } else { REFRESH };
+        let every = if self.eager(now) { EAGER_RETRY } else { REFRESH };
         now.duration_since(self.last_try) + EAGER_RETRY / 2 >= every
     }
 }
@@ -338,8 +342,15 @@ impl Collector for PythonCollector {
         }
     }
 
+    /// `EAGER_RETRY` while an interpreter may be starting, `REFRESH`
+    /// otherwise (the loop wakes 40 times a second for Python, not 250).
     fn poll_every(&self) -> Duration {
-        EAGER_RETRY
+        let now = Instant::now();
+        if self.pending.values().any(|p| p.eager(now)) {
+            EAGER_RETRY
+        } else {
+            REFRESH
+        }
     }
 
     /// Retries starting interpreters (each at its own pace, see
@@ -356,7 +367,9 @@ impl Collector for PythonCollector {
             }
         }
         self.retry_pending(cx)?;
-        if self.last_refresh.elapsed() + EAGER_RETRY / 2 >= REFRESH {
+        // The engine runs a poll up to a quarter period early (its polls
+        // share wake-ups): the same slack here.
+        if self.last_refresh.elapsed() + REFRESH / 4 >= REFRESH {
             self.last_refresh = Instant::now();
             for pid in frames(cx).map(|py| py.pids()).unwrap_or_default() {
                 self.refresh(cx, pid)?;

@@ -137,8 +137,13 @@ impl Collector for TimelineCollector {
         Ok(())
     }
 
+    /// Off (`--timeline` not given): nothing to drain, no reason to wake.
     fn poll_every(&self) -> Duration {
-        DRAIN_EVERY
+        if self.ring.is_some() {
+            DRAIN_EVERY
+        } else {
+            Duration::from_secs(1)
+        }
     }
 
     fn poll(&mut self, _cx: &mut Cx<'_>) -> Result<(), ProbeError> {
