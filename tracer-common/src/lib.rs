@@ -29,8 +29,8 @@ pub mod counters {
     pub const TARGETS_FULL: u32 = 4;
     /// A thread state entry could not be created: map full.
     pub const THREADS_FULL: u32 = 5;
-    /// An off-CPU stack or CPU sample aggregate could not be created, or a
-    /// stack could not be captured (stack map full / collision).
+    /// An off-CPU stack or CPU sample aggregate could not be created (map
+    /// full).
     pub const STACKS_LOST: u32 = 6;
     /// Python stacks cut at `PY_MAX_DEPTH` frames.
     pub const PY_STACKS_TRUNCATED: u32 = 7;
@@ -66,7 +66,11 @@ pub mod counters {
     /// full), or a process's memory state or growth aggregate could not be
     /// created (map full): the series misses a point, or growth a line.
     pub const MEM_LOST: u32 = 15;
-    pub const COUNT: u32 = 16;
+    /// A native stack (user or kernel) could not be stored because its
+    /// bucket in the stack map held another stack: the event is kept (its
+    /// time, its Python frames), its native frames show as `[stack lost]`.
+    pub const STACKS_COLLIDED: u32 = 16;
+    pub const COUNT: u32 = 17;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "syscall_stats_map_full",
@@ -85,12 +89,13 @@ pub mod counters {
         "agent_execs_full",
         "cuda_names_lost",
         "memory_lost",
+        "native_stacks_collided",
     ];
 
     /// Whether counter `idx` counts lost events (the others count events
     /// that were kept but reported, like truncated stacks).
     pub const fn is_loss(idx: u32) -> bool {
-        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL && idx != SYSCALL_ENTER_UNSEEN && idx != CUDA_NAMES_LOST
+        idx != PY_STACKS_TRUNCATED && idx != PY_CODES_FULL && idx != SYSCALL_ENTER_UNSEEN && idx != CUDA_NAMES_LOST && idx != STACKS_COLLIDED
     }
 }
 

@@ -52,6 +52,9 @@ pub const REASON_TABLE_SIZE: u32 = 1024;
 
 /// No stack captured (or capture failed).
 pub const NO_STACK: i32 = -1;
+/// A native stack was there but not stored: its bucket in the stack map
+/// held another stack (EEXIST). Shown as a `[stack lost]` frame.
+pub const STACK_COLLIDED: i32 = -17;
 
 /// Value of the `THREADS` map, keyed by tid.
 #[repr(C)]

@@ -5,11 +5,11 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::HashMap,
-    programs::{tracing::StackIdContext, PerfEventContext},
+    programs::PerfEventContext,
 };
-use tracer_common::{counters, cpu_samples::SampleKey, sched::NO_STACK};
+use tracer_common::{counters, cpu_samples::SampleKey};
 
-use crate::{count_drop, is_target, python, user_stack_id, window_closed, STACKS};
+use crate::{count_drop, is_target, kernel_stack_id, python, user_stack_id, window_closed};
 
 #[map]
 pub static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(32768, 0);
@@ -27,7 +27,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         pid: tgid,
         tid,
         user_stack: user_stack_id(&ctx),
-        kernel_stack: ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK),
+        kernel_stack: kernel_stack_id(&ctx),
         py_stack: python::capture(tgid, tid, python::SCRATCH_SAMPLE),
     };
     crate::timeline::sample(&key);

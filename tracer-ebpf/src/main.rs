@@ -151,10 +151,34 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 /// `bpf_get_stackid` flag: the user stack rather than the kernel's.
 pub const BPF_F_USER_STACK: u64 = 1 << 8;
 
-/// The id of the current user stack in `STACKS`, `NO_STACK` (-1) when it could not be taken.
+/// The id of the current user stack in `STACKS`: `NO_STACK` (-1) when
+/// there is none to take, `STACK_COLLIDED` when another stack holds its
+/// bucket (counted: the event is kept, its native frames are not).
 #[inline(always)]
 pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
-    ctx.get_stackid(&STACKS, BPF_F_USER_STACK).map(|v| v as i32).unwrap_or(tracer_common::sched::NO_STACK)
+    stack_id(ctx, BPF_F_USER_STACK)
+}
+
+/// The id of the current kernel stack in `STACKS`, as [`user_stack_id`].
+#[inline(always)]
+pub fn kernel_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    stack_id(ctx, 0)
+}
+
+#[inline(always)]
+fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    use tracer_common::sched::{NO_STACK, STACK_COLLIDED};
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        // EEXIST: the bucket of this stack's hash holds another stack (no
+        // BPF_F_REUSE_STACKID: that would change the stacks of ids already
+        // stored in the aggregates).
+        Err(-17) => {
+            count_drop(tracer_common::counters::STACKS_COLLIDED);
+            STACK_COLLIDED
+        }
+        Err(_) => NO_STACK,
+    }
 }
 
 /// The syscall in flight, per thread (only the thread itself writes its

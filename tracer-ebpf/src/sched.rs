@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_stack},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::{tracing::StackIdContext, BtfTracePointContext},
+    programs::BtfTracePointContext,
     EbpfContext,
 };
 use tracer_common::{
@@ -17,7 +17,7 @@ use tracer_common::{
 };
 
 use crate::{
-    count_drop, global, is_target, python, syscall_in_flight, user_stack_id, window_closed, window_start_ns, NO_SYSCALL, STACKS,
+    count_drop, global, is_target, python, syscall_in_flight, kernel_stack_id, user_stack_id, window_closed, window_start_ns, NO_SYSCALL,
 };
 
 #[map]
@@ -338,7 +338,7 @@ fn switch_out(ctx: &BtfTracePointContext, tgid: u32, tid: u32, now: u64, exec: u
         let fresh = now.saturating_sub(t.stack_ns) >= global(&OFFCPU_STACK_INTERVAL_NS) || nr != t.stack_nr;
         if global(&OFFCPU_STACKS_ENABLED) != 0 && fresh {
             t.user_stack = user_stack_id(ctx);
-            t.kernel_stack = ctx.get_stackid(&STACKS, 0).map(|v| v as i32).unwrap_or(NO_STACK);
+            t.kernel_stack = kernel_stack_id(ctx);
             t.py_stack = python::capture(tgid, tid, python::SCRATCH_SCHED);
             t.stack_ns = now;
             t.stack_nr = nr;

@@ -14,7 +14,7 @@ use aya::{
     maps::{MapData, StackTraceMap},
     Ebpf,
 };
-use tracer_common::python::PyStack;
+use tracer_common::{python::PyStack, sched::STACK_COLLIDED};
 
 /// The Python part of the resolver: the Python family's (registered with
 /// [`Stacks::set_python`] when it attaches), so that every family resolves
@@ -33,7 +33,7 @@ pub trait PythonFrames: Any {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
-use crate::{os::probe::ProbeError, recording::Frame, os::symbolize::Symbolizer};
+use crate::{os::probe::ProbeError, recording::{Frame, FrameKind}, os::symbolize::Symbolizer};
 
 /// The stacks captured so far, read out of the kernel maps.
 struct Loaded {
@@ -125,10 +125,16 @@ impl Stacks {
             let ips = u32::try_from(id).ok().and_then(|id| loaded.native.get(&id));
             ips.map(Vec::as_slice).unwrap_or(&[])
         };
-        let mut kernel = self.symbolizer.kernel_frames(ips(kernel_stack));
+        let mut kernel = match kernel_stack {
+            STACK_COLLIDED => vec![stack_lost(FrameKind::Kernel)],
+            id => self.symbolizer.kernel_frames(ips(id)),
+        };
         let ours = kernel.iter().take_while(|f| is_tracing_frame(&f.function)).count();
         kernel.drain(..ours);
-        let native = self.symbolizer.user_frames(pid, ips(user_stack));
+        let native = match user_stack {
+            STACK_COLLIDED => vec![stack_lost(FrameKind::Native)],
+            id => self.symbolizer.user_frames(pid, ips(id)),
+        };
         let python = match self.python.as_mut() {
             Some(p) if py_stack != 0 => p.frames(py_stack, &loaded.py_stacks),
             _ => Vec::new(),
@@ -136,6 +142,16 @@ impl Stacks {
         Ok(merge(kernel, native, python))
     }
 }
+
+/// The frame that stands for a native stack the kernel could not store
+/// (`STACK_COLLIDED`, counted in `native_stacks_collided`): the stack was
+/// there, so it is not left out as if there had been none.
+fn stack_lost(kind: FrameKind) -> Frame {
+    Frame { function: STACK_LOST_FRAME.to_owned(), file: None, line: None, kind, module: None }
+}
+
+/// The name of [`stack_lost`]'s frame.
+pub const STACK_LOST_FRAME: &str = "[stack lost]";
 
 /// Merges one stack: kernel frames, then the native frames below the Python
 /// leaf (e.g. libc's `read` under `FileIO.readinto`) up to the first frame of

@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     engine::{
-        programs::Links, ring::Records, Collector, Cx, Handle, FamilyTable, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
+        programs::Links, ring::Records, Collector, Cx, Handle, FamilyTable, Topic, GlobalSpec, GlobalValue, ProgramKind, ProgramSpec, TargetEvent,
         TargetState,
     },
     os::probe::{self, ProbeError},
@@ -261,6 +261,14 @@ impl Collector for ProcessCollector {
                 let n = probe::counter(&mut cx.kernel.ebpf, idx)?;
                 cx.sink.set_lost(*name, n);
             }
+        }
+        let collided = probe::counter(&mut cx.kernel.ebpf, counters::STACKS_COLLIDED)?;
+        if collided > 0 {
+            let text = format!(
+                "{collided} native stacks could not be stored (their bucket in the kernel's stack map held another stack): their events and times are kept, their native frames show as {}",
+                crate::engine::stacks::STACK_LOST_FRAME
+            );
+            cx.sink.state_note_on(Topic::Detail, "native_stacks_collided", text);
         }
         if let Some(rb) = self.events.as_ref() {
             rb.report(cx.sink);

@@ -12,9 +12,10 @@
 //!   releases it around its own blocking calls), its stack has native
 //!   frames; named by its innermost named native frame (without unwinding
 //!   through the C library that is often the libc wrapper, e.g.
-//!   `clock_nanosleep` for `usleep`);
-//! - `syscall`: blocked in a syscall with no native frame on its stack
-//!   (its stack was not captured), the syscall named;
+//!   `clock_nanosleep` for `usleep`); a native stack the kernel could not
+//!   store (`[stack lost]`) still makes it native, unnamed;
+//! - `syscall`: blocked in a syscall with no native stack at all (none
+//!   was taken), the syscall named;
 //! - `python`: running or waiting for a CPU (Python code, or native code
 //!   that keeps the GIL while it computes): ordinary contention.
 
@@ -202,4 +203,39 @@ pub(super) fn findings(holders: &[GilHolderShare]) -> Vec<FindingRef> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{engine::stacks::STACK_LOST_FRAME, recording::Frame};
+
+    fn frame(function: &str, kind: FrameKind) -> Frame {
+        Frame { function: function.into(), file: Some("holder.py".into()), line: Some(3), kind, module: None }
+    }
+
+    fn blocked(frames: Vec<Frame>) -> GilHold {
+        GilHold {
+            pid: 1,
+            tid: 2,
+            holder_tid: 3,
+            holder_state: "blocked".into(),
+            syscall: Some("clock_nanosleep".into()),
+            frames,
+            wait_ns: 1,
+            waits: 1,
+        }
+    }
+
+    #[test]
+    fn a_blocked_holder_is_in_native_code_even_when_its_native_stack_was_lost() {
+        let py = frame("holder_native", FrameKind::Python);
+        let named = blocked(vec![frame("__GI___clock_nanosleep", FrameKind::Native), py.clone()]);
+        assert_eq!(doing(&named, None), ("native_call", Some("clock_nanosleep".to_owned())));
+        // The kernel could not store its native stack (a stack-map collision).
+        let lost = blocked(vec![frame(STACK_LOST_FRAME, FrameKind::Native), py.clone()]);
+        assert_eq!(doing(&lost, None), ("native_call", None));
+        // No native stack was taken at all: only the syscall is known.
+        assert_eq!(doing(&blocked(vec![py]), None), ("syscall", None));
+    }
 }
