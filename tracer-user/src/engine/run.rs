@@ -187,7 +187,9 @@ impl Engine {
         }
         self.cx.targets.exited.forget(pids);
         self.cx.sink.forget(pids);
-        self.cx.stacks.forget(pids);
+        if let Err(e) = self.cx.stacks.forget(&mut self.cx.kernel.ebpf, pids) {
+            self.cx.sink.note(format!("the user stacks of {} exited processes could not be freed in the kernel: {e}", pids.len()));
+        }
         self.cx.targets.states.retain(|pid, _| !pids.contains(pid));
     }
 

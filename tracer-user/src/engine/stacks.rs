@@ -46,6 +46,9 @@ pub struct Stacks {
     pub symbolizer: Symbolizer,
     python: Option<Box<dyn PythonFrames>>,
     loaded: Option<Loaded>,
+    /// The processes each user-stack id was resolved for: the id leaves
+    /// `STACKS` once all of them are forgotten (see [`forget`](Self::forget)).
+    owners: HashMap<u32, Vec<u32>>,
 }
 
 /// The leading kernel frames of a stack taken at sched_switch are our own
@@ -79,12 +82,29 @@ impl Stacks {
         self.python.as_ref().map(|p| p.problems()).unwrap_or_default()
     }
 
-    /// Drops what is kept of these processes (the agent, once they are gone).
-    pub fn forget(&mut self, pids: &HashSet<u32>) {
+    /// Drops what is kept of these processes (the agent, once they are
+    /// gone), and their user stacks from the kernel's `STACKS`: a stack map
+    /// never frees a bucket by itself, so under process churn it fills
+    /// (14,000 of 16,384 buckets after 5 minutes of the agent's soak) and
+    /// every new stack then collides (`[stack lost]`). A user stack holds
+    /// addresses of one process's mappings, so it is that process's, unless
+    /// another process resolved the same id (the same code at the same
+    /// addresses: a non-PIE binary): it stays until all of them are
+    /// forgotten. Kernel stacks are everyone's and stay.
+    pub fn forget(&mut self, ebpf: &mut Ebpf, pids: &HashSet<u32>) -> Result<usize, ProbeError> {
         self.symbolizer.forget(pids);
         if let Some(p) = self.python.as_mut() {
             p.forget(pids);
         }
+        let freed = free_owned(&mut self.owners, pids);
+        if freed.is_empty() {
+            return Ok(0);
+        }
+        let map = ebpf.map_mut(tracer_common::maps::STACKS).ok_or(ProbeError::MissingMap(tracer_common::maps::STACKS))?;
+        let mut map: StackTraceMap<&mut MapData> =
+            StackTraceMap::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::STACKS, e))?;
+        // An id already gone (ENOENT) is no failure.
+        Ok(freed.iter().filter(|id| map.remove(id).is_ok()).count())
     }
 
     fn load(&mut self, ebpf: &mut Ebpf) -> Result<Loaded, ProbeError> {
@@ -133,7 +153,15 @@ impl Stacks {
         kernel.drain(..ours);
         let native = match user_stack {
             STACK_COLLIDED => vec![stack_lost(FrameKind::Native)],
-            id => self.symbolizer.user_frames(pid, ips(id)),
+            id => {
+                if let Ok(id) = u32::try_from(id) {
+                    let owners = self.owners.entry(id).or_default();
+                    if !owners.contains(&pid) {
+                        owners.push(pid);
+                    }
+                }
+                self.symbolizer.user_frames(pid, ips(id))
+            }
         };
         let python = match self.python.as_mut() {
             Some(p) if py_stack != 0 => p.frames(py_stack, &loaded.py_stacks),
@@ -141,6 +169,19 @@ impl Stacks {
         };
         Ok(merge(kernel, native, python))
     }
+}
+
+/// Takes `pids` out of each id's owners; returns the ids left with none.
+fn free_owned(owners: &mut HashMap<u32, Vec<u32>>, pids: &HashSet<u32>) -> Vec<u32> {
+    let mut freed = Vec::new();
+    owners.retain(|id, o| {
+        o.retain(|p| !pids.contains(p));
+        if o.is_empty() {
+            freed.push(*id);
+        }
+        !o.is_empty()
+    });
+    freed
 }
 
 /// The frame that stands for a native stack the kernel could not store
@@ -207,6 +248,19 @@ mod tests {
         let m = merge(k, n, p);
         let names: Vec<&str> = m.iter().map(|f| f.function.as_str()).collect();
         assert_eq!(names, ["vfs_read", "__libc_read", "FileIO.readinto", "<module>"]);
+    }
+
+    #[test]
+    fn a_user_stack_is_freed_when_every_process_that_used_it_is_forgotten() {
+        let mut owners: HashMap<u32, Vec<u32>> = HashMap::from([(1, vec![10]), (2, vec![10, 11]), (3, vec![12])]);
+        let mut freed = free_owned(&mut owners, &HashSet::from([10]));
+        freed.sort();
+        assert_eq!(freed, [1]);
+        assert_eq!(owners.get(&2), Some(&vec![11]));
+        let mut freed = free_owned(&mut owners, &HashSet::from([11, 12]));
+        freed.sort();
+        assert_eq!(freed, [2, 3]);
+        assert!(owners.is_empty());
     }
 
     #[test]
