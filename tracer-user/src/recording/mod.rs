@@ -34,6 +34,9 @@ use limits::{fmt_size, Guard, LimitHit};
 
 /// Function name of a frame that could not be resolved.
 pub const UNKNOWN: &str = "[unknown]";
+/// Function name of the frame that stands for a native stack the kernel
+/// took but could not store (a collision in its stack map).
+pub const STACK_LOST: &str = "[stack lost]";
 /// The module of code in an anonymous executable mapping (JIT-generated).
 pub const JIT_MODULE: &str = "[jit]";
 /// The module of frames in generated code named by their process's perf

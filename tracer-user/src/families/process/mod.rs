@@ -266,7 +266,7 @@ impl Collector for ProcessCollector {
         if collided > 0 {
             let text = format!(
                 "{collided} native stacks could not be stored (their bucket in the kernel's stack map held another stack): their events and times are kept, their native frames show as {}",
-                crate::engine::stacks::STACK_LOST_FRAME
+                crate::recording::STACK_LOST
             );
             cx.sink.state_note_on(Topic::Detail, "native_stacks_collided", text);
         }

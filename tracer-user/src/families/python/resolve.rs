@@ -186,22 +186,22 @@ impl PyFrames {
         live.chain(gone).map(|(pid, (a, b, c))| (pid, format!("{a}.{b}.{c}"))).collect()
     }
 
-    /// Reads all captured stacks out of the kernel.
-    pub fn load_stacks(ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
-        let map: BpfHashMap<_, u64, PyStack> = probe::hash_map(ebpf, tracer_common::maps::PY_STACKS)?;
-        Ok(map.iter().filter_map(Result::ok).collect())
-    }
-
     /// Leaf-first Python frames of stack `id`; one resolved with an
     /// `[unknown]` frame is resolved again (a copy may have come since).
-    pub fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
+    /// Most were resolved as they came ([`resolve_new`](Self::resolve_new)):
+    /// the others are looked up in the kernel's map one by one.
+    pub fn frames(&mut self, id: u64, ebpf: &Ebpf) -> Vec<Frame> {
         if let Some((_, f)) = self.resolved.get(&id) {
             if !self.incomplete.contains(&id) {
                 return f.clone();
             }
         }
-        match stacks.get(&id) {
-            Some(stack) => self.resolve_into_cache(id, stack),
+        let stack = ebpf
+            .map(tracer_common::maps::PY_STACKS)
+            .and_then(|m| BpfHashMap::<_, u64, PyStack>::try_from(m).ok())
+            .and_then(|m| m.get(&id, 0).ok());
+        match stack {
+            Some(stack) => self.resolve_into_cache(id, &stack),
             None => self.resolved.get(&id).map(|(_, f)| f.clone()).unwrap_or_default(),
         }
     }
@@ -212,12 +212,8 @@ impl PythonFrames for PyFrames {
         PyFrames::take_copies(self, ebpf).map(drop)
     }
 
-    fn load_stacks(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u64, PyStack>, ProbeError> {
-        PyFrames::load_stacks(ebpf)
-    }
-
-    fn frames(&mut self, id: u64, stacks: &HashMap<u64, PyStack>) -> Vec<Frame> {
-        PyFrames::frames(self, id, stacks)
+    fn frames(&mut self, id: u64, ebpf: &Ebpf) -> Vec<Frame> {
+        PyFrames::frames(self, id, ebpf)
     }
 
     fn problems(&self) -> BTreeMap<u32, Vec<(Topic, String)>> {

@@ -15,9 +15,9 @@ use aya::{
 use tracer_common::{
     cpu_samples::SampleKey,
     sched::{
-        Charge, GilHolderKey, GilHolderTime, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL, REASON_IO, REASON_LOCK,
+        Charge, GilHolder, GilHolderKey, GilHolderTime, OffCpuKey, ReusedKey, RunqKey, ThreadState, EXEC_UNKNOWN, REASONS, REASON_GIL, REASON_IO, REASON_LOCK,
         REASON_MEM_COMPACTION, REASON_MEM_FAULT, REASON_MEM_RECLAIM, REASON_MEM_THROTTLE, REASON_OTHER, REASON_POLL,
-        REASON_SLEEP, REASON_TABLE_SIZE, NO_STACK, STATE_DEAD, STATE_OFF_CPU,
+        REASON_SLEEP, REASON_TABLE_SIZE, NO_STACK, STACK_COLLIDED, STATE_DEAD, STATE_OFF_CPU,
         STATE_RUNNABLE, STATE_RUNNING, STATE_UNKNOWN,
     },
     syscalls::HIST_BUCKETS,
@@ -31,7 +31,7 @@ use crate::{
     },
     os::probe::{self, ProbeError},
     os::procfs,
-    recording::{GilHold, MemoryWaits, OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
+    recording::{Frame, FrameKind, GilHold, MemoryWaits, OffCpuReason, OffCpuTimes, Origin, Recording, StackKind, StackRecord, ThreadSyscall, ThreadTimes},
     system::syscall_name,
 };
 
@@ -498,13 +498,25 @@ fn gil_holders(cx: &mut Cx<'_>, target_pids: &[u32]) -> Result<Vec<GilHold>, Pro
             holder_tid: h.tid,
             holder_state: holder_state.to_owned(),
             syscall: (h.nr != u32::MAX && h.state == STATE_OFF_CPU).then(|| syscall_name(std::env::consts::ARCH, h.nr)),
-            frames: if h.tid == 0 { Vec::new() } else { cx.frames(k.pid, h.user_stack, NO_STACK, h.py_stack)? },
+            frames: if h.tid == 0 { Vec::new() } else { holder_frames(cx, k.pid, &h)? },
             wait_ns: v.ns,
             waits: v.waits,
         });
     }
     out.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then((a.pid, a.tid, a.holder_tid).cmp(&(b.pid, b.tid, b.holder_tid))));
     Ok(out)
+}
+
+/// A GIL holder's stack. A blocked holder whose native stack the kernel
+/// could not store keeps the `[stack lost]` frame under its Python frames:
+/// blocked with the GIL held, it is in native code (CPython releases the
+/// GIL around its own blocking calls), and that is what the verdict says.
+fn holder_frames(cx: &mut Cx<'_>, pid: u32, h: &GilHolder) -> Result<Vec<Frame>, ProbeError> {
+    let mut frames = cx.frames(pid, h.user_stack, NO_STACK, h.py_stack)?;
+    if h.user_stack == STACK_COLLIDED && h.state == STATE_OFF_CPU && !frames.iter().any(|f| f.kind == FrameKind::Native) {
+        frames.insert(0, crate::engine::stacks::stack_lost(FrameKind::Native));
+    }
+    Ok(frames)
 }
 
 fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {

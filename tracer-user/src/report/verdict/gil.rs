@@ -208,7 +208,7 @@ pub(super) fn findings(holders: &[GilHolderShare]) -> Vec<FindingRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{engine::stacks::STACK_LOST_FRAME, recording::Frame};
+    use crate::recording::{Frame, STACK_LOST};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
         Frame { function: function.into(), file: Some("holder.py".into()), line: Some(3), kind, module: None }
@@ -233,7 +233,7 @@ mod tests {
         let named = blocked(vec![frame("__GI___clock_nanosleep", FrameKind::Native), py.clone()]);
         assert_eq!(doing(&named, None), ("native_call", Some("clock_nanosleep".to_owned())));
         // The kernel could not store its native stack (a stack-map collision).
-        let lost = blocked(vec![frame(STACK_LOST_FRAME, FrameKind::Native), py.clone()]);
+        let lost = blocked(vec![frame(STACK_LOST, FrameKind::Native), py.clone()]);
         assert_eq!(doing(&lost, None), ("native_call", None));
         // No native stack was taken at all: only the syscall is known.
         assert_eq!(doing(&blocked(vec![py]), None), ("syscall", None));

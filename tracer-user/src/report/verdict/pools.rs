@@ -147,7 +147,7 @@ pub(super) fn apply(
         let total_lib_ns: u64 = libs.iter().map(|(_, ns)| *ns).sum();
         let real_libs: Vec<&str> = libs
             .iter()
-            .filter(|(l, ns)| *l != "[kernel]" && *l != crate::recording::UNKNOWN && !is_runtime_library(l) && *ns * 10 >= total_lib_ns)
+            .filter(|(l, ns)| *l != "[kernel]" && *l != crate::recording::UNKNOWN && *l != crate::recording::STACK_LOST && !is_runtime_library(l) && *ns * 10 >= total_lib_ns)
             .map(|(l, _)| l.as_str())
             .collect();
         // Python stacks that enter one of the pool's libraries, by their time.
