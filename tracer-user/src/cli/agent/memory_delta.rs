@@ -22,7 +22,7 @@ pub fn memory_delta(cur: &MemoryReport, prev: Option<&MemoryReport>, prev_end_ns
         .iter()
         .map(|p| {
             let Some(old) = before.get(&p.pid) else {
-                return shifted(p, prev_end_ns);
+                return ProcessMemory { lines: p.lines.clone(), stacks: p.stacks.clone(), ..shifted(p, prev_end_ns) };
             };
             let mut d = shifted(p, prev_end_ns);
             let old_lines: HashMap<String, &GrowthLine> = old.lines.iter().map(|l| (l.site.key(), l)).collect();
@@ -57,16 +57,25 @@ pub fn memory_delta(cur: &MemoryReport, prev: Option<&MemoryReport>, prev_end_ns
 }
 
 /// `p` with only the points (and the OOM kill) after `prev_end_ns`, their
-/// times from there.
+/// times from there, and no growth lines or stacks (the caller's: cloning
+/// them only to replace them doubled the growth stacks at each cut).
 fn shifted(p: &ProcessMemory, prev_end_ns: u64) -> ProcessMemory {
-    let mut d = p.clone();
-    d.series = p.series.iter().filter(|q| q.t_ns >= prev_end_ns).map(|q| crate::recording::memory::MemPoint { t_ns: q.t_ns - prev_end_ns, ..*q }).collect();
-    d.growth_bytes_per_s = slope(&d.series);
-    d.oom_killed = p.oom_killed.clone().filter(|k| k.t_ns >= prev_end_ns).map(|mut k| {
-        k.t_ns -= prev_end_ns;
-        k
-    });
-    d
+    let series: Vec<_> = p.series.iter().filter(|q| q.t_ns >= prev_end_ns).map(|q| crate::recording::memory::MemPoint { t_ns: q.t_ns - prev_end_ns, ..*q }).collect();
+    ProcessMemory {
+        pid: p.pid,
+        growth_bytes_per_s: slope(&series),
+        series,
+        peak_rss: p.peak_rss,
+        vm_hwm: p.vm_hwm,
+        lines: Vec::new(),
+        memory_limit: p.memory_limit.clone(),
+        oom_killed: p.oom_killed.clone().filter(|k| k.t_ns >= prev_end_ns).map(|mut k| {
+            k.t_ns -= prev_end_ns;
+            k
+        }),
+        stacks: Vec::new(),
+        rss_stat_events: p.rss_stat_events,
+    }
 }
 
 #[cfg(test)]
