@@ -91,20 +91,23 @@ impl Stacks {
     /// another process resolved the same id (the same code at the same
     /// addresses: a non-PIE binary): it stays until all of them are
     /// forgotten. Kernel stacks are everyone's and stay.
-    pub fn forget(&mut self, ebpf: &mut Ebpf, pids: &HashSet<u32>) -> Result<usize, ProbeError> {
+    pub fn forget(&mut self, ebpf: &mut Ebpf, pids: &HashSet<u32>) -> Result<(), ProbeError> {
         self.symbolizer.forget(pids);
         if let Some(p) = self.python.as_mut() {
             p.forget(pids);
         }
         let freed = free_owned(&mut self.owners, pids);
         if freed.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         let map = ebpf.map_mut(tracer_common::maps::STACKS).ok_or(ProbeError::MissingMap(tracer_common::maps::STACKS))?;
         let mut map: StackTraceMap<&mut MapData> =
             StackTraceMap::try_from(map).map_err(|e| ProbeError::map(tracer_common::maps::STACKS, e))?;
-        // An id already gone (ENOENT) is no failure.
-        Ok(freed.iter().filter(|id| map.remove(id).is_ok()).count())
+        for id in &freed {
+            // An id already gone (ENOENT) is no failure.
+            let _ = map.remove(id);
+        }
+        Ok(())
     }
 
     fn load(&mut self, ebpf: &mut Ebpf) -> Result<Loaded, ProbeError> {

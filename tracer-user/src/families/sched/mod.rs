@@ -512,11 +512,16 @@ fn gil_holders(cx: &mut Cx<'_>, target_pids: &[u32]) -> Result<Vec<GilHold>, Pro
 /// blocked with the GIL held, it is in native code (CPython releases the
 /// GIL around its own blocking calls), and that is what the verdict says.
 fn holder_frames(cx: &mut Cx<'_>, pid: u32, h: &GilHolder) -> Result<Vec<Frame>, ProbeError> {
-    let mut frames = cx.frames(pid, h.user_stack, NO_STACK, h.py_stack)?;
+    let frames = cx.frames(pid, h.user_stack, NO_STACK, h.py_stack)?;
+    Ok(keep_lost_native(frames, h))
+}
+
+/// [`holder_frames`]' rule, on frames already resolved.
+fn keep_lost_native(mut frames: Vec<Frame>, h: &GilHolder) -> Vec<Frame> {
     if h.user_stack == STACK_COLLIDED && h.state == STATE_OFF_CPU && !frames.iter().any(|f| f.kind == FrameKind::Native) {
         frames.insert(0, crate::engine::stacks::stack_lost(FrameKind::Native));
     }
-    Ok(frames)
+    frames
 }
 
 fn runqueue_hist(ebpf: &mut Ebpf, target_pids: &[u32]) -> Result<BTreeMap<u32, Vec<u64>>, ProbeError> {
@@ -652,6 +657,18 @@ impl Collector for SchedCollector {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_blocked_gil_holder_keeps_its_lost_native_stack_and_only_it() {
+        use crate::recording::STACK_LOST;
+        let py = vec![Frame { function: "holder".into(), file: Some("h.py".into()), line: Some(3), kind: FrameKind::Python, module: None }];
+        let holder = |user_stack, state| GilHolder { tid: 2, state, nr: 230, user_stack, py_stack: 1 };
+        let kept = keep_lost_native(py.clone(), &holder(STACK_COLLIDED, STATE_OFF_CPU));
+        assert_eq!((kept.len(), kept[0].function.as_str(), kept[0].kind), (2, STACK_LOST, FrameKind::Native));
+        // Running, or with no native stack taken at all: as resolved.
+        assert_eq!(keep_lost_native(py.clone(), &holder(STACK_COLLIDED, STATE_RUNNING)), py);
+        assert_eq!(keep_lost_native(py.clone(), &holder(NO_STACK, STATE_OFF_CPU)), py);
+    }
+
     use super::*;
 
     /// An exited thread of pid 1: alive from `first` to `end`, on CPU
